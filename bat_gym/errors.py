@@ -1,0 +1,124 @@
+"""The exceptions bat_gym raises: one root, one class per thing that can go wrong.
+
+Every error carries the fields a caller needs to act on it, and its message names
+the fix. Catch :class:`BatGymError` to handle all of them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatGymError",
+    "SpecError",
+    "SandboxError",
+    "SandboxUnavailable",
+    "SandboxCrashed",
+    "UnsafeSnapshot",
+    "SnapshotNotFound",
+    "StageNotFound",
+    "BenchmarkNotFound",
+    "StateNotFound",
+    "ResetNeeded",
+]
+
+
+class BatGymError(Exception):
+    """Root of every error bat_gym raises on purpose."""
+
+
+class SpecError(BatGymError, ValueError):
+    """A spec file (YAML/JSON) or spec object failed validation.
+
+    Attributes:
+        source: the file (or other origin) the spec came from.
+        problems: one ``(field path, message)`` pair per problem.
+    """
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {path or '<root>'}: {msg}" for path, msg in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s) in the spec\n{lines}")
+
+
+class SandboxError(BatGymError):
+    """A sandbox could not do what was asked."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The requested isolation cannot be provided on this machine.
+
+    Attributes:
+        backend: the backend that was asked for.
+        reason: what is missing.
+    """
+
+    def __init__(self, backend: str, reason: str) -> None:
+        self.backend = backend
+        self.reason = reason
+        super().__init__(f"sandbox backend {backend!r} is unavailable: {reason}")
+
+
+class SandboxCrashed(SandboxError):
+    """The process inside the sandbox died or stopped answering; it was restarted."""
+
+
+class UnsafeSnapshot(SandboxError, ValueError):
+    """A snapshot or archive holds a path that would escape or overflow the workspace.
+
+    Attributes:
+        path: the offending member.
+        reason: why it was refused.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"refusing snapshot member {path!r}: {reason}")
+
+
+class SnapshotNotFound(SandboxError, KeyError):
+    """A snapshot or blob digest is not in the store."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "snapshot not found"
+
+
+class _NotFound(BatGymError, KeyError):
+    """A name that was looked up is unknown; the message lists close matches."""
+
+    kind = "name"
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        import difflib
+
+        self.name = name
+        self.known = sorted(known)
+        close = difflib.get_close_matches(name, self.known, n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        listing = ", ".join(self.known) if self.known else "none"
+        super().__init__(f"unknown {self.kind} {name!r}.{hint} Known: {listing}.")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class StageNotFound(_NotFound):
+    """A stage id or name that the benchmark does not define."""
+
+    kind = "stage"
+
+
+class BenchmarkNotFound(_NotFound):
+    """A benchmark name that no installed package registers."""
+
+    kind = "benchmark"
+
+
+class StateNotFound(_NotFound):
+    """A ``state_id`` that the state source does not hold."""
+
+    kind = "state_id"
+
+
+class ResetNeeded(BatGymError, RuntimeError):
+    """``step`` was called before ``reset`` or after the episode ended."""

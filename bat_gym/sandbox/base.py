@@ -1,0 +1,136 @@
+"""The sandbox contract every backend implements.
+
+A sandbox is an isolated, resettable workspace that runs ``execute_code(language,
+code)``. Files persist across calls; processes and interpreter state do not (each call
+starts a fresh process, as the reference runtime does). Between episodes a sandbox is
+restored in place to an exact, content-addressed snapshot.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
+
+__all__ = ["Language", "LANGUAGES", "Isolation", "SandboxLimits", "ExecResult", "Sandbox"]
+
+Language = Literal["python", "bash"]
+LANGUAGES: tuple[str, ...] = ("python", "bash")
+
+
+class Isolation(enum.StrEnum):
+    """How strongly agent code is separated from the host, strongest first."""
+
+    CONTAINER = "container"
+    """A Docker container: own root filesystem, no network, cgroup limits."""
+    BWRAP = "bwrap"
+    """bubblewrap: user/pid/net/ipc/uts namespaces, tmpfs root, seccomp, rlimits."""
+    NONE = "none"
+    """Plain subprocesses in a private directory. Only for trusted code, by opt-in."""
+
+
+class SandboxLimits(BaseModel):
+    """Resource limits applied to every process the agent starts.
+
+    Defaults follow the reference runtime (120 s per tool call, 2,048 characters of
+    output shown to the agent); the record keeps up to ``record_output_bytes``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_s: float = Field(
+        120.0, gt=0, description="Wall clock per call; the whole process tree is killed past it."
+    )
+    cpu_s: int = Field(120, gt=0, description="CPU seconds per process (RLIMIT_CPU).")
+    memory_mb: int = Field(4096, ge=64, description="Address space per process (RLIMIT_AS), MiB.")
+    max_processes: int = Field(
+        128, ge=8, description="Processes inside one sandbox (RLIMIT_NPROC)."
+    )
+    max_file_mb: int = Field(
+        512, ge=1, description="Largest file a process may write (RLIMIT_FSIZE), MiB."
+    )
+    tmp_mb: int = Field(256, ge=1, description="Size of the sandbox's private /tmp, MiB.")
+    record_output_bytes: int = Field(
+        65536, ge=1024, description="Output bytes kept per call in the execution record."
+    )
+
+
+class ExecResult(BaseModel):
+    """What one ``execute_code`` call did.
+
+    ``exit_code`` is ``None`` when the call did not finish by itself: it timed out, or
+    the sandbox crashed and was restarted (``restarted``). Output is stdout and stderr
+    interleaved as written, decoded as UTF-8 with replacement, and capped.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    exit_code: int | None
+    output: str
+    output_bytes: int = Field(description="Bytes the call wrote in total, before the cap.")
+    duration_s: float
+    timed_out: bool = False
+    restarted: bool = Field(
+        False, description="The sandbox died or stopped answering and was restarted."
+    )
+
+    @property
+    def ok(self) -> bool:
+        """True when the call ran to completion and exited 0."""
+        return self.exit_code == 0
+
+
+class Sandbox(ABC):
+    """An isolated workspace that runs agent code.
+
+    Backends set the class flags below; callers check them rather than backend names.
+    Use a sandbox as a context manager, or call :meth:`close`: nothing it started
+    (processes, containers, directories) outlives it.
+    """
+
+    NETWORK_ALLOWED: ClassVar[bool] = False
+    SUPPORTS_SNAPSHOT: ClassVar[bool] = True
+    backend: ClassVar[str]
+
+    isolation: Isolation
+    limits: SandboxLimits
+    store: BlobStore
+    index: WorkspaceIndex
+
+    @property
+    @abstractmethod
+    def workspace(self) -> Path:
+        """Host path of the workspace; read it only between calls."""
+
+    @abstractmethod
+    def execute_code(
+        self, language: Language, code: str, timeout_s: float | None = None
+    ) -> ExecResult:
+        """Run ``code`` as a fresh ``python`` or ``bash`` process in the workspace."""
+
+    @abstractmethod
+    def restore(self, snapshot: Snapshot) -> None:
+        """Kill every process the agent started and make the workspace equal ``snapshot``."""
+
+    def digest(self) -> str:
+        """Digest of the workspace as it is now, rehashing only files that changed."""
+        return self.index.scan().digest
+
+    def capture(self) -> Snapshot:
+        """Store the workspace's files in the blob store and return its snapshot."""
+        return self.index.capture(self.store)
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release everything the sandbox holds. Safe to call twice."""
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,649 @@
+"""Content-addressed workspace snapshots, and exact, incremental restore.
+
+A snapshot is a manifest of ``(path, kind, mode, digest, size)`` entries; its digest
+is the sha256 of the canonical JSON of that manifest, so two workspaces with the same
+files, modes and links have the same digest whatever their timestamps or owners.
+File contents live once each in a :class:`BlobStore` under their own sha256.
+
+:class:`WorkspaceIndex` keeps, per path, the ``lstat`` key it last saw and the digest
+it computed then. Scanning a workspace rehashes only files whose key changed, and
+restoring rewrites only entries that differ, so both cost O(files) ``lstat`` calls
+plus O(changed bytes), never a re-run of history or a rehash of everything.
+
+Every walk goes through directory file descriptors opened with ``O_NOFOLLOW``: code in
+the sandbox may plant symlinks, FIFOs or swap directories, and the host side (often
+root) must never follow one out of the workspace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import posixpath
+import shutil
+import stat
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bat_gym.errors import SnapshotNotFound, UnsafeSnapshot
+from bat_gym.sandbox.watch import ChangeWatch
+
+__all__ = [
+    "Entry",
+    "Snapshot",
+    "SnapshotLimits",
+    "BlobStore",
+    "WorkspaceIndex",
+    "check_member_path",
+    "import_tar",
+    "export_tar",
+]
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CHUNK = 1 << 20
+
+
+class Entry(NamedTuple):
+    """One manifest line. ``digest`` is the sha256 of the content (file) or target (link)."""
+
+    path: str
+    kind: Literal["f", "d", "l"]
+    mode: int
+    digest: str
+    size: int
+
+
+class SnapshotLimits(BaseModel):
+    """Bounds a snapshot or archive must respect before anything is written."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_files: int = Field(20_000, ge=1, description="Entries (files, dirs, links).")
+    max_file_bytes: int = Field(512 << 20, ge=1, description="Largest single file, bytes.")
+    max_total_bytes: int = Field(2 << 30, ge=1, description="All file bytes together.")
+
+
+def check_member_path(path: str) -> str:
+    """Return ``path`` if it is a safe relative workspace path, else raise UnsafeSnapshot.
+
+    Safe means: relative, normalized, no ``..`` component, no NUL or newline.
+    """
+    if not path or path in (".", "/"):
+        raise UnsafeSnapshot(path, "empty path")
+    if "\x00" in path or "\n" in path:
+        raise UnsafeSnapshot(path, "NUL or newline in the name")
+    if path.startswith("/"):
+        raise UnsafeSnapshot(path, "absolute path")
+    if posixpath.normpath(path) != path.rstrip("/") or ".." in path.split("/"):
+        raise UnsafeSnapshot(path, "path is not normalized or climbs out with '..'")
+    return path.rstrip("/")
+
+
+def _check_link(path: str, target: str) -> None:
+    if target.startswith("/"):
+        raise UnsafeSnapshot(path, f"symlink to absolute target {target!r}")
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    if resolved == ".." or resolved.startswith("../"):
+        raise UnsafeSnapshot(path, f"symlink target {target!r} leaves the workspace")
+
+
+def _manifest_digest(entries: tuple[Entry, ...]) -> str:
+    canonical = json.dumps([list(e) for e in entries], separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class Snapshot(BaseModel):
+    """An immutable, content-addressed description of a workspace."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    entries: tuple[Entry, ...]
+    digest: str = ""
+
+    @model_validator(mode="after")
+    def _canonical(self) -> Snapshot:
+        paths = [e.path for e in self.entries]
+        if paths != sorted(paths) or len(set(paths)) != len(paths):
+            raise ValueError("snapshot entries must be sorted by path and unique")
+        for e in self.entries:
+            check_member_path(e.path)
+        computed = _manifest_digest(self.entries)
+        if self.digest and self.digest != computed:
+            raise ValueError(
+                f"snapshot digest {self.digest} does not match its entries ({computed})"
+            )
+        object.__setattr__(self, "digest", computed)
+        return self
+
+    @classmethod
+    def of(cls, entries: list[Entry] | tuple[Entry, ...]) -> Snapshot:
+        """Build a snapshot from unsorted entries, validating every path."""
+        return cls(entries=tuple(sorted(entries, key=lambda e: e.path)))
+
+    @classmethod
+    def _trusted(cls, entries: list[Entry]) -> Snapshot:
+        # Entries read back from a directory walk: names come from the kernel, so the
+        # per-path checks of ``of`` are skipped on this hot path.
+        ordered = tuple(sorted(entries, key=lambda e: e.path))
+        return cls.model_construct(entries=ordered, digest=_manifest_digest(ordered))
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of file sizes, bytes."""
+        return sum(e.size for e in self.entries if e.kind == "f")
+
+    def check(self, limits: SnapshotLimits) -> None:
+        """Raise UnsafeSnapshot if a link escapes or a size or count bound is exceeded."""
+        if len(self.entries) > limits.max_files:
+            raise UnsafeSnapshot(
+                "<snapshot>", f"{len(self.entries)} entries > limit {limits.max_files}"
+            )
+        total = 0
+        for e in self.entries:
+            if e.kind == "f":
+                if e.size > limits.max_file_bytes:
+                    raise UnsafeSnapshot(
+                        e.path, f"{e.size} bytes > per-file limit {limits.max_file_bytes}"
+                    )
+                total += e.size
+        if total > limits.max_total_bytes:
+            raise UnsafeSnapshot(
+                "<snapshot>", f"{total} bytes > total limit {limits.max_total_bytes}"
+            )
+
+
+class BlobStore:
+    """A directory of immutable blobs named by sha256, plus snapshot manifests.
+
+    Layout: ``blobs/ab/cdef...`` (read-only files) and ``snapshots/<digest>.json``.
+    Writes go to a temporary file and are renamed into place, so a killed writer
+    never leaves a half-written blob under a valid name.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        (self.root / "blobs").mkdir(parents=True, exist_ok=True)
+        (self.root / "snapshots").mkdir(parents=True, exist_ok=True)
+        self._known: set[str] = set()
+        self._snapshots: dict[str, Snapshot] = {}
+
+    def blob_path(self, digest: str) -> Path:
+        """Where the blob with this sha256 lives (it may not exist)."""
+        return self.root / "blobs" / digest[:2] / digest[2:]
+
+    def has(self, digest: str) -> bool:
+        """True if the blob is stored."""
+        if digest in self._known:
+            return True
+        if self.blob_path(digest).is_file():
+            self._known.add(digest)
+            return True
+        return False
+
+    def put_bytes(self, data: bytes) -> str:
+        """Store ``data``; return its sha256."""
+        digest = hashlib.sha256(data).hexdigest()
+        if not self.has(digest):
+            self._commit(digest, io.BytesIO(data))
+        return digest
+
+    def put_fd(self, fd: int, expected: str | None = None) -> str:
+        """Copy an open file into the store, hashing as it copies; return the digest."""
+        h = hashlib.sha256()
+        tmp = tempfile.NamedTemporaryFile(dir=self.root / "blobs", delete=False)  # noqa: SIM115
+        try:
+            with tmp:
+                while chunk := os.read(fd, _CHUNK):
+                    h.update(chunk)
+                    tmp.write(chunk)
+            digest = h.hexdigest()
+            if expected is not None and digest != expected:
+                raise UnsafeSnapshot(
+                    "<blob>", f"content changed while it was stored ({expected} -> {digest})"
+                )
+            if self.has(digest):
+                os.unlink(tmp.name)
+            else:
+                self._place(tmp.name, digest)
+            return digest
+        except BaseException:
+            if os.path.exists(tmp.name):
+                os.unlink(tmp.name)
+            raise
+
+    def _commit(self, digest: str, src: io.BufferedIOBase | io.BytesIO) -> None:
+        with tempfile.NamedTemporaryFile(dir=self.root / "blobs", delete=False) as tmp:
+            shutil.copyfileobj(src, tmp)
+        self._place(tmp.name, digest)
+
+    def _place(self, tmp_name: str, digest: str) -> None:
+        dest = self.blob_path(digest)
+        dest.parent.mkdir(exist_ok=True)
+        os.chmod(tmp_name, 0o444)
+        os.replace(tmp_name, dest)
+        self._known.add(digest)
+
+    def open_blob(self, digest: str) -> int:
+        """Open a blob for reading; return the fd. Raises SnapshotNotFound."""
+        try:
+            return os.open(self.blob_path(digest), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SnapshotNotFound(f"blob {digest} is not in the store at {self.root}") from None
+
+    def read_blob(self, digest: str) -> bytes:
+        """Return a blob's bytes, checking them against the digest."""
+        fd = self.open_blob(digest)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise UnsafeSnapshot(digest, "stored blob is corrupted (sha256 mismatch)")
+        return data
+
+    def put_snapshot(self, snapshot: Snapshot) -> str:
+        """Store a manifest whose blobs are all present; return its digest."""
+        missing = [e.path for e in snapshot.entries if e.kind == "f" and not self.has(e.digest)]
+        if missing:
+            raise SnapshotNotFound(f"snapshot refers to blobs not in the store: {missing[:5]}")
+        path = self.root / "snapshots" / f"{snapshot.digest}.json"
+        if not path.exists():
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as tmp:
+                tmp.write(snapshot.model_dump_json())
+            os.replace(tmp.name, path)
+        self._snapshots[snapshot.digest] = snapshot
+        return snapshot.digest
+
+    def get_snapshot(self, digest: str) -> Snapshot:
+        """Load a manifest by digest; its content is checked against the name."""
+        if digest in self._snapshots:
+            return self._snapshots[digest]
+        path = self.root / "snapshots" / f"{digest}.json"
+        try:
+            snap = Snapshot.model_validate_json(path.read_text())
+        except FileNotFoundError:
+            raise SnapshotNotFound(
+                f"snapshot {digest} is not in the store at {self.root}"
+            ) from None
+        if snap.digest != digest:
+            raise UnsafeSnapshot(str(path), f"manifest hashes to {snap.digest}, not its name")
+        self._snapshots[digest] = snap
+        return snap
+
+
+@dataclass
+class _Seen:
+    key: tuple[int, int, int, int, int]
+    entry: Entry
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    # ctime cannot be set from user space, so an edit followed by utime() still shows.
+    return (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _hash_fd(fd: int) -> str:
+    h = hashlib.sha256()
+    while chunk := os.read(fd, _CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+class WorkspaceIndex:
+    """Incremental digests and in-place restore for one workspace directory.
+
+    Args:
+        root: the workspace directory on the host.
+        owner: ``(uid, gid)`` given to files the restore creates, so an unprivileged
+            sandbox user can edit them; ``None`` keeps the caller's.
+    """
+
+    def __init__(
+        self, root: str | Path, owner: tuple[int, int] | None = None, *, watch: bool = False
+    ) -> None:
+        self.root = Path(root)
+        self.owner = owner
+        self._seen: dict[str, _Seen] = {}
+        self._last: Snapshot | None = None
+        self._watch: ChangeWatch | None = None
+        if watch:
+            try:
+                self._watch = ChangeWatch()
+            except OSError:
+                self._watch = None  # no inotify: every scan walks the tree
+
+    def close(self) -> None:
+        """Release the change watch, if any."""
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    # -- scanning ---------------------------------------------------------------------
+
+    def scan(self) -> Snapshot:
+        """Describe the workspace as it is now, rehashing only changed files.
+
+        With a change watch and no event since the last scan, this is one ``read``.
+        FIFOs, sockets and devices are left out: they have no content to restore.
+        """
+        if self._last is not None and self._watch is not None and not self._watch.changed():
+            return self._last
+        entries: list[Entry] = []
+        seen: dict[str, _Seen] = {}
+        root_fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            self._scan_dir(root_fd, "", entries, seen)
+        finally:
+            os.close(root_fd)
+        if self._watch is not None:
+            self._watch.clear()
+        if (
+            self._last is not None
+            and seen.keys() == self._seen.keys()
+            and all(seen[p].key == self._seen[p].key for p in seen)
+        ):
+            return self._last
+        self._seen = seen
+        self._last = Snapshot._trusted(entries)
+        return self._last
+
+    def _scan_dir(
+        self, dir_fd: int, prefix: str, entries: list[Entry], seen: dict[str, _Seen]
+    ) -> None:
+        if self._watch is not None:
+            self._watch.add(dir_fd)
+        with os.scandir(dir_fd) as it:
+            children = list(it)
+        for child in children:
+            path = prefix + child.name
+            try:
+                st = child.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            key = _stat_key(st)
+            old = self._seen.get(path)
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISDIR(st.st_mode):
+                entry = Entry(path, "d", mode, "", 0)
+                seen[path] = _Seen(key, entry)
+                entries.append(entry)
+                try:
+                    sub = os.open(child.name, _DIR_FLAGS, dir_fd=dir_fd)
+                except (FileNotFoundError, NotADirectoryError, PermissionError):
+                    continue
+                try:
+                    self._scan_dir(sub, path + "/", entries, seen)
+                finally:
+                    os.close(sub)
+                continue
+            if old is not None and old.key == key:
+                entry = old.entry
+            elif stat.S_ISREG(st.st_mode):
+                try:
+                    fd = os.open(child.name, _READ_FLAGS, dir_fd=dir_fd)
+                except (FileNotFoundError, OSError):
+                    continue
+                try:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        continue
+                    entry = Entry(path, "f", mode, _hash_fd(fd), st.st_size)
+                finally:
+                    os.close(fd)
+            elif stat.S_ISLNK(st.st_mode):
+                target = os.readlink(child.name, dir_fd=dir_fd)
+                entry = Entry(
+                    path, "l", 0o777, hashlib.sha256(target.encode()).hexdigest(), len(target)
+                )
+            else:
+                continue
+            seen[path] = _Seen(key, entry)
+            entries.append(entry)
+
+    def link_target(self, path: str) -> str:
+        """The target of a symlink in the workspace (for capture)."""
+        return os.readlink(self.root / path)
+
+    # -- capture ----------------------------------------------------------------------
+
+    def capture(self, store: BlobStore, limits: SnapshotLimits | None = None) -> Snapshot:
+        """Scan, copy new file contents into ``store`` and store the manifest."""
+        snap = self.scan()
+        limits = limits or SnapshotLimits()
+        snap.check(limits)
+        for e in snap.entries:
+            if e.kind == "l":
+                _check_link(e.path, self.link_target(e.path))
+                store.put_bytes(self.link_target(e.path).encode())
+            elif e.kind == "f" and not store.has(e.digest):
+                fd = self._open_nofollow(e.path)
+                try:
+                    store.put_fd(fd, expected=e.digest)
+                finally:
+                    os.close(fd)
+        store.put_snapshot(snap)
+        return snap
+
+    def _open_nofollow(self, path: str) -> int:
+        parts = path.split("/")
+        fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            for part in parts[:-1]:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            return os.open(parts[-1], _READ_FLAGS, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    # -- restore ----------------------------------------------------------------------
+
+    def restore(self, snapshot: Snapshot, store: BlobStore) -> int:
+        """Make the workspace equal ``snapshot`` in place; return how many entries changed.
+
+        Entries whose ``lstat`` key is what this index last recorded for the same
+        content are kept; everything else is removed and recreated from blobs. Call it
+        only while no process writes to the workspace.
+        """
+        want = {e.path: e for e in snapshot.entries}
+        root_fd = os.open(self.root, _DIR_FLAGS)
+        fds: dict[str, int] = {"": root_fd}
+
+        def dir_fd(path: str) -> int:
+            if path not in fds:
+                parent, name = posixpath.split(path)
+                fds[path] = os.open(name, _DIR_FLAGS, dir_fd=dir_fd(parent))
+            return fds[path]
+
+        try:
+            if self._watch is not None:
+                self._watch.add(root_fd)
+            keep: dict[str, _Seen] = {}
+            changed = self._prune(root_fd, "", want, keep)
+            created_dirs: list[Entry] = []
+            for e in snapshot.entries:
+                if e.path in keep:
+                    continue
+                changed += 1
+                parent, name = posixpath.split(e.path)
+                pfd = dir_fd(parent)
+                if e.kind == "d":
+                    os.mkdir(name, 0o700, dir_fd=pfd)
+                    if self.owner:
+                        os.chown(dir_fd(e.path), *self.owner)
+                    if self._watch is not None:
+                        self._watch.add(dir_fd(e.path))
+                    created_dirs.append(e)
+                elif e.kind == "f":
+                    self._write_file(pfd, name, e, store)
+                else:
+                    os.symlink(store.read_blob(e.digest).decode(), name, dir_fd=pfd)
+                    if self.owner:
+                        os.chown(name, *self.owner, dir_fd=pfd, follow_symlinks=False)
+                if e.kind != "d":
+                    st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                    keep[e.path] = _Seen(_stat_key(st), e)
+            # Directory modes last: a read-only directory must not block its children.
+            for e in created_dirs:
+                os.chmod(dir_fd(e.path), e.mode)
+                keep[e.path] = _Seen(_stat_key(os.fstat(dir_fd(e.path))), e)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        # The keys just recorded let the next scan skip every restored file; the
+        # snapshot is what the workspace now holds, so no rescan is needed either.
+        self._seen = keep
+        self._last = snapshot
+        if self._watch is not None:
+            self._watch.clear()  # our own writes
+        return changed
+
+    def _prune(
+        self, dir_fd: int, prefix: str, want: dict[str, Entry], keep: dict[str, _Seen]
+    ) -> int:
+        removed = 0
+        with os.scandir(dir_fd) as it:
+            children = list(it)
+        for child in children:
+            path = prefix + child.name
+            try:
+                st = child.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            target = want.get(path)
+            old = self._seen.get(path)
+            if stat.S_ISDIR(st.st_mode) and target is not None and target.kind == "d":
+                if stat.S_IMODE(st.st_mode) != target.mode:
+                    os.chmod(child.name, target.mode, dir_fd=dir_fd, follow_symlinks=False)
+                sub = os.open(child.name, _DIR_FLAGS, dir_fd=dir_fd)
+                if self._watch is not None:
+                    self._watch.add(sub)
+                try:
+                    removed += self._prune(sub, path + "/", want, keep)
+                finally:
+                    os.close(sub)
+                keep[path] = _Seen(_stat_key(st), target)
+                continue
+            unchanged = (
+                target is not None
+                and old is not None
+                and old.key == _stat_key(st)
+                and old.entry == target
+            )
+            if unchanged:
+                keep[path] = old
+                continue
+            removed += 1
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(child.name, dir_fd=dir_fd)
+            else:
+                os.unlink(child.name, dir_fd=dir_fd)
+        return removed
+
+    def _write_file(self, pfd: int, name: str, e: Entry, store: BlobStore) -> None:
+        src = store.open_blob(e.digest)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        dst = os.open(name, flags, 0o600, dir_fd=pfd)
+        try:
+            remaining = e.size
+            while remaining > 0:
+                n = os.copy_file_range(src, dst, remaining)
+                if n == 0:
+                    raise UnsafeSnapshot(e.path, "blob is shorter than the manifest says")
+                remaining -= n
+            if self.owner:
+                os.fchown(dst, *self.owner)
+            os.fchmod(dst, e.mode)
+        finally:
+            os.close(src)
+            os.close(dst)
+
+
+def import_tar(
+    path: str | Path, store: BlobStore, limits: SnapshotLimits | None = None
+) -> Snapshot:
+    """Read a tar archive into ``store`` as a snapshot, refusing anything unsafe.
+
+    Refused: absolute names, ``..``, hard links, devices and FIFOs, symlinks that leave
+    the archive, duplicate names, and archives past ``limits``. Nothing is stored
+    unless the whole archive passes.
+    """
+    limits = limits or SnapshotLimits()
+    entries: dict[str, Entry] = {}
+    total = 0
+    with tarfile.open(path) as tar:
+        members = tar.getmembers()
+        if len(members) > limits.max_files:
+            raise UnsafeSnapshot(str(path), f"{len(members)} members > limit {limits.max_files}")
+        for m in members:
+            name = (
+                check_member_path(m.name.removeprefix("./")) if m.name not in (".", "./") else None
+            )
+            if name is None:
+                continue
+            if name in entries:
+                raise UnsafeSnapshot(name, "appears twice in the archive")
+            mode = m.mode & 0o7777 & ~0o7000  # never carry setuid/setgid/sticky
+            if m.isdir():
+                entries[name] = Entry(name, "d", mode, "", 0)
+            elif m.issym():
+                _check_link(name, m.linkname)
+                entries[name] = Entry(
+                    name,
+                    "l",
+                    0o777,
+                    hashlib.sha256(m.linkname.encode()).hexdigest(),
+                    len(m.linkname),
+                )
+            elif m.isreg():
+                if m.size > limits.max_file_bytes:
+                    raise UnsafeSnapshot(
+                        name, f"{m.size} bytes > per-file limit {limits.max_file_bytes}"
+                    )
+                total += m.size
+                if total > limits.max_total_bytes:
+                    raise UnsafeSnapshot(
+                        name, f"archive exceeds total limit {limits.max_total_bytes} bytes"
+                    )
+                entries[name] = Entry(name, "f", mode, "", m.size)
+            else:
+                kind = "hard link" if m.islnk() else "device, FIFO or other special file"
+                raise UnsafeSnapshot(name, f"{kind} members are not allowed")
+        for name in list(entries):
+            parent = posixpath.dirname(name)
+            if parent and (parent not in entries or entries[parent].kind != "d"):
+                entries.setdefault(parent, Entry(parent, "d", 0o755, "", 0))
+        for m in members:
+            name = m.name.removeprefix("./")
+            e = entries.get(name)
+            if e is not None and e.kind == "f":
+                data = tar.extractfile(m).read()  # type: ignore[union-attr]
+                entries[name] = e._replace(digest=store.put_bytes(data))
+            elif e is not None and e.kind == "l":
+                store.put_bytes(m.linkname.encode())
+    snap = Snapshot.of(list(entries.values()))
+    store.put_snapshot(snap)
+    return snap
+
+
+def export_tar(snapshot: Snapshot, store: BlobStore, path: str | Path) -> None:
+    """Write a snapshot as a deterministic tar archive (fixed mtimes and owners)."""
+    with tarfile.open(path, "w") as tar:
+        for e in snapshot.entries:
+            info = tarfile.TarInfo(e.path)
+            info.mode, info.mtime, info.uid, info.gid = e.mode, 0, 0, 0
+            if e.kind == "d":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif e.kind == "l":
+                info.type, info.linkname = tarfile.SYMTYPE, store.read_blob(e.digest).decode()
+                tar.addfile(info)
+            else:
+                data = store.read_blob(e.digest)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))

@@ -1,0 +1,1 @@
+"""Rubric contracts as versioned data, the checks they name, and the verifier."""

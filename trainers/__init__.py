@@ -1,0 +1,1 @@
+"""Trainers that consume bat_gym environments only through ``reset``/``step``."""
