@@ -1,3 +1,61 @@
-"""bat_gym: staged benchmarks as Gymnasium environments for long-horizon LLM agents."""
+"""bat_gym: staged benchmarks as Gymnasium environments for long-horizon LLM agents.
+
+``import bat_gym`` is light: it registers the ``bat/*`` env ids and exposes the public
+names below lazily, so torch and the sandboxes load only when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    # environments
+    "StageEnv": "bat_gym.env",
+    "Completion": "bat_gym.env",
+    "UnicodeText": "bat_gym.textspace",
+    # benchmarks and specs
+    "Benchmark": "bat_gym.benchmark",
+    "TeacherTurn": "bat_gym.benchmark",
+    "BenchmarkSpec": "bat_gym.spec",
+    "Stage": "bat_gym.spec",
+    "Track": "bat_gym.spec",
+    "Task": "bat_gym.spec",
+    "StageState": "bat_gym.spec",
+    "Budgets": "bat_gym.spec",
+    "register_benchmark": "bat_gym.registry",
+    "get_benchmark": "bat_gym.registry",
+    "list_benchmarks": "bat_gym.registry",
+    # the Stage Bank
+    "StageBank": "bat_gym.bank",
+    "build_bank": "bat_gym.bank",
+    # sandboxes and tool calls
+    "make_sandbox": "bat_gym.sandbox",
+    "SandboxLimits": "bat_gym.sandbox",
+    "ToolCall": "bat_gym.protocol",
+    "get_protocol": "bat_gym.protocol",
+    "ExecutionRecord": "bat_gym.record",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'bat_gym' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+def _register() -> None:
+    from bat_gym.registry import register_envs
+
+    register_envs()
+
+
+_register()

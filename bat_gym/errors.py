@@ -17,6 +17,7 @@ __all__ = [
     "StageNotFound",
     "BenchmarkNotFound",
     "StateNotFound",
+    "TrackNotFound",
     "ResetNeeded",
 ]
 
@@ -112,6 +113,12 @@ class BenchmarkNotFound(_NotFound):
     """A benchmark name that no installed package registers."""
 
     kind = "benchmark"
+
+
+class TrackNotFound(_NotFound):
+    """A track name that the benchmark does not define."""
+
+    kind = "track"
 
 
 class StateNotFound(_NotFound):

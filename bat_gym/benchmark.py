@@ -1,0 +1,106 @@
+"""What a staged benchmark provides to bat_gym, as one abstract class.
+
+A benchmark author subclasses :class:`Benchmark`, fills in its :class:`BenchmarkSpec`
+and the four task methods, and registers it under the ``bat_gym.benchmarks`` entry
+point (see :mod:`bat_gym.registry`). The core never imports a benchmark by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+from bat_gym.protocol import ToolCall, ToolProtocol
+from bat_gym.spec import E2E, BenchmarkSpec, ContractRef, Task
+
+__all__ = ["Benchmark", "TeacherTurn"]
+
+Split = Literal["train", "heldout"]
+
+
+class TeacherTurn(NamedTuple):
+    """One teacher action: the stage it belongs to, free text, and its tool calls."""
+
+    stage: str
+    content: str
+    calls: tuple[ToolCall, ...]
+
+
+class Benchmark(ABC):
+    """A staged benchmark: spec, task generator, private answers and a teacher.
+
+    Subclasses set :attr:`spec` and implement the abstract methods. Generators must be
+    deterministic: the same ``(track, seed, split)`` gives the same bytes.
+    """
+
+    spec: BenchmarkSpec
+
+    @property
+    def name(self) -> str:
+        """The benchmark's registered name."""
+        return self.spec.name
+
+    # -- tasks ------------------------------------------------------------------------
+
+    @abstractmethod
+    def make_task(self, track: str, seed: int, split: Split) -> Task:
+        """Describe one task (public card and parameters only)."""
+
+    @abstractmethod
+    def write_public_files(self, task: Task, dest: Path) -> None:
+        """Write the files the agent starts with into the empty directory ``dest``."""
+
+    @abstractmethod
+    def private_answers(self, task: Task) -> dict[str, Any]:
+        """What the task metric needs and the agent must never see."""
+
+    @abstractmethod
+    def teacher_turns(self, task: Task) -> list[TeacherTurn]:
+        """A careful engineer's full workflow for ``task``, stage by stage, ending in finish."""
+
+    def task_id(self, track: str, seed: int, split: Split) -> str:
+        """An opaque, stable id that reveals neither seed nor split."""
+        raw = f"{self.spec.name}/{self.spec.version}/{track}/{split}/{seed}"
+        return f"{track}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
+
+    def seeds(self, split: Split) -> range:
+        """The generator seeds of a split."""
+        r = self.spec.splits.train if split == "train" else self.spec.splits.heldout
+        return range(r.start, r.stop)
+
+    # -- contracts --------------------------------------------------------------------
+
+    def contract_ref(self, focus: str) -> ContractRef | None:
+        """The rubric contract an episode of ``focus`` is scored against, if any."""
+        return None
+
+    # -- prompts ----------------------------------------------------------------------
+
+    def system_prompt(self, focus: str, protocol: ToolProtocol) -> str:
+        """System text: the role, the tool and how to call it, and the stage skill(s)."""
+        if focus == E2E:
+            skills = "\n\n".join(f"## {s.id} {s.name}\n{s.skill.strip()}" for s in self.spec.stages)
+            work = "Work through every stage in order, then call finish."
+        else:
+            s = self.spec.stage(focus)
+            skills = f"## {s.id} {s.name}\n{s.skill.strip()}"
+            work = f"Do stage {s.id} ({s.name}) only, then call finish."
+        return (
+            f"You are an engineer working in a sandbox on a {self.spec.name} task. "
+            "Your files are in /workspace. Use the execute_code tool to run python or bash; "
+            "every call is a fresh process, files persist, there is no network. "
+            f"{work}\n\nCall a tool like this:\n{protocol.example}\n\n# Stage skills\n{skills}"
+        )
+
+    def user_prompt(self, task: Task, focus: str) -> str:
+        """User text: the task card and which part of the workflow is asked for."""
+        if focus == E2E:
+            return task.card
+        s = self.spec.stage(focus)
+        done = [f"{p.id} {p.name}" for p in self.spec.stages[: self.spec.stages.index(s)]]
+        before = (
+            f"Stages {', '.join(done)} are done; their files are in /workspace. " if done else ""
+        )
+        return f"{task.card}\n\n{before}Now do stage {s.id} ({s.name}) and call finish when it is complete."

@@ -1,0 +1,335 @@
+"""StageEnv: one Stage Bank state as a Gymnasium environment.
+
+Observation and action are text. ``reset`` restores the state's workspace snapshot in a
+sandbox and returns the prompt; ``step`` takes the assistant's whole message, runs the
+tool calls it holds, and returns their results. The full conversation (OpenAI chat
+format), the tool schemas and the execution record ride in ``info``, so chat-template
+users need no re-parsing.
+
+* ``terminated``: the policy called ``finish``.
+* ``truncated``: a budget ran out (turns, tool calls, response tokens).
+
+The reward is always 0 here; the rubric verifier is a reward wrapper on top.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+
+from bat_gym.benchmark import Benchmark
+from bat_gym.errors import ResetNeeded
+from bat_gym.protocol import TOOLS, ToolProtocol, get_protocol, validate_call
+from bat_gym.record import ExecutionRecord, ToolCallRecord
+from bat_gym.sandbox import ExecResult, Sandbox, SandboxLimits, make_sandbox
+from bat_gym.spec import Budgets, StageState
+from bat_gym.textspace import UnicodeText
+
+__all__ = ["StageEnv", "Completion", "format_result"]
+
+MAX_TEXT = 1_000_000
+_RESET_OPTIONS = ("state_id", "track")
+
+
+class Completion(str):
+    """An assistant message that also carries how many tokens the policy generated.
+
+    Pass it to ``step`` instead of a plain ``str`` to count against the response-token
+    budget; any other ``str`` is counted with the env's ``token_counter``, if given.
+    """
+
+    num_tokens: int | None
+
+    def __new__(cls, text: str, num_tokens: int | None = None) -> Completion:  # noqa: D102
+        obj = super().__new__(cls, text)
+        obj.num_tokens = num_tokens
+        return obj
+
+
+def _clip(text: str, limit: int) -> str:
+    """Keep the head and the tail of ``text`` within ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    marker = "\n[... {} characters cut ...]\n"
+    room = max(0, limit - len(marker.format(len(text))))
+    head, tail = room // 2, room - room // 2
+    return text[:head] + marker.format(len(text) - head - tail) + (text[-tail:] if tail else "")
+
+
+def format_result(res: ExecResult, limit: int) -> str:
+    """The tool result as the agent sees it: a status line, then clipped output."""
+    if res.restarted:
+        status = "[the sandbox crashed and was restarted; nothing was reported for this call]"
+    elif res.timed_out:
+        status = f"[timed out after {res.duration_s:.1f} s; every process was killed]"
+    else:
+        status = f"[exit code {res.exit_code} in {res.duration_s:.2f} s]"
+    body = (
+        res.output
+        if res.output_bytes <= len(res.output.encode())
+        else res.output + f"\n[output capped: {res.output_bytes} bytes written]"
+    )
+    return _clip(f"{status}\n{body}".rstrip("\n"), limit)
+
+
+class StageEnv(gym.Env[str, str]):
+    """One stage of a staged benchmark, as an environment.
+
+    Args:
+        stage: ``"E2E"``, a stage id (``"S3"``) or name (``"Validate"``): the focus
+            whose states ``reset`` samples when no ``state_id`` is given.
+        benchmark: a registered benchmark name or instance; default is the installed
+            default benchmark.
+        track: only sample states of this track.
+        backend: sandbox backend, ``"local"`` or ``"docker"``.
+        protocol: how tool calls are written: ``"hermes"``, ``"json"`` or ``"openai"``.
+        budgets: per-episode limits (default: the benchmark's).
+        states: where states come from: a :class:`~bat_gym.bank.StateSource`, or a bank
+            directory; default: the benchmark's default bank, built on first use.
+        sandbox_options: keyword arguments for the sandbox constructor.
+        token_counter: counts the tokens of a plain-``str`` action for the token budget.
+        render_mode: ``"ansi"`` returns the transcript from ``render()``.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        stage: str = "E2E",
+        *,
+        benchmark: str | Benchmark | None = None,
+        track: str | None = None,
+        backend: str = "local",
+        protocol: str | ToolProtocol = "hermes",
+        budgets: Budgets | None = None,
+        states: Any = None,
+        sandbox_options: dict[str, Any] | None = None,
+        token_counter: Callable[[str], int] | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        from bat_gym.registry import get_benchmark
+
+        self.benchmark = benchmark if isinstance(benchmark, Benchmark) else get_benchmark(benchmark)
+        spec = self.benchmark.spec
+        self.focus = spec.focus(stage)
+        self.track = spec.track(track).name if track is not None else None
+        self.backend = backend
+        self.protocol = get_protocol(protocol)
+        self.budgets = budgets or spec.budgets
+        self._states_arg = states
+        self._states: Any = None
+        self.sandbox_options = dict(sandbox_options or {})
+        self.token_counter = token_counter
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
+        self.render_mode = render_mode
+        self.observation_space = UnicodeText(MAX_TEXT)
+        self.action_space = UnicodeText(MAX_TEXT)
+        self.sandbox: Sandbox | None = None
+        self.state: StageState | None = None
+        self.messages: list[dict[str, Any]] = []
+        self.record: ExecutionRecord | None = None
+        self._done = True
+        self.turns = self.tool_calls = self.response_tokens = 0
+
+    # -- state source and sandbox -------------------------------------------------------
+
+    @property
+    def states(self) -> Any:
+        """The state source (loaded, or built and cached, on first use)."""
+        if self._states is None:
+            from bat_gym.bank import StageBank, default_bank
+
+            arg = self._states_arg
+            if arg is None:
+                self._states = default_bank(self.benchmark)
+            elif isinstance(arg, (str, Path)):
+                self._states = StageBank(arg)
+            else:
+                self._states = arg
+        return self._states
+
+    def _sandbox(self) -> Sandbox:
+        if self.sandbox is None:
+            opts = {
+                "limits": SandboxLimits(timeout_s=self.budgets.tool_timeout_s),
+                **self.sandbox_options,
+            }
+            self.sandbox = make_sandbox(self.backend, store=self.states.store, **opts)
+        return self.sandbox
+
+    # -- Gymnasium API ------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Restore a state's workspace and return its prompt.
+
+        Options:
+            state_id: start from exactly this state (any focus), e.g. for a GRPO group.
+            track: sample only among this track's states for this reset.
+        """
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(_RESET_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {unknown}; allowed: {list(_RESET_OPTIONS)}")
+        if options.get("state_id") is not None:
+            state = self.states.get(options["state_id"])
+        else:
+            track = options.get("track", self.track)
+            ids = self.states.select(focus=self.focus, track=track)
+            if not ids:
+                raise ValueError(
+                    f"no {self.benchmark.name} states with focus {self.focus!r} and track {track!r}"
+                )
+            state = self.states.get(ids[int(self.np_random.integers(len(ids)))])
+        snapshot = self.states.store.get_snapshot(state.snapshot)
+        sandbox = self._sandbox()
+        sandbox.restore(snapshot)
+        self.state = state
+        self.messages = [dict(m) for m in state.messages]
+        self.record = ExecutionRecord(start_digest=snapshot.digest)
+        self.turns = self.tool_calls = self.response_tokens = 0
+        self._done = False
+        return self._render_messages(self.messages), self._info()
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Run the tool calls in the assistant message ``action``."""
+        if self._done or self.state is None or self.record is None:
+            raise ResetNeeded("call reset() before step(), and again after an episode ends")
+        if not isinstance(action, str):
+            raise TypeError(
+                f"the action is the assistant's message as a str, got {type(action).__name__}"
+            )
+        self.turns += 1
+        self.response_tokens += self._count_tokens(action)
+        parsed = self.protocol.parse(action)
+        error = parsed.error
+        if error is None:
+            error = next((e for e in (validate_call(c) for c in parsed.calls) if e), None)
+        new: list[dict[str, Any]] = []
+        terminated = truncated = False
+        if error is not None:
+            self.messages.append({"role": "assistant", "content": action})
+            new.append({"role": "user", "content": f"[tool call error] {error}"})
+        else:
+            calls = [
+                c.model_copy(update={"id": f"call_{self.tool_calls + i}"})
+                for i, c in enumerate(parsed.calls)
+            ]
+            self.messages.append(
+                {
+                    "role": "assistant",
+                    "content": parsed.content,
+                    "tool_calls": [c.to_openai() for c in calls],
+                }
+            )
+            for call in calls:
+                if call.name == "finish":
+                    terminated = True
+                    new.append(self._tool_message(call, "Finished."))
+                    break
+                if self.tool_calls >= self.budgets.max_tool_calls:
+                    truncated = True
+                    new.append(self._tool_message(call, "[not run: the tool-call budget is spent]"))
+                    break
+                new.append(
+                    self._tool_message(
+                        call, self._execute(call.arguments["language"], call.arguments["code"])
+                    )
+                )
+        if not terminated and (
+            self.turns >= self.budgets.max_turns
+            or self.response_tokens >= self.budgets.max_response_tokens
+        ):
+            truncated = True
+        self.messages.extend(new)
+        self._done = terminated or truncated
+        obs = "\n\n".join(m["content"] for m in new)
+        return obs, 0.0, terminated, truncated, self._info()
+
+    def render(self) -> str | None:
+        """The transcript so far as text (``render_mode="ansi"``)."""
+        if self.render_mode == "ansi":
+            return self._render_messages(self.messages)
+        return None
+
+    def close(self) -> None:
+        """Release the sandbox."""
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+        super().close()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _count_tokens(self, action: str) -> int:
+        n = getattr(action, "num_tokens", None)
+        if n is not None:
+            return int(n)
+        return self.token_counter(action) if self.token_counter is not None else 0
+
+    def _execute(self, language: str, code: str) -> str:
+        assert self.sandbox is not None and self.record is not None
+        before = self.sandbox.digest()
+        res = self.sandbox.execute_code(language, code, timeout_s=self.budgets.tool_timeout_s)  # type: ignore[arg-type]
+        after = self.sandbox.digest()
+        self.record.append(
+            ToolCallRecord(
+                index=self.tool_calls,
+                turn=self.turns - 1,
+                language=language,
+                code=code,
+                exit_code=res.exit_code,
+                duration_s=res.duration_s,
+                output=res.output,
+                output_bytes=res.output_bytes,
+                timed_out=res.timed_out,
+                restarted=res.restarted,
+                digest_before=before,
+                digest_after=after,
+            )
+        )
+        self.tool_calls += 1
+        return format_result(res, self.budgets.max_observation_chars)
+
+    @staticmethod
+    def _tool_message(call: Any, content: str) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+    @staticmethod
+    def _render_messages(messages: list[dict[str, Any]]) -> str:
+        parts = []
+        for m in messages:
+            text = m.get("content") or ""
+            for c in m.get("tool_calls") or []:
+                text += f"\n<tool_call>{json.dumps({'name': c['function']['name'], 'arguments': json.loads(c['function']['arguments'])}, ensure_ascii=False)}</tool_call>"
+            parts.append(f"[{m['role']}]\n{text.strip()}")
+        return "\n\n".join(parts)
+
+    def _info(self) -> dict[str, Any]:
+        assert self.state is not None
+        spec = self.benchmark.spec
+        focus = self.state.focus
+        return {
+            "messages": list(self.messages),
+            "tools": list(TOOLS),
+            "record": self.record,
+            "state_id": self.state.state_id,
+            "stage": focus,
+            "stage_name": focus if focus == "E2E" else spec.stage(focus).name,
+            "track": self.state.track,
+            "benchmark": spec.name,
+            "contract": self.state.contract,
+            "turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "response_tokens": self.response_tokens,
+            "isolation": self.sandbox.isolation.value if self.sandbox else None,
+        }

@@ -1,0 +1,135 @@
+"""Benchmarks arrive through entry points; env ids resolve to the default benchmark.
+
+A benchmark package declares, in its ``pyproject.toml``::
+
+    [project.entry-points."bat_gym.benchmarks"]
+    my_bench = "my_package.bench:benchmark"   # a Benchmark instance or a factory
+
+or calls :func:`register_benchmark` at import time. The shipped suites register the
+same way. Nothing is imported until a benchmark is asked for. The default benchmark is
+``BAT_GYM_BENCHMARK`` if set, else the installed one with the highest
+``spec.default_priority``.
+
+:func:`register_envs` registers ``bat/Plan-v0`` .. ``bat/Submit-v0`` and ``bat/E2E-v0``
+with Gymnasium. It runs when Gymnasium is imported (through the ``.pth`` hook) and when
+``bat_gym`` is imported, in every process, spawned workers included.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from bat_gym.errors import BenchmarkNotFound
+
+if TYPE_CHECKING:
+    from bat_gym.benchmark import Benchmark
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "STAGE_ENV_NAMES",
+    "register_benchmark",
+    "list_benchmarks",
+    "get_benchmark",
+    "default_benchmark_name",
+    "register_envs",
+    "env_ids",
+]
+
+ENTRY_POINT_GROUP = "bat_gym.benchmarks"
+STAGE_ENV_NAMES = ("Plan", "Setup", "Validate", "Infer", "Submit", "E2E")
+ENV_NAMESPACE = "bat"
+
+_factories: dict[str, Callable[[], Any] | str] = {}
+_loaded: dict[str, Benchmark] = {}
+
+
+def register_benchmark(name: str, benchmark: Benchmark | Callable[[], Benchmark] | str) -> None:
+    """Make a benchmark available under ``name``.
+
+    Args:
+        name: the name users pass as ``benchmark=``.
+        benchmark: an instance, a zero-argument factory, or a ``"module:attr"`` string
+            naming either (imported on first use).
+    """
+    from bat_gym.benchmark import Benchmark
+
+    _loaded.pop(name, None)
+    if isinstance(benchmark, Benchmark):
+        _loaded[name] = benchmark
+    _factories[name] = (
+        benchmark if not isinstance(benchmark, Benchmark) else (lambda b=benchmark: b)
+    )
+
+
+def _discover() -> None:
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        _factories.setdefault(ep.name, ep.value)
+
+
+def list_benchmarks() -> list[str]:
+    """Names of every registered or installed benchmark."""
+    _discover()
+    return sorted(_factories)
+
+
+def get_benchmark(name: str | None = None) -> Benchmark:
+    """Load a benchmark by name (``None``: the default benchmark).
+
+    Raises:
+        BenchmarkNotFound: naming the installed benchmarks and close matches.
+    """
+    from bat_gym.benchmark import Benchmark
+
+    name = name or default_benchmark_name()
+    if name in _loaded:
+        return _loaded[name]
+    _discover()
+    if name not in _factories:
+        raise BenchmarkNotFound(name, list(_factories))
+    target = _factories[name]
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        target = getattr(importlib.import_module(module), attr)
+    bench = target if isinstance(target, Benchmark) else target()
+    if not isinstance(bench, Benchmark):
+        raise TypeError(
+            f"benchmark {name!r} resolved to {type(bench).__name__}, not a bat_gym Benchmark"
+        )
+    if bench.spec.name != name:
+        raise ValueError(f"benchmark registered as {name!r} calls itself {bench.spec.name!r}")
+    _loaded[name] = bench
+    return bench
+
+
+def default_benchmark_name() -> str:
+    """``BAT_GYM_BENCHMARK``, else the installed benchmark with the highest priority."""
+    chosen = os.environ.get("BAT_GYM_BENCHMARK")
+    if chosen:
+        return chosen
+    names = list_benchmarks()
+    if not names:
+        raise BenchmarkNotFound("<default>", [])
+    return max(names, key=lambda n: (get_benchmark(n).spec.default_priority, n))
+
+
+def env_ids() -> list[str]:
+    """The registered ``bat/*`` env ids."""
+    return [f"{ENV_NAMESPACE}/{name}-v0" for name in STAGE_ENV_NAMES]
+
+
+def register_envs() -> None:
+    """Register the ``bat/*`` ids with Gymnasium (idempotent, imports no benchmark)."""
+    import gymnasium as gym
+
+    for name, env_id in zip(STAGE_ENV_NAMES, env_ids(), strict=True):
+        if env_id not in gym.registry:
+            gym.register(
+                id=env_id,
+                entry_point="bat_gym.env:StageEnv",
+                kwargs={"stage": name},
+                disable_env_checker=False,
+            )

@@ -1,0 +1,290 @@
+"""The toy_pipeline benchmark: generator, private answers and scripted teacher."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bat_gym.benchmark import Benchmark, Split, TeacherTurn
+from bat_gym.protocol import ToolCall
+from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
+
+__all__ = ["ToyPipeline"]
+
+_UNITS = {"mm": 0.1, "cm": 1.0, "m": 100.0}  # to centimetres
+_CODES = ("alpha", "beta", "gamma", "delta", "omega")
+
+SKILLS = {
+    "S1": (
+        "Read task.json and TASK.md, look at the data and the model card. Write plan/plan.md with "
+        "three sections: '## Preprocess', '## Inference', '## Postprocess', each naming the files "
+        "and checks involved."
+    ),
+    "S2": (
+        "Record the environment in setup/environment.json (python and numpy versions). Write "
+        "pipeline/infer.py: it reads data/cases.csv and model/model.json and writes a CSV with "
+        "columns id,label for the case ids given on the command line (all cases when none)."
+    ),
+    "S3": (
+        "Run pipeline/infer.py on ONE case and check the result against what the data and model "
+        "card say (units, codes, value ranges). Fix the pipeline if the pilot is wrong. Save the "
+        "pilot output as validation/pilot.csv and a receipt validation/s3_validation.json with "
+        '{"stage": "S3", "artifact": "validation/pilot.csv", "sha256": <its sha256>}.'
+    ),
+    "S4": (
+        "Run the validated pipeline on every case into outputs/predictions.csv. Write the receipt "
+        "validation/s4_completion.json with the artifact's sha256 and the number of cases."
+    ),
+    "S5": (
+        "Write outputs/submission.csv exactly in the schema of task.json (header id,label, one row "
+        "per case id, labels as integers). Write the receipt validation/s5_submission.json."
+    ),
+}
+
+SPEC = BenchmarkSpec(
+    name="toy_pipeline",
+    version="1.0",
+    description="Five-stage CSV scoring pipelines with a unit trap and a code-normalization trap.",
+    stages=(
+        Stage(id="S1", name="Plan", weight=0.25, skill=SKILLS["S1"], artifacts=("plan/plan.md",)),
+        Stage(
+            id="S2",
+            name="Setup",
+            weight=0.15,
+            skill=SKILLS["S2"],
+            artifacts=("setup/environment.json", "pipeline/infer.py"),
+        ),
+        Stage(
+            id="S3",
+            name="Validate",
+            weight=0.35,
+            skill=SKILLS["S3"],
+            artifacts=("validation/pilot.csv", "validation/s3_validation.json"),
+        ),
+        Stage(
+            id="S4",
+            name="Infer",
+            weight=0.15,
+            skill=SKILLS["S4"],
+            artifacts=("outputs/predictions.csv", "validation/s4_completion.json"),
+        ),
+        Stage(
+            id="S5",
+            name="Submit",
+            weight=0.10,
+            skill=SKILLS["S5"],
+            artifacts=("outputs/submission.csv", "validation/s5_submission.json"),
+        ),
+    ),
+    tracks=(
+        Track(
+            name="threshold",
+            metric="accuracy",
+            description="Threshold a measurement given in some unit.",
+        ),
+        Track(name="lookup", metric="accuracy", description="Map noisy category codes to labels."),
+    ),
+    budgets=Budgets(),
+    splits=Splits(
+        train=SeedRange(start=0, stop=10_000), heldout=SeedRange(start=1_000_000, stop=1_000_100)
+    ),
+    default_priority=10,
+)
+
+
+def _csv(rows: list[dict[str, Any]], fields: list[str]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+class ToyPipeline(Benchmark):
+    """The toy_pipeline benchmark."""
+
+    spec = SPEC
+
+    def _draw(self, track: str, seed: int) -> dict[str, Any]:
+        rng = np.random.default_rng([seed, 0 if track == "threshold" else 1])
+        n = int(rng.integers(4, 9))
+        ids = [f"case{int(i):03d}" for i in rng.choice(1000, size=n, replace=False)]
+        if track == "threshold":
+            unit = str(rng.choice(list(_UNITS)))
+            threshold_cm = float(np.round(rng.uniform(1.0, 5.0), 2))
+            values_cm = np.round(rng.uniform(0.2, 8.0, size=n), 3)
+            values = [float(np.round(v / _UNITS[unit], 4)) for v in values_cm]
+            labels = [int(v >= threshold_cm) for v in values_cm]
+            return {
+                "ids": ids,
+                "unit": unit,
+                "threshold_cm": threshold_cm,
+                "values": values,
+                "labels": labels,
+            }
+        table = {c: int(rng.integers(0, 2)) for c in _CODES}
+        codes = [str(rng.choice(_CODES)) for _ in ids]
+        noisy = [
+            (" " * int(rng.integers(0, 2))) + (c.upper() if rng.random() < 0.5 else c)
+            for c in codes
+        ]
+        return {"ids": ids, "table": table, "codes": noisy, "labels": [table[c] for c in codes]}
+
+    def make_task(self, track: str, seed: int, split: Split) -> Task:  # noqa: D102
+        self.spec.track(track)
+        d = self._draw(track, seed)
+        card = (
+            f"Task ({track}): score every case in data/cases.csv with the model in model/model.json "
+            "and submit outputs/submission.csv. Read TASK.md and task.json first."
+        )
+        return Task(
+            task_id=self.task_id(track, seed, split),
+            benchmark=self.spec.name,
+            track=track,
+            seed=seed,
+            split=split,
+            card=card,
+            params={"cases": len(d["ids"])},
+        )
+
+    def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102
+        d = self._draw(task.track, task.seed)
+        (dest / "data").mkdir()
+        (dest / "model").mkdir()
+        schema = {"columns": ["id", "label"], "label_type": "int", "case_ids": d["ids"]}
+        if task.track == "threshold":
+            rows = [{"id": i, "value": v} for i, v in zip(d["ids"], d["values"], strict=True)]
+            (dest / "data" / "cases.csv").write_text(_csv(rows, ["id", "value"]))
+            model = {"kind": "threshold", "threshold": d["threshold_cm"], "unit": "cm"}
+            meta = {"track": "threshold", "value_unit": d["unit"], "submission": schema}
+            card = "The model labels a case 1 when its measurement in centimetres reaches the threshold."
+        else:
+            rows = [{"id": i, "code": c} for i, c in zip(d["ids"], d["codes"], strict=True)]
+            (dest / "data" / "cases.csv").write_text(_csv(rows, ["id", "code"]))
+            model = {"kind": "lookup", "table": d["table"]}
+            meta = {"track": "lookup", "submission": schema}
+            card = "The model maps lower-case category codes to labels."
+        (dest / "model" / "model.json").write_text(json.dumps(model, indent=2))
+        (dest / "model" / "MODEL_CARD.md").write_text(f"# Model card\n\n{card}\n")
+        (dest / "task.json").write_text(json.dumps(meta, indent=2))
+        (dest / "TASK.md").write_text(
+            f"# {task.track} task\n\n{task.card}\n\nRequired artifacts per stage are listed in the stage skills.\n"
+        )
+
+    def private_answers(self, task: Task) -> dict[str, Any]:  # noqa: D102
+        d = self._draw(task.track, task.seed)
+        return {"labels": dict(zip(d["ids"], d["labels"], strict=True))}
+
+    def teacher_turns(self, task: Task) -> list[TeacherTurn]:  # noqa: D102
+        return _teacher_turns(task.track)
+
+
+def _py(code: str) -> ToolCall:
+    return ToolCall(
+        name="execute_code", arguments={"language": "python", "code": code.strip() + "\n"}
+    )
+
+
+def _sh(code: str) -> ToolCall:
+    return ToolCall(
+        name="execute_code", arguments={"language": "bash", "code": code.strip() + "\n"}
+    )
+
+
+_RECEIPT = """
+import hashlib, json, os
+def receipt(stage, artifact, path, **extra):
+    digest = hashlib.sha256(open(artifact, "rb").read()).hexdigest()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    json.dump({"schema_version": 1, "stage": stage, "artifact": artifact, "sha256": digest, **extra}, open(path, "w"), indent=2)
+"""
+
+_INFER = {
+    "threshold": """
+import csv, json, sys
+SCALE = {"mm": 0.1, "cm": 1.0, "m": 100.0}
+model = json.load(open("model/model.json"))
+unit = json.load(open("task.json"))["value_unit"]
+wanted = set(sys.argv[2:])
+out = sys.argv[1]
+rows = [r for r in csv.DictReader(open("data/cases.csv")) if not wanted or r["id"] in wanted]
+with open(out, "w", newline="") as f:
+    w = csv.writer(f, lineterminator="\\n")
+    w.writerow(["id", "label"])
+    for r in rows:
+        w.writerow([r["id"], int(float(r["value"]) * SCALE[unit] >= model["threshold"])])
+""",
+    "lookup": """
+import csv, json, sys
+model = json.load(open("model/model.json"))
+wanted = set(sys.argv[2:])
+out = sys.argv[1]
+rows = [r for r in csv.DictReader(open("data/cases.csv")) if not wanted or r["id"] in wanted]
+with open(out, "w", newline="") as f:
+    w = csv.writer(f, lineterminator="\\n")
+    w.writerow(["id", "label"])
+    for r in rows:
+        w.writerow([r["id"], model["table"][r["code"].strip().lower()]])
+""",
+}
+
+
+def _teacher_turns(track: str) -> list[TeacherTurn]:
+    check = {
+        "threshold": "unit = json.load(open('task.json'))['value_unit']; print('values are in', unit, '; model threshold is in cm')",
+        "lookup": "print('codes seen:', sorted({r['code'] for r in csv.DictReader(open('data/cases.csv'))}))",
+    }[track]
+    plan = (
+        "mkdir -p plan && cat > plan/plan.md <<'EOF'\n# Plan\n\n## Preprocess\nRead data/cases.csv and task.json; "
+        "normalize units and codes to what model/model.json expects.\n\n## Inference\nApply the model in "
+        "pipeline/infer.py, one row per case id.\n\n## Postprocess\nWrite outputs/submission.csv in the schema of "
+        "task.json with integer labels and a receipt.\nEOF\ncat task.json; head -3 data/cases.csv"
+    )
+    setup = (
+        "import json, os, platform, numpy\nos.makedirs('setup', exist_ok=True)\n"
+        "json.dump({'python': platform.python_version(), 'numpy': numpy.__version__}, open('setup/environment.json', 'w'), indent=2)\n"
+        f"os.makedirs('pipeline', exist_ok=True)\nopen('pipeline/infer.py', 'w').write({_INFER[track]!r})\nprint('pipeline written')"
+    )
+    validate = (
+        f"import csv, json, subprocess\n{check}\nfirst = next(csv.DictReader(open('data/cases.csv')))['id']\n"
+        "import os; os.makedirs('validation', exist_ok=True)\n"
+        "subprocess.run(['python', 'pipeline/infer.py', 'validation/pilot.csv', first], check=True)\n"
+        "print(open('validation/pilot.csv').read())\n"
+        + _RECEIPT
+        + "receipt('S3', 'validation/pilot.csv', 'validation/s3_validation.json', cases=1)"
+    )
+    infer = (
+        "import csv, os, subprocess\nos.makedirs('outputs', exist_ok=True)\n"
+        "subprocess.run(['python', 'pipeline/infer.py', 'outputs/predictions.csv'], check=True)\n"
+        "n = sum(1 for _ in csv.DictReader(open('outputs/predictions.csv')))\nprint(n, 'cases predicted')\n"
+        + _RECEIPT
+        + "receipt('S4', 'outputs/predictions.csv', 'validation/s4_completion.json', cases=n)"
+    )
+    submit = (
+        "import csv, json, shutil\nschema = json.load(open('task.json'))['submission']\n"
+        "rows = list(csv.DictReader(open('outputs/predictions.csv')))\n"
+        "assert [r['id'] for r in rows] == [i for i in schema['case_ids'] if i in {r['id'] for r in rows}]\n"
+        "assert {r['id'] for r in rows} == set(schema['case_ids']), 'missing cases'\n"
+        "shutil.copyfile('outputs/predictions.csv', 'outputs/submission.csv')\n"
+        + _RECEIPT
+        + "receipt('S5', 'outputs/submission.csv', 'validation/s5_submission.json', cases=len(rows))\nprint('submitted', len(rows))"
+    )
+    return [
+        TeacherTurn("S1", "I will read the task and write the plan.", (_sh(plan),)),
+        TeacherTurn("S2", "Setting up the environment record and the pipeline.", (_py(setup),)),
+        TeacherTurn(
+            "S3", "A one-case pilot, checked against the data description.", (_py(validate),)
+        ),
+        TeacherTurn("S4", "Full inference.", (_py(infer),)),
+        TeacherTurn("S5", "Submission in the required schema.", (_py(submit),)),
+        TeacherTurn(
+            "S5",
+            "All stages are done.",
+            (ToolCall(name="finish", arguments={"summary": "Submitted outputs/submission.csv."}),),
+        ),
+    ]
