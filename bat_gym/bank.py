@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import StateNotFound, UnsafeSnapshot
+from bat_gym.errors import BankError, StateNotFound
 from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
 from bat_gym.spec import E2E, StageState, load_model
 
 __all__ = ["StateSource", "StageBank", "cache_dir", "default_bank", "build_bank"]
 
-BANK_FORMAT = 1
+BANK_FORMAT = 2
 
 
 class StateSource(Protocol):
@@ -54,20 +54,30 @@ class StageBank:
         root: the bank directory.
 
     Raises:
+        BankError: the directory is not a complete bank, or ``rows.jsonl`` does not
+            match the manifest's digest.
         SpecError: a row fails validation (the message names line and field).
-        UnsafeSnapshot: ``rows.jsonl`` does not match the manifest's digest.
     """
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self.store = BlobStore(self.root / "store")
-        manifest = json.loads((self.root / "manifest.json").read_text())
         rows_path = self.root / "rows.jsonl"
-        data = rows_path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != manifest["rows_sha256"]:
-            raise UnsafeSnapshot(
-                str(rows_path), "rows.jsonl does not match the digest in manifest.json"
+        try:
+            manifest = json.loads((self.root / "manifest.json").read_text())
+            data = rows_path.read_bytes()
+        except FileNotFoundError as exc:
+            missing = Path(exc.filename).name
+            raise BankError(
+                str(self.root),
+                f"not a Stage Bank ({missing} is missing); build one with `bat-gym bank build --out DIR`",
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise BankError(str(self.root / "manifest.json"), f"not valid JSON: {exc.msg}") from None
+        if hashlib.sha256(data).hexdigest() != manifest.get("rows_sha256"):
+            raise BankError(
+                str(rows_path), "rows.jsonl does not match the digest in manifest.json (edited or corrupted)"
             )
+        self.store = BlobStore(self.root / "store")
         self.manifest: dict[str, Any] = manifest
         self._rows: dict[str, StageState] = {}
         for n, line in enumerate(data.decode().splitlines(), 1):
@@ -148,7 +158,8 @@ def _initial_state(
         messages=messages,
         snapshot=snap.digest,
         contract=bench.contract_ref(E2E),
-        provenance={"seed_split": "train", "teacher": "scripted", "tier": task.tier},
+        # Training seeds are not secret; held-out seeds never reach a bank.
+        provenance={"split": "train", "seed": task_seed, "teacher": "scripted", "tier": task.tier},
     )
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "StateNotFound",
     "TrackNotFound",
     "ResetNeeded",
+    "BankError",
 ]
 
 
@@ -129,3 +130,16 @@ class StateNotFound(_NotFound):
 
 class ResetNeeded(BatGymError, RuntimeError):
     """``step`` was called before ``reset`` or after the episode ended."""
+
+
+class BankError(BatGymError):
+    """A Stage Bank directory is missing, incomplete or corrupted.
+
+    Attributes:
+        path: the file or directory at fault.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")

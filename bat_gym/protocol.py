@@ -185,38 +185,49 @@ class ToolProtocol(ABC):
 
 
 class HermesProtocol(ToolProtocol):
-    """``<tool_call>{json}</tool_call>`` blocks, as in Hermes and Qwen chat templates."""
+    """``<tool_call>{json}</tool_call>`` blocks, as in Hermes and Qwen chat templates.
+
+    The JSON is decoded first and the closing tag looked for after it, so code that
+    contains the text ``</tool_call>`` inside a string does not end the block early.
+    """
 
     name = "hermes"
     example = '<tool_call>{"name": "execute_code", "arguments": {"language": "bash", "code": "ls"}}</tool_call>'
-    _BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+    _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
     def parse(self, message: str) -> ParsedMessage:  # noqa: D102
-        blocks = list(self._BLOCK.finditer(message))
-        if not blocks:
+        starts = [m.start() for m in re.finditer(re.escape(self._OPEN), message)]
+        if not starts:
             return ParsedMessage(content=message.strip(), error=self.no_call_error())
+        decoder = json.JSONDecoder()
         calls: list[ToolCall] = []
-        for i, m in enumerate(blocks, 1):
-            where = f"tool call {i}" if len(blocks) > 1 else "the tool call"
-            if not m.group(2):
-                return ParsedMessage(
-                    content=message,
-                    error=f"{where} has no closing </tool_call> tag. Write: {self.example}",
-                )
-            body = m.group(1).strip()
+        kept: list[str] = []
+        cursor = 0
+        for i, start in enumerate(starts, 1):
+            if start < cursor:  # inside an earlier call's JSON
+                continue
+            where = f"tool call {i}" if len(starts) > 1 else "the tool call"
+            kept.append(message[cursor:start])
+            pos = start + len(self._OPEN)
+            while pos < len(message) and message[pos].isspace():
+                pos += 1
             try:
-                obj = json.loads(body)
+                obj, end = decoder.raw_decode(message, pos)
             except json.JSONDecodeError as exc:
                 return ParsedMessage(
                     content=message,
                     error=f"{where} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}). Write: {self.example}",
                 )
+            close = message.find(self._CLOSE, end)
+            if close < 0 or message[end:close].strip():
+                return ParsedMessage(content=message, error=f"{where} has no closing {self._CLOSE} tag after its JSON. Write: {self.example}")
             call = _call_from_obj(obj, where)
             if isinstance(call, str):
                 return ParsedMessage(content=message, error=call)
             calls.append(call)
-        content = self._BLOCK.sub("", message).strip()
-        return ParsedMessage(content=content, calls=tuple(calls))
+            cursor = close + len(self._CLOSE)
+        kept.append(message[cursor:])
+        return ParsedMessage(content="".join(kept).strip(), calls=tuple(calls))
 
     def render(self, content: str, calls: list[ToolCall] | tuple[ToolCall, ...]) -> str:  # noqa: D102
         parts = [content.strip()] if content.strip() else []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "STAGE_ENV_NAMES",
     "register_benchmark",
+    "unregister_benchmark",
     "list_benchmarks",
     "get_benchmark",
     "default_benchmark_name",
@@ -63,6 +65,12 @@ def register_benchmark(name: str, benchmark: Benchmark | Callable[[], Benchmark]
     _factories[name] = (
         benchmark if not isinstance(benchmark, Benchmark) else (lambda b=benchmark: b)
     )
+
+
+def unregister_benchmark(name: str) -> None:
+    """Forget a benchmark registered in this process (entry points come back on discovery)."""
+    _factories.pop(name, None)
+    _loaded.pop(name, None)
 
 
 def _discover() -> None:
@@ -110,10 +118,15 @@ def default_benchmark_name() -> str:
     chosen = os.environ.get("BAT_GYM_BENCHMARK")
     if chosen:
         return chosen
-    names = list_benchmarks()
-    if not names:
-        raise BenchmarkNotFound("<default>", [])
-    return max(names, key=lambda n: (get_benchmark(n).spec.default_priority, n))
+    priorities = {}
+    for name in list_benchmarks():
+        try:
+            priorities[name] = get_benchmark(name).spec.default_priority
+        except Exception as exc:  # one broken plugin must not hide the others
+            warnings.warn(f"skipping benchmark {name!r} when choosing the default: {exc}", stacklevel=2)
+    if not priorities:
+        raise BenchmarkNotFound("<default>", list_benchmarks())
+    return max(priorities, key=lambda n: (priorities[n], n))
 
 
 def env_ids() -> list[str]:

@@ -4,15 +4,23 @@ Gymnasium's ``spaces.Text`` enumerates an alphabet (alphanumeric by default) and
 hold code, JSON or prose with punctuation. :class:`UnicodeText` accepts any ``str`` up
 to ``max_length`` characters that contains no NUL and no lone surrogate (neither can be
 encoded as UTF-8 or passed to a process), and samples printable text for checkers.
+
+Vector envs batch it as a tuple of strings (Gymnasium's default for custom spaces).
+For ``AsyncVectorEnv``'s shared memory, each env gets a slot of a length prefix plus
+``4 * max_length`` bytes, enough for any member encoded as UTF-8; reading returns a
+live view (the vector env reads its buffer once and relies on views, as it does for
+arrays), which ``copy.deepcopy`` turns into a plain tuple.
 """
 
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory, write_to_shared_memory
 
 __all__ = ["UnicodeText"]
 
@@ -88,3 +96,58 @@ class UnicodeText(spaces.Space[str]):
     def from_jsonable(self, sample_n: list[str]) -> list[str]:
         """Inverse of :meth:`to_jsonable`."""
         return list(sample_n)
+
+
+_LEN = np.dtype("<u8")
+
+
+def _slot_bytes(space: UnicodeText) -> int:
+    return _LEN.itemsize + 4 * space.max_length
+
+
+@create_shared_memory.register(UnicodeText)
+def _create_shared(space: UnicodeText, n: int = 1, ctx: Any = None) -> Any:
+    import multiprocessing as mp
+
+    return (ctx or mp).Array("B", n * _slot_bytes(space))
+
+
+@write_to_shared_memory.register(UnicodeText)
+def _write_shared(space: UnicodeText, index: int, value: str, shared_memory: Any) -> None:
+    data = value.encode("utf-8")
+    buf = np.frombuffer(shared_memory.get_obj(), dtype=np.uint8)
+    start = index * _slot_bytes(space)
+    buf[start : start + _LEN.itemsize] = np.frombuffer(np.array(len(data), dtype=_LEN).tobytes(), dtype=np.uint8)
+    buf[start + _LEN.itemsize : start + _LEN.itemsize + len(data)] = np.frombuffer(data, dtype=np.uint8)
+
+
+class SharedTexts(Sequence[str]):
+    """The strings in a shared-memory buffer, read afresh on every access."""
+
+    def __init__(self, space: UnicodeText, shared_memory: Any, n: int) -> None:
+        self._space, self._memory, self._n = space, shared_memory, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        buf = np.frombuffer(self._memory.get_obj(), dtype=np.uint8)
+        start = (i % self._n) * _slot_bytes(self._space)
+        size = int(buf[start : start + _LEN.itemsize].view(_LEN)[0])
+        return bytes(buf[start + _LEN.itemsize : start + _LEN.itemsize + size]).decode("utf-8")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __repr__(self) -> str:
+        return f"SharedTexts({tuple(self)!r})"
+
+    def __deepcopy__(self, memo: dict) -> tuple[str, ...]:
+        return tuple(self)
+
+
+@read_from_shared_memory.register(UnicodeText)
+def _read_shared(space: UnicodeText, shared_memory: Any, n: int = 1) -> SharedTexts:
+    return SharedTexts(space, shared_memory, n)

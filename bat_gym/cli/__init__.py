@@ -1,1 +1,35 @@
-"""Command line."""
+"""The ``bat-gym`` command line: one module per command, registered on one app."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from bat_gym.errors import BatGymError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Staged benchmarks as Gymnasium environments."
+)
+
+
+def _register_commands() -> None:
+    from bat_gym.cli import bank, demo, envs
+
+    app.command("demo")(demo.demo)
+    app.command("envs")(envs.envs)
+    app.add_typer(bank.app, name="bank")
+
+
+_register_commands()
+
+
+def main() -> None:
+    """Run the app; a BatGymError prints one clean line instead of a traceback."""
+    try:
+        app()
+    except BatGymError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        sys.exit(1)
