@@ -32,7 +32,7 @@ from bat_gym.spec import E2E, StageState, load_model
 
 __all__ = ["StateSource", "StageBank", "cache_dir", "default_bank", "build_bank"]
 
-BANK_FORMAT = 2
+BANK_FORMAT = 3  # 3: rows carry the refs of their rubric contracts
 
 
 class StateSource(Protocol):
@@ -266,8 +266,10 @@ def default_bank(bench: Benchmark) -> StageBank:
     """
     from bat_gym import __version__
 
+    # Rows pin contract digests, so an edited contract must not reuse an old bank.
+    contracts = [ref.sha256 for f in bench.spec.focuses if (ref := bench.contract_ref(f))]
     key = hashlib.sha256(
-        f"{bench.name}/{bench.spec.version}/{__version__}/{BANK_FORMAT}".encode()
+        f"{bench.name}/{bench.spec.version}/{__version__}/{BANK_FORMAT}/{contracts}".encode()
     ).hexdigest()[:12]
     root = cache_dir() / "banks" / f"{bench.name}-{key}"
     root.parent.mkdir(parents=True, exist_ok=True)

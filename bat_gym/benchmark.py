@@ -10,10 +10,14 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from bat_gym.protocol import ToolCall, ToolProtocol
 from bat_gym.spec import E2E, BenchmarkSpec, ContractRef, Task
+
+if TYPE_CHECKING:
+    from bat_gym.rubrics.contract import ContractLibrary
+    from bat_gym.rubrics.workspace import FrozenWorkspace
 
 __all__ = ["Benchmark", "TeacherTurn"]
 
@@ -72,8 +76,33 @@ class Benchmark(ABC):
 
     # -- contracts --------------------------------------------------------------------
 
+    def contract_library(self) -> ContractLibrary:
+        """The rubric contracts this benchmark's episodes are scored against.
+
+        Default: the contracts of the reference stages shipped in ``bat_gym.rubrics``.
+        Override to return a library of your own (``ContractLibrary.from_dir(...)``).
+        """
+        from bat_gym.rubrics.contract import ContractLibrary
+
+        return ContractLibrary.reference()
+
     def contract_ref(self, focus: str) -> ContractRef | None:
-        """The rubric contract an episode of ``focus`` is scored against, if any."""
+        """The rubric contract an episode of ``focus`` is scored against, if any.
+
+        Default: the ref (id, version, sha256) of the library's contract for ``focus``.
+        """
+        contract = self.contract_library().for_focus(focus)
+        return None if contract is None else contract.ref
+
+    def task_score(self, task: Task, workspace: FrozenWorkspace) -> float | None:
+        """The task metric of a finished workspace, in [0, 1]; None when unscorable.
+
+        Called by the verifier outside the sandbox, with the frozen workspace captured
+        after the episode. Read artifacts through ``workspace`` (never a live
+        directory) and the truth through :meth:`private_answers`. Return 0 for what
+        the agent got wrong (a missing or garbled submission), None only when the
+        metric cannot be computed at all. Default: no task metric (None).
+        """
         return None
 
     # -- prompts ----------------------------------------------------------------------

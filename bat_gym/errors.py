@@ -20,6 +20,9 @@ __all__ = [
     "TrackNotFound",
     "ResetNeeded",
     "BankError",
+    "RubricContractError",
+    "ContractNotFound",
+    "CheckNotFound",
 ]
 
 
@@ -122,6 +125,18 @@ class TrackNotFound(_NotFound):
     kind = "track"
 
 
+class ContractNotFound(_NotFound):
+    """A rubric contract id that the contract library does not hold."""
+
+    kind = "rubric contract"
+
+
+class CheckNotFound(_NotFound):
+    """A rubric check name that no one registered (see ``bat_gym.rubrics.register_check``)."""
+
+    kind = "check"
+
+
 class StateNotFound(_NotFound):
     """A ``state_id`` that the state source does not hold."""
 
@@ -143,3 +158,32 @@ class BankError(BatGymError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class RubricContractError(BatGymError):
+    """A rubric contract cannot be used as asked.
+
+    Raised when a state pins a contract whose digest (or version) differs from the one
+    the library holds, and when a library is inconsistent (an id defined twice, an E2E
+    contract naming a component the library lacks).
+
+    Attributes:
+        contract_id: the contract at fault.
+        reason: what is wrong.
+        expected: the sha256 the caller pinned, when a digest was compared.
+        actual: the sha256 of the contract the library holds, when a digest was compared.
+    """
+
+    def __init__(
+        self,
+        contract_id: str,
+        reason: str,
+        *,
+        expected: str | None = None,
+        actual: str | None = None,
+    ) -> None:
+        self.contract_id = contract_id
+        self.reason = reason
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"rubric contract {contract_id!r}: {reason}")

@@ -11,7 +11,8 @@ same way. Nothing is imported until a benchmark is asked for. The default benchm
 ``spec.default_priority``.
 
 :func:`register_envs` registers ``bat/Plan-v0`` .. ``bat/Submit-v0`` and ``bat/E2E-v0``
-with Gymnasium. It runs when Gymnasium is imported (through the ``.pth`` hook) and when
+with Gymnasium: a StageEnv wrapped in the rubric reward (``rubric_reward=False`` turns
+it off). It runs when Gymnasium is imported (through the ``.pth`` hook) and when
 ``bat_gym`` is imported, in every process, spawned workers included.
 """
 
@@ -142,7 +143,7 @@ def register_envs() -> None:
         if env_id not in gym.registry:
             gym.register(
                 id=env_id,
-                entry_point="bat_gym.env:StageEnv",
+                entry_point="bat_gym.rubrics.reward:make_env",
                 kwargs={"stage": name},
                 disable_env_checker=False,
             )

@@ -125,6 +125,15 @@ class Sandbox(ABC):
         """Store the workspace's files in the blob store and return its snapshot."""
         return self.index.capture(self.store)
 
+    def freeze(self) -> Snapshot:
+        """Capture the workspace for scoring once an episode is over.
+
+        The verifier reads only this snapshot, through the blob store. The default is
+        :meth:`capture`; a backend may override it to stop the agent's background
+        processes first, so nothing is still writing while the workspace is read.
+        """
+        return self.capture()
+
     @abstractmethod
     def close(self) -> None:
         """Release everything the sandbox holds. Safe to call twice."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,8 +15,13 @@ from bat_gym.benchmark import Benchmark, Split, TeacherTurn
 from bat_gym.protocol import ToolCall
 from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
 
+if TYPE_CHECKING:
+    from bat_gym.rubrics.workspace import FrozenWorkspace
+
 __all__ = ["ToyPipeline"]
 
+SUBMISSION = "outputs/submission.csv"
+_INT = re.compile(r"[+-]?[0-9]+")
 _UNITS = {"mm": 0.1, "cm": 1.0, "m": 100.0}  # to centimetres
 _CODES = ("alpha", "beta", "gamma", "delta", "omega")
 
@@ -182,6 +188,36 @@ class ToyPipeline(Benchmark):
 
     def teacher_turns(self, task: Task) -> list[TeacherTurn]:  # noqa: D102
         return _teacher_turns(task.track)
+
+    def task_score(self, task: Task, workspace: FrozenWorkspace) -> float:
+        """Accuracy of ``outputs/submission.csv`` against the private labels.
+
+        ``accuracy = (1 / |C|) * sum_{c in C} [label_c == truth_c]`` over the task's case
+        ids ``C``. 0 when the file is missing or garbled (not UTF-8 CSV with ``id`` and
+        ``label`` columns, or an id given twice) and when any case is missing, as in
+        the reference. A label that is not an integer counts as wrong.
+        """
+        truth: dict[str, int] = self.private_answers(task)["labels"]
+        try:
+            reader = csv.DictReader(io.StringIO(workspace.read_text(SUBMISSION)))
+            if not {"id", "label"} <= set(reader.fieldnames or ()):
+                return 0.0
+            rows = list(reader)
+        except (OSError, ValueError, csv.Error):
+            return 0.0
+        predicted: dict[str, str] = {}
+        for row in rows:
+            case = (row["id"] or "").strip()
+            if case in predicted:
+                return 0.0
+            predicted[case] = (row["label"] or "").strip()
+        if not set(truth) <= set(predicted):
+            return 0.0
+        right = sum(
+            _INT.fullmatch(predicted[case]) is not None and int(predicted[case]) == label
+            for case, label in truth.items()
+        )
+        return right / len(truth)
 
 
 def _py(code: str) -> ToolCall:

@@ -1,0 +1,158 @@
+"""The registry of rubric checks: the names contracts use, and how a check is run.
+
+A check is a small pure function ``(ctx: CheckContext, *, **args) -> CheckResult``: it
+reads the frozen workspaces, the execution record and the task oracle in ``ctx`` and
+nothing else. Register one with :func:`register_check`; its keyword-only parameters and
+their type hints become the schema of ``args`` in contracts, validated when a contract
+is loaded, so a typo fails at load time rather than mid-training.
+
+Inside a check, raise :class:`~bat_gym.rubrics.context.CheckFailed` to fail with a
+reason, or :class:`~bat_gym.rubrics.context.CheckUnscorable` when infrastructure (not
+the agent) keeps it from deciding; :func:`run_check` turns both, and blob-store faults,
+into results. A check must never raise on what the agent wrote: garbled files fail
+(the readers in :mod:`bat_gym.rubrics.reading` do this).
+
+The built-in checks live in :mod:`~bat_gym.rubrics.artifact_checks` (``file_exists``,
+``file_nonempty``, ``json_valid``, ``csv_schema``, ``markdown_sections``,
+``receipt_valid``, ``non_degenerate``) and :mod:`~bat_gym.rubrics.episode_checks`
+(``command_ran``, ``written_by_tool``, ``unchanged``, ``task_metric_at_least``,
+``matches_answers``); they register the first time the registry is consulted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar, get_type_hints
+
+from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckResult, CheckUnscorable
+from pydantic import BaseModel, ConfigDict, create_model
+
+from bat_gym.errors import CheckNotFound, SandboxError
+
+__all__ = [
+    "CheckFn",
+    "register_check",
+    "get_check",
+    "check_names",
+    "validate_args",
+    "run_check",
+]
+
+BUILTIN_MODULES = ("bat_gym.rubrics.artifact_checks", "bat_gym.rubrics.episode_checks")
+
+CheckFn = Callable[..., CheckResult]
+F = TypeVar("F", bound=CheckFn)
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_checks: dict[str, CheckFn] = {}
+_schemas: dict[str, type[BaseModel]] = {}
+
+
+# -- registry ---------------------------------------------------------------------------
+
+
+def _args_model(name: str, fn: CheckFn) -> type[BaseModel]:
+    """A strict pydantic model of ``fn``'s keyword-only parameters (everything after ctx)."""
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].kind not in (
+        params[0].POSITIONAL_ONLY,
+        params[0].POSITIONAL_OR_KEYWORD,
+    ):
+        raise TypeError(f"check {name!r} must take the CheckContext as its first parameter")
+    hints = get_type_hints(fn, include_extras=True)
+    fields: dict[str, Any] = {}
+    for p in params[1:]:
+        if p.kind is not p.KEYWORD_ONLY:
+            raise TypeError(f"check {name!r}: parameter {p.name!r} must be keyword-only (after *)")
+        default = ... if p.default is p.empty else p.default
+        fields[p.name] = (hints.get(p.name, Any), default)
+    return create_model(
+        f"{name}_args", __config__=ConfigDict(extra="forbid", frozen=True), **fields
+    )
+
+
+def register_check(name: str) -> Callable[[F], F]:
+    """Register a check under ``name`` (a decorator).
+
+    Args:
+        name: the name contracts use, lowercase with underscores.
+
+    Raises:
+        ValueError: the name is malformed or already taken by another function.
+        TypeError: the function does not take ``(ctx, *, **args)``.
+    """
+    if not _NAME.match(name):
+        raise ValueError(f"check names are lowercase with underscores, got {name!r}")
+
+    def decorate(fn: F) -> F:
+        held = _checks.get(name)
+        if held is not None and (held.__module__, held.__qualname__) != (
+            fn.__module__,
+            fn.__qualname__,
+        ):
+            raise ValueError(
+                f"check {name!r} is already registered by {held.__module__}.{held.__qualname__}"
+            )
+        _schemas[name] = _args_model(name, fn)
+        _checks[name] = fn
+        return fn
+
+    return decorate
+
+
+def _registry() -> dict[str, CheckFn]:
+    # Importing a module twice is a dictionary lookup; the first import registers it.
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+    return _checks
+
+
+def get_check(name: str) -> CheckFn:
+    """The check registered under ``name``.
+
+    Raises:
+        CheckNotFound: listing the known names and close matches.
+    """
+    registry = _registry()
+    try:
+        return registry[name]
+    except KeyError:
+        raise CheckNotFound(name, list(registry)) from None
+
+
+def check_names() -> tuple[str, ...]:
+    """Every registered check name, sorted."""
+    return tuple(sorted(_registry()))
+
+
+def validate_args(name: str, args: dict[str, Any]) -> BaseModel:
+    """Validate ``args`` against the parameters of check ``name``.
+
+    Raises:
+        CheckNotFound: unknown check.
+        ValidationError: an argument is missing, unknown or of the wrong type.
+    """
+    get_check(name)
+    return _schemas[name].model_validate(args)
+
+
+def run_check(name: str, ctx: CheckContext, args: dict[str, Any]) -> CheckResult:
+    """Run check ``name`` on ``ctx``, turning failures and infrastructure faults into results.
+
+    ``CheckFailed`` becomes a failure; ``CheckUnscorable`` and sandbox or blob-store
+    errors (a missing or corrupted blob) become null. Anything else is a bug in the
+    check and propagates.
+    """
+    fn = get_check(name)
+    model = validate_args(name, args)
+    try:
+        return fn(ctx, **{k: getattr(model, k) for k in type(model).model_fields})
+    except CheckFailed as exc:
+        return CheckResult.fail(exc.detail, exc.evidence)
+    except CheckUnscorable as exc:
+        return CheckResult.null(str(exc))
+    except SandboxError as exc:
+        return CheckResult.null(f"infrastructure fault while reading the workspace: {exc}")

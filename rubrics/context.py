@@ -1,0 +1,229 @@
+"""What a rubric check sees, and what it returns.
+
+A check reads only a :class:`CheckContext`: the frozen workspace captured after the
+episode, the frozen start workspace, the execution record, and (lazily) the task's
+private answers and metric. The agent's messages are not in it, so prose can never
+stand in for an artifact or a run. A check returns a :class:`CheckResult`: passed,
+failed, or null (could not be scored because infrastructure failed), with pointers to
+the evidence it used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
+
+from bat_gym.rubrics.workspace import FrozenWorkspace
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bat_gym.record import ExecutionRecord, ToolCallRecord
+from bat_gym.spec import BenchmarkSpec, Task
+
+if TYPE_CHECKING:
+    from bat_gym.benchmark import Benchmark
+
+__all__ = [
+    "EvidenceKind",
+    "Evidence",
+    "CheckResult",
+    "CheckFailed",
+    "CheckUnscorable",
+    "TaskOracle",
+    "CheckContext",
+]
+
+EvidenceKind = Literal["artifact", "execution"]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class Evidence(BaseModel):
+    """A pointer to what a decision rests on: a file of the frozen workspace or a tool call."""
+
+    model_config = _STRICT
+
+    kind: EvidenceKind = Field(
+        description="artifact: a file (path and sha256); execution: a tool call (index)."
+    )
+    path: str | None = Field(None, description="Workspace-relative file path (artifact).")
+    sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="The file's sha256 (artifact)."
+    )
+    call: int | None = Field(None, ge=0, description="Index of the tool call (execution).")
+
+    @model_validator(mode="after")
+    def _shape(self) -> Evidence:
+        if self.kind == "artifact" and (
+            self.path is None or self.sha256 is None or self.call is not None
+        ):
+            raise ValueError("artifact evidence needs path and sha256, and no call")
+        if self.kind == "execution" and (self.call is None or self.path or self.sha256):
+            raise ValueError("execution evidence needs call, and no path or sha256")
+        return self
+
+    @classmethod
+    def artifact(cls, path: str, sha256: str) -> Evidence:
+        """A file of the frozen workspace."""
+        return cls(kind="artifact", path=path, sha256=sha256)
+
+    @classmethod
+    def execution(cls, call: int) -> Evidence:
+        """A tool call of the execution record."""
+        return cls(kind="execution", call=call)
+
+
+class CheckResult(BaseModel):
+    """One check's decision.
+
+    ``passed`` is True or False, or None when the check could not be scored because
+    infrastructure failed (a sandbox restart, a missing blob, no task oracle).
+    """
+
+    model_config = _STRICT
+
+    passed: bool | None = Field(description="The decision; None: unscorable (infrastructure).")
+    evidence: tuple[Evidence, ...] = Field((), description="What the decision rests on.")
+    detail: str = Field("", description="Why, in one line; never a private answer.")
+
+    @classmethod
+    def ok(cls, detail: str, evidence: tuple[Evidence, ...] = ()) -> CheckResult:
+        """A pass."""
+        return cls(passed=True, evidence=evidence, detail=detail)
+
+    @classmethod
+    def fail(cls, detail: str, evidence: tuple[Evidence, ...] = ()) -> CheckResult:
+        """A failure."""
+        return cls(passed=False, evidence=evidence, detail=detail)
+
+    @classmethod
+    def null(cls, detail: str) -> CheckResult:
+        """Not scorable because infrastructure failed."""
+        return cls(passed=None, detail=detail)
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The evidence kinds present."""
+        return frozenset(e.kind for e in self.evidence)
+
+
+class CheckFailed(Exception):
+    """Raised inside a check to fail it with ``detail`` (the registry turns it into a result)."""
+
+    def __init__(self, detail: str, evidence: tuple[Evidence, ...] = ()) -> None:
+        self.detail = detail
+        self.evidence = evidence
+        super().__init__(detail)
+
+
+class CheckUnscorable(Exception):
+    """Raised inside a check when infrastructure, not the agent, keeps it from deciding."""
+
+
+class TaskOracle:
+    """What only the verifier may see about a task: private answers and the task metric.
+
+    Both are computed on first use, so checks that need neither cost nothing extra.
+
+    Args:
+        answers: returns the task's private answers.
+        metric: the task metric of a frozen workspace, in [0, 1], or None if unscorable.
+    """
+
+    def __init__(
+        self,
+        answers: Callable[[], Mapping[str, Any]],
+        metric: Callable[[FrozenWorkspace], float | None],
+    ) -> None:
+        self._answers = answers
+        self._metric = metric
+        self._scores: dict[str, float | None] = {}
+
+    @classmethod
+    def of(cls, benchmark: Benchmark, task: Task) -> TaskOracle:
+        """The oracle of ``task`` under ``benchmark`` (its private answers and ``task_score``)."""
+        return cls(
+            lambda: benchmark.private_answers(task),
+            lambda workspace: benchmark.task_score(task, workspace),
+        )
+
+    @cached_property
+    def answers(self) -> Mapping[str, Any]:
+        """The private answers."""
+        return self._answers()
+
+    def score(self, workspace: FrozenWorkspace) -> float | None:
+        """The task metric of ``workspace`` (computed once per snapshot digest).
+
+        Raises:
+            ValueError: the metric returned something other than None or a number in [0, 1].
+        """
+        if workspace.digest not in self._scores:
+            value = self._metric(workspace)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not 0.0 <= value <= 1.0
+            ):
+                raise ValueError(
+                    f"task metric returned {value!r}; expected None or a number in [0, 1]"
+                )
+            self._scores[workspace.digest] = None if value is None else float(value)
+        return self._scores[workspace.digest]
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """Everything a check may read.
+
+    Attributes:
+        workspace: the workspace captured after the episode.
+        start: the workspace the episode started from.
+        record: every tool call of the episode.
+        task: private answers and task metric; None when the task is unknown.
+        spec: the benchmark's spec (stage weights and task weight for E2E verdicts).
+    """
+
+    workspace: FrozenWorkspace
+    start: FrozenWorkspace
+    record: ExecutionRecord
+    task: TaskOracle | None = None
+    spec: BenchmarkSpec | None = None
+
+    @cached_property
+    def _productive_calls(self) -> list[ToolCallRecord]:
+        return [c for c in self.record.calls if c.succeeded and c.changed_workspace]
+
+    def changed(self, path: str) -> bool:
+        """True if ``path`` is a file now that was absent or different at the start."""
+        now = self.workspace.sha256(path)
+        return now is not None and now != self.start.sha256(path)
+
+    def writer(self, path: str) -> ToolCallRecord | None:
+        """The tool call credited with writing ``path`` in this episode, if any.
+
+        The record holds workspace digests, not per-file changes, so attribution is by
+        mention: the last call that exited 0, changed the workspace and names the file
+        (its path or file name) in its code; failing that, the last call that exited 0
+        and changed the workspace. None when the file is unchanged since the start or
+        no call both exited 0 and changed the workspace.
+        """
+        if not self.changed(path):
+            return None
+        name = path.rsplit("/", 1)[-1]
+        calls = self._productive_calls
+        named = [c for c in calls if path in c.code or name in c.code]
+        chosen = named or calls
+        return chosen[-1] if chosen else None
+
+    def artifact(self, path: str) -> tuple[Evidence, ...]:
+        """Evidence for a file: its pointer, and the call that wrote it when there is one."""
+        sha = self.workspace.sha256(path)
+        if sha is None:
+            return ()
+        call = self.writer(path)
+        pointer = Evidence.artifact(path, sha)
+        return (pointer,) if call is None else (pointer, Evidence.execution(call.index))

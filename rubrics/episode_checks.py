@@ -1,0 +1,176 @@
+"""Checks on what happened during the episode: tool calls, changes since the start, the task.
+
+``command_ran`` and ``written_by_tool`` read the execution record, ``unchanged``
+compares the frozen workspace with the start snapshot, and ``task_metric_at_least`` and
+``matches_answers`` consult the task oracle (private answers and metric) that only the
+verifier holds. Each is registered under its function's name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from bat_gym.rubrics.checks import register_check
+from bat_gym.rubrics.context import (
+    CheckContext,
+    CheckFailed,
+    CheckResult,
+    CheckUnscorable,
+    Evidence,
+)
+from bat_gym.rubrics.reading import listing, read_csv, states_answer
+from bat_gym.rubrics.workspace import path_matches
+from pydantic import Field
+
+__all__ = [
+    "command_ran",
+    "written_by_tool",
+    "unchanged",
+    "task_metric_at_least",
+    "matches_answers",
+]
+
+
+@register_check("command_ran")
+def command_ran(
+    ctx: CheckContext,
+    *,
+    mentions: Annotated[list[str], Field(min_length=1)],
+    changed_workspace: bool = False,
+    language: Literal["python", "bash"] | None = None,
+) -> CheckResult:
+    """A tool call whose code contains every string in ``mentions`` exited 0.
+
+    With ``changed_workspace``, that call must also have changed the workspace. Null
+    when no matching call succeeded but one was cut short by a sandbox restart.
+    """
+    matching = [
+        c
+        for c in ctx.record.calls
+        if all(m in c.code for m in mentions) and (language is None or c.language == language)
+    ]
+    good = [c for c in matching if c.succeeded and (c.changed_workspace or not changed_workspace)]
+    what = f"a call mentioning {mentions}"
+    if good:
+        call = good[-1]
+        return CheckResult.ok(
+            f"call #{call.index} ({what}) exited 0", (Evidence.execution(call.index),)
+        )
+    restarted = [c.index for c in matching if c.restarted]
+    if restarted:
+        raise CheckUnscorable(f"{what} was cut short by a sandbox restart (call #{restarted[-1]})")
+    if not matching:
+        raise CheckFailed(f"no {what}")
+    last = matching[-1]
+    why = (
+        "timed out"
+        if last.timed_out
+        else f"exited {last.exit_code}"
+        if not last.succeeded
+        else "did not change the workspace"
+    )
+    raise CheckFailed(
+        f"{what} never succeeded: call #{last.index} {why}", (Evidence.execution(last.index),)
+    )
+
+
+@register_check("written_by_tool")
+def written_by_tool(
+    ctx: CheckContext, *, paths: Annotated[list[str], Field(min_length=1)]
+) -> CheckResult:
+    """Each path is a file that was absent or different in the start workspace.
+
+    Only tool calls write the workspace during an episode, so a file that changed was
+    written by one; the evidence names the call credited (see ``CheckContext.writer``).
+    """
+    evidence: tuple[Evidence, ...] = ()
+    for path in paths:
+        if not ctx.workspace.exists(path):
+            raise CheckFailed(f"{path} is missing", evidence)
+        if not ctx.changed(path):
+            raise CheckFailed(f"{path} is unchanged since the start; no call wrote it", evidence)
+        evidence += ctx.artifact(path)
+    if not ctx.record.any_change:
+        raise CheckUnscorable(
+            "files changed but the record shows no call that changed the workspace"
+        )
+    return CheckResult.ok(f"written during the episode: {listing(paths)}", evidence)
+
+
+@register_check("unchanged")
+def unchanged(
+    ctx: CheckContext, *, paths: Annotated[list[str], Field(min_length=1)]
+) -> CheckResult:
+    """Every start-workspace file at or under ``paths`` keeps its sha256.
+
+    Null when the start workspace has no file there: the state, not the agent, is then
+    missing what the contract expects.
+    """
+    start = {
+        p: sha
+        for p in ctx.start.paths()
+        if any(path_matches(p, pattern) for pattern in paths) and (sha := ctx.start.sha256(p))
+    }
+    if not start:
+        raise CheckUnscorable(f"the start workspace has no files under {paths}")
+    altered = [p for p, sha in start.items() if ctx.workspace.sha256(p) != sha]
+    if altered:
+        raise CheckFailed(f"changed or removed since the start: {listing(altered)}")
+    evidence = tuple(Evidence.artifact(p, sha) for p, sha in start.items())
+    return CheckResult.ok(f"{len(start)} start files unchanged under {paths}", evidence)
+
+
+@register_check("task_metric_at_least")
+def task_metric_at_least(
+    ctx: CheckContext, *, threshold: Annotated[float, Field(ge=0, le=1)]
+) -> CheckResult:
+    """The benchmark's task metric on the final workspace is at least ``threshold``."""
+    if ctx.task is None:
+        raise CheckUnscorable("no task oracle: the task metric cannot be computed")
+    score = ctx.task.score(ctx.workspace)
+    if score is None:
+        raise CheckUnscorable("the benchmark could not score this task")
+    if score < threshold:
+        raise CheckFailed(f"task metric {score:.3f} < {threshold}")
+    return CheckResult.ok(f"task metric {score:.3f} >= {threshold}")
+
+
+@register_check("matches_answers")
+def matches_answers(
+    ctx: CheckContext,
+    *,
+    path: str,
+    answers_key: str,
+    key_column: str = "id",
+    value_column: str = "label",
+    min_rows: Annotated[int, Field(ge=1)] = 1,
+) -> CheckResult:
+    """Every row of a CSV agrees with the task's private answers.
+
+    ``answers[answers_key]`` maps a key (case id) to the right value. Each row's key
+    must be one of them and its value must equal the answer. The detail says how many
+    rows disagree, never what the answers are.
+    """
+    if ctx.task is None:
+        raise CheckUnscorable("no task oracle: private answers are unavailable")
+    truth = ctx.task.answers.get(answers_key)
+    if not isinstance(truth, dict):
+        raise CheckUnscorable(f"the private answers hold no mapping {answers_key!r}")
+    header, rows = read_csv(ctx.workspace, path)
+    evidence = ctx.artifact(path)
+    for column in (key_column, value_column):
+        if column not in header:
+            raise CheckFailed(f"{path} has no column {column!r}", evidence)
+    if len(rows) < min_rows:
+        raise CheckFailed(f"{path} has {len(rows)} rows, fewer than {min_rows}", evidence)
+    wrong = [
+        str(n)
+        for n, r in enumerate(rows, start=2)
+        if r[key_column] not in truth or not states_answer(r[value_column], truth[r[key_column]])
+    ]
+    if wrong:
+        raise CheckFailed(
+            f"{path}: {len(wrong)} of {len(rows)} rows disagree with the private answers (lines {listing(wrong)})",
+            evidence,
+        )
+    return CheckResult.ok(f"{path}: all {len(rows)} rows agree with the private answers", evidence)

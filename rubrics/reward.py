@@ -1,0 +1,125 @@
+"""RubricReward: the verifier as a reward wrapper around a StageEnv.
+
+Intermediate steps earn 0. When an episode ends (terminated or truncated) the wrapper
+freezes the workspace (:meth:`bat_gym.sandbox.Sandbox.freeze`), loads the state's
+contract from the benchmark's library (refused unless its digest equals the one the
+state pins), verifies from outside the sandbox, returns the reward on that final step
+and puts the :class:`~bat_gym.rubrics.verifier.Verdict` in ``info["verdict"]``.
+
+``gym.make("bat/...-v0")`` applies it through :func:`make_env`; pass
+``rubric_reward=False`` for the bare env.
+"""
+
+from __future__ import annotations
+
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+from bat_gym.rubrics.context import CheckContext, TaskOracle
+from bat_gym.rubrics.contract import ContractLibrary
+from bat_gym.rubrics.verifier import Verdict, verify
+from bat_gym.rubrics.workspace import FrozenWorkspace
+
+from bat_gym.benchmark import Benchmark
+from bat_gym.env import StageEnv
+from bat_gym.errors import RubricContractError
+from bat_gym.spec import StageState, Task
+
+__all__ = ["RubricReward", "make_env"]
+
+
+def _task_of(benchmark: Benchmark, state: StageState) -> Task | None:
+    """Regenerate the state's task from its provenance, or None if that is impossible.
+
+    The task id must come out equal to the state's, so a state is never scored
+    against another task's answers.
+    """
+    seed, split = state.provenance.get("seed"), state.provenance.get("split", "train")
+    if not isinstance(seed, int) or split not in ("train", "heldout"):
+        return None
+    task = benchmark.make_task(state.track, seed, split)
+    return task if task.task_id == state.task_id else None
+
+
+class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
+    """Reward a StageEnv episode with its rubric contract's verdict, once, at the end.
+
+    Args:
+        env: a :class:`~bat_gym.env.StageEnv`, or a wrapper around one.
+        contracts: the library to load contracts from; default: the benchmark's
+            (:meth:`~bat_gym.benchmark.Benchmark.contract_library`).
+
+    The final step's reward is the verdict's reward, or 0.0 when the verdict is null
+    (``info["verdict"].reward is None``: drop such rollouts rather than learn from 0).
+    """
+
+    def __init__(self, env: gym.Env[str, str], *, contracts: ContractLibrary | None = None) -> None:
+        if not isinstance(env.unwrapped, StageEnv):
+            raise TypeError(
+                f"RubricReward scores StageEnv episodes; expected an env whose unwrapped is a "
+                f"StageEnv, got {type(env.unwrapped).__name__}"
+            )
+        gym.utils.RecordConstructorArgs.__init__(self, contracts=contracts)
+        gym.Wrapper.__init__(self, env)
+        self.contracts = contracts
+        self.last_verdict: Verdict | None = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Reset the env and forget the last verdict."""
+        self.last_verdict = None
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step; on the episode's last step, verify and return the reward."""
+        obs, _, terminated, truncated, info = self.env.step(action)
+        if not (terminated or truncated):
+            return obs, 0.0, terminated, truncated, info
+        verdict = self.score_episode()
+        self.last_verdict = verdict
+        reward = 0.0 if verdict.reward is None else verdict.reward
+        return obs, reward, terminated, truncated, {**info, "verdict": verdict}
+
+    def score_episode(self) -> Verdict:
+        """Freeze the workspace and verify the episode so far against the state's contract.
+
+        Raises:
+            RubricContractError: the state pins a contract the library does not hold
+                with the same digest, or there is no contract for its focus.
+        """
+        base: StageEnv = self.env.unwrapped  # type: ignore[assignment]
+        state, record, sandbox = base.state, base.record, base.sandbox
+        if state is None or record is None or sandbox is None:
+            raise RuntimeError("score_episode() needs an episode: call reset() first")
+        final = sandbox.freeze()
+        library = self.contracts or base.benchmark.contract_library()
+        ref = state.contract or base.benchmark.contract_ref(state.focus)
+        if ref is None:
+            raise RubricContractError(
+                f"<{state.focus}>",
+                f"state {state.state_id} pins no contract and {base.benchmark.name} has none "
+                f"for focus {state.focus}; add one to the benchmark's contract library",
+            )
+        contract = library.get(ref)
+        task = _task_of(base.benchmark, state)
+        ctx = CheckContext(
+            workspace=FrozenWorkspace(final, sandbox.store),
+            start=FrozenWorkspace.load(base.states.store, state.snapshot),
+            record=record,
+            task=None if task is None else TaskOracle.of(base.benchmark, task),
+            spec=base.benchmark.spec,
+        )
+        return verify(contract, ctx, library=library)
+
+
+def make_env(stage: str = "E2E", *, rubric_reward: bool = True, **kwargs: Any) -> gym.Env[str, str]:
+    """The entry point of the ``bat/*`` ids: a StageEnv, wrapped in RubricReward by default.
+
+    Args:
+        stage: the focus, as for :class:`~bat_gym.env.StageEnv`.
+        rubric_reward: False returns the bare StageEnv (reward always 0).
+        **kwargs: every other keyword argument of StageEnv (unknown ones raise there).
+    """
+    env = StageEnv(stage, **kwargs)
+    return RubricReward(env) if rubric_reward else env

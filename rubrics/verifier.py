@@ -1,0 +1,266 @@
+"""The verifier: a contract applied to a frozen episode, giving a :class:`Verdict`.
+
+For a stage contract, every item's check runs on the :class:`CheckContext`; the stage
+score is the weighted mean of the binary credit items (or the highest level reached),
+with null items excluded, and 0 if a guard item failed; the credit is that score times
+the evidence completeness η; the gates may cap the reward at 0. For an E2E contract, each composed stage contract is scored the
+same way (stage-row-only items skipped) and
+
+    reward = tw * task + (1 - tw) * sum_s w_s * credit_s / sum_s w_s
+
+with the spec's stage weights ``w_s`` and task weight ``tw`` (see :mod:`.scoring`).
+
+Only the frozen workspaces and the execution record are evidence. The agent's messages
+are not in the context at all, so a claim of success earns nothing by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from bat_gym.rubrics.checks import run_check
+from bat_gym.rubrics.context import CheckContext, Evidence, EvidenceKind
+from bat_gym.rubrics.contract import ContractLibrary, GateName, RubricContract
+from bat_gym.rubrics.scoring import agentic_score, e2e_reward, level_score, stage_score
+from pydantic import BaseModel, ConfigDict, Field
+
+from bat_gym.errors import SandboxError
+from bat_gym.record import ExecutionRecord
+from bat_gym.spec import E2E, ContractRef
+
+__all__ = [
+    "ItemVerdict",
+    "StageVerdict",
+    "GateVerdict",
+    "Verdict",
+    "evidence_completeness",
+    "verify",
+]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+_UNIT = {"ge": 0.0, "le": 1.0}
+
+
+class ItemVerdict(BaseModel):
+    """One checklist item's decision and what it rests on."""
+
+    model_config = _STRICT
+
+    id: str
+    check: str
+    weight: float = Field(ge=0)
+    guard: bool = Field(description="A precondition: no credit, but failing it zeroes the stage.")
+    requires: tuple[EvidenceKind, ...] = Field(description="Evidence kinds a pass must rest on.")
+    passed: bool | None = Field(description="None: null (infrastructure), excluded from the score.")
+    evidence: tuple[Evidence, ...]
+    evidence_complete: bool = Field(description="Every required evidence kind is present.")
+    detail: str
+
+
+class StageVerdict(BaseModel):
+    """One stage contract applied: items, score, η and credit."""
+
+    model_config = _STRICT
+
+    stage: str = Field(description="The stage id, e.g. S3.")
+    contract: ContractRef
+    items: tuple[ItemVerdict, ...]
+    skipped: tuple[str, ...] = Field(
+        (), description="Stage-row-only items left out because an E2E contract composed this one."
+    )
+    null_items: tuple[str, ...] = Field(description="Items that could not be scored.")
+    score: float | None = Field(description="Mean of items or level reached; None: null.", **_UNIT)
+    eta: float = Field(description="Evidence completeness of the passed items.", **_UNIT)
+    credit: float | None = Field(description="score * eta; None: null.", **_UNIT)
+
+
+class GateVerdict(BaseModel):
+    """Whether a gate let credit through, and why."""
+
+    model_config = _STRICT
+
+    gate: GateName
+    passed: bool
+    reason: str
+
+
+class Verdict(BaseModel):
+    """The verifier's decision on one finished episode."""
+
+    model_config = _STRICT
+
+    contract: ContractRef = Field(description="The contract applied, with its digest.")
+    focus: str = Field(description="S1..S9 or E2E.")
+    stages: tuple[StageVerdict, ...] = Field(description="One per stage scored.")
+    stage_score: float | None = Field(
+        description="Stage row: the stage's credit; E2E: the weighted mean of stage credits.",
+        **_UNIT,
+    )
+    task_score: float | None = Field(
+        None,
+        description="E2E: the benchmark's task metric; None otherwise or if unscorable.",
+        **_UNIT,
+    )
+    eta: float = Field(description="Evidence completeness over every passed item.", **_UNIT)
+    gates: tuple[GateVerdict, ...]
+    reward: float | None = Field(
+        description="The episode's reward; None: null (drop the rollout, do not score it 0).",
+        **_UNIT,
+    )
+    notes: tuple[str, ...] = Field((), description="Nulls, gates applied, anything excluded.")
+
+
+def evidence_completeness(items: Sequence[ItemVerdict]) -> float:
+    """η: the share of passed items whose required evidence kinds are all present.
+
+    ``eta = |{i passed : requires_i ⊆ kinds(evidence_i)}| / |{i passed}|``; 1 when no
+    item passed (nothing is claimed, so nothing is discounted).
+    """
+    passed = [i for i in items if i.passed]
+    if not passed:
+        return 1.0
+    return sum(i.evidence_complete for i in passed) / len(passed)
+
+
+def _successful_change(record: ExecutionRecord) -> GateVerdict:
+    hits = [c.index for c in record.calls if c.succeeded and c.changed_workspace]
+    if hits:
+        reason = f"call #{hits[0]} exited 0 and changed the workspace"
+    elif not record.calls:
+        reason = "no tool call was made"
+    else:
+        reason = (
+            f"none of the {len(record.calls)} tool calls both exited 0 and changed the workspace"
+        )
+    return GateVerdict(gate="successful_change", passed=bool(hits), reason=reason)
+
+
+_GATES: dict[str, Callable[[ExecutionRecord], GateVerdict]] = {
+    "successful_change": _successful_change,
+}
+
+
+def _score_stage(contract: RubricContract, ctx: CheckContext, *, composed: bool) -> StageVerdict:
+    """Run a stage contract's items and aggregate them (see the module docstring)."""
+    skipped = tuple(i.id for i in contract.items if composed and i.scope == "stage")
+    verdicts = []
+    for item in contract.items:
+        if item.id in skipped:
+            continue
+        result = run_check(item.check, ctx, item.args)
+        verdicts.append(
+            ItemVerdict(
+                id=item.id,
+                check=item.check,
+                weight=item.weight,
+                guard=item.guard,
+                requires=item.requires,
+                passed=result.passed,
+                evidence=result.evidence,
+                evidence_complete=set(item.requires) <= result.kinds,
+                detail=result.detail,
+            )
+        )
+    credit = [v for v in verdicts if not v.guard]
+    if contract.aggregation == "levels":
+        levels = [
+            (lv.score, [i for i in lv.requires if i not in skipped]) for lv in contract.levels
+        ]
+        score = level_score(levels, {v.id: v.passed for v in credit})
+    else:
+        score = stage_score([v.passed for v in credit], [v.weight for v in credit])
+    if any(v.guard and v.passed is False for v in verdicts):
+        score = 0.0
+    eta = evidence_completeness(verdicts)
+    return StageVerdict(
+        stage=contract.focus,
+        contract=contract.ref,
+        items=tuple(verdicts),
+        skipped=skipped,
+        null_items=tuple(v.id for v in verdicts if v.passed is None),
+        score=score,
+        eta=eta,
+        credit=None if score is None else score * eta,
+    )
+
+
+def _task_score(ctx: CheckContext, notes: list[str]) -> float | None:
+    """The benchmark's task metric, or None with a note saying why it is missing."""
+    if ctx.task is None:
+        notes.append("no task oracle: the task score is null")
+        return None
+    try:
+        task = ctx.task.score(ctx.workspace)
+    except SandboxError as exc:  # a missing or corrupted blob is no fault of the agent
+        notes.append(f"infrastructure fault while computing the task score: {exc}")
+        return None
+    if task is None:
+        notes.append("the benchmark could not score the task")
+    return task
+
+
+def verify(
+    contract: RubricContract, ctx: CheckContext, *, library: ContractLibrary | None = None
+) -> Verdict:
+    """Score one finished episode against ``contract``.
+
+    Args:
+        contract: a stage or E2E contract.
+        ctx: the frozen workspaces, execution record and task oracle of the episode.
+        library: where an E2E contract's components are looked up (default: the
+            reference library).
+
+    Returns:
+        The verdict; its ``reward`` is None when the episode could not be scored.
+
+    Raises:
+        ValueError: an E2E contract without ``ctx.spec`` (its weights come from there).
+        RubricContractError: an E2E component is missing from ``library``.
+    """
+    notes: list[str] = []
+    task: float | None = None
+    if contract.focus == E2E:
+        if ctx.spec is None:
+            raise ValueError(
+                "an E2E verdict needs ctx.spec: stage weights and task weight come from it"
+            )
+        library = library or ContractLibrary.reference()
+        stages = tuple(
+            _score_stage(library.component(c), ctx, composed=True) for c in contract.components
+        )
+        credits = {s.stage: s.credit for s in stages}
+        stage_part = agentic_score(credits, ctx.spec)
+        if contract.task_score:
+            task = _task_score(ctx, notes)
+            reward = e2e_reward(credits, task, ctx.spec)
+        else:
+            reward = stage_part
+    else:
+        stages = (_score_stage(contract, ctx, composed=False),)
+        stage_part = reward = stages[0].credit
+    for s in stages:
+        broken = [i.id for i in s.items if i.guard and i.passed is False]
+        if broken:
+            notes.append(f"{s.stage}: guard {', '.join(broken)} failed, so the stage scores 0")
+        if s.score is None:
+            notes.append(f"{s.stage}: every item is null, so the stage is unscored")
+        elif s.null_items:
+            notes.append(
+                f"{s.stage}: null items excluded from the score: {', '.join(s.null_items)}"
+            )
+    gates = tuple(_GATES[g](ctx.record) for g in contract.gates)
+    closed = [g.gate for g in gates if not g.passed]
+    if closed and reward is not None:
+        reward = 0.0
+        notes.append(f"gate {', '.join(closed)} capped the reward at 0")
+    return Verdict(
+        contract=contract.ref,
+        focus=contract.focus,
+        stages=stages,
+        stage_score=stage_part,
+        task_score=task,
+        eta=evidence_completeness([i for s in stages for i in s.items]),
+        gates=gates,
+        reward=reward,
+        notes=tuple(notes),
+    )

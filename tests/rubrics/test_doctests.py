@@ -1,0 +1,12 @@
+import doctest
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "name", ["bat_gym.rubrics.scoring", "bat_gym.rubrics.workspace", "bat_gym.rubrics.reading"]
+)
+def test_docstring_examples_run(name):
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
