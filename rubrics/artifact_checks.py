@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
+from pydantic import Field
+
 from bat_gym.rubrics.checks import register_check
 from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckResult, CheckUnscorable
 from bat_gym.rubrics.reading import (
@@ -26,7 +28,6 @@ from bat_gym.rubrics.reading import (
     read_json,
     read_text,
 )
-from pydantic import Field
 
 __all__ = [
     "file_exists",

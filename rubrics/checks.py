@@ -27,10 +27,10 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar, get_type_hints
 
-from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckResult, CheckUnscorable
 from pydantic import BaseModel, ConfigDict, create_model
 
 from bat_gym.errors import CheckNotFound, SandboxError
+from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckResult, CheckUnscorable
 
 __all__ = [
     "CheckFn",

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-from bat_gym.rubrics.workspace import FrozenWorkspace
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bat_gym.record import ExecutionRecord, ToolCallRecord
+from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.spec import BenchmarkSpec, Task
 
 if TYPE_CHECKING:

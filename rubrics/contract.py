@@ -23,8 +23,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from bat_gym.rubrics.checks import get_check, validate_args
-from bat_gym.rubrics.context import EvidenceKind
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -36,6 +34,8 @@ from pydantic import (
 )
 
 from bat_gym.errors import CheckNotFound, ContractNotFound, RubricContractError
+from bat_gym.rubrics.checks import get_check, validate_args
+from bat_gym.rubrics.context import EvidenceKind
 from bat_gym.spec import E2E, ContractRef, load_model
 
 __all__ = [

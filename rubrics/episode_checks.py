@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from pydantic import Field
+
 from bat_gym.rubrics.checks import register_check
 from bat_gym.rubrics.context import (
     CheckContext,
@@ -20,7 +22,6 @@ from bat_gym.rubrics.context import (
 )
 from bat_gym.rubrics.reading import listing, read_csv, states_answer
 from bat_gym.rubrics.workspace import path_matches
-from pydantic import Field
 
 __all__ = [
     "command_ran",

@@ -16,9 +16,10 @@ import math
 import re
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckUnscorable
 from bat_gym.rubrics.workspace import FrozenWorkspace
-from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "IdSource",

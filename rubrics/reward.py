@@ -15,14 +15,14 @@ from __future__ import annotations
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
-from bat_gym.rubrics.context import CheckContext, TaskOracle
-from bat_gym.rubrics.contract import ContractLibrary
-from bat_gym.rubrics.verifier import Verdict, verify
-from bat_gym.rubrics.workspace import FrozenWorkspace
 
 from bat_gym.benchmark import Benchmark
 from bat_gym.env import StageEnv
 from bat_gym.errors import RubricContractError
+from bat_gym.rubrics.context import CheckContext, TaskOracle
+from bat_gym.rubrics.contract import ContractLibrary
+from bat_gym.rubrics.verifier import Verdict, verify
+from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.spec import StageState, Task
 
 __all__ = ["RubricReward", "make_env"]

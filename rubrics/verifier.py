@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bat_gym.rubrics.checks import run_check
-from bat_gym.rubrics.context import CheckContext, Evidence, EvidenceKind
-from bat_gym.rubrics.contract import ContractLibrary, GateName, RubricContract
-from bat_gym.rubrics.scoring import agentic_score, e2e_reward, level_score, stage_score
 from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym.errors import SandboxError
 from bat_gym.record import ExecutionRecord
+from bat_gym.rubrics.checks import run_check
+from bat_gym.rubrics.context import CheckContext, Evidence, EvidenceKind
+from bat_gym.rubrics.contract import ContractLibrary, GateName, RubricContract
+from bat_gym.rubrics.scoring import agentic_score, e2e_reward, level_score, stage_score
 from bat_gym.spec import E2E, ContractRef
 
 __all__ = [

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from bat_gym.rubrics.context import CheckContext, TaskOracle
-from bat_gym.rubrics.workspace import FrozenWorkspace
 
 from bat_gym.record import ExecutionRecord, ToolCallRecord
+from bat_gym.rubrics.context import CheckContext, TaskOracle
+from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.sandbox.snapshot import BlobStore
 
 CASES = ["case001", "case002", "case003"]

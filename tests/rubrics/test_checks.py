@@ -2,11 +2,11 @@ import hashlib
 import json
 
 import pytest
+
+from bat_gym.errors import CheckNotFound
 from bat_gym.rubrics.checks import check_names, get_check, register_check, run_check
 from bat_gym.rubrics.context import CheckContext, CheckResult, Evidence
 from bat_gym.rubrics.workspace import MAX_READ_BYTES, FrozenWorkspace
-
-from bat_gym.errors import CheckNotFound
 from bat_gym.sandbox.snapshot import Entry, Snapshot
 
 from .conftest import CASES, LABELS, START, call

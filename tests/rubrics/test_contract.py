@@ -2,9 +2,9 @@ import textwrap
 
 import pytest
 import yaml
-from bat_gym.rubrics.contract import REFERENCE_DIR, ContractLibrary, RubricContract, load_contract
 
 from bat_gym.errors import ContractNotFound, RubricContractError, SpecError
+from bat_gym.rubrics.contract import REFERENCE_DIR, ContractLibrary, RubricContract, load_contract
 from bat_gym.spec import ContractRef
 
 MINIMAL = {

@@ -1,6 +1,7 @@
 """The scoring protocol against hand-computed examples (REFERENCE.md, "Stages and scoring")."""
 
 import pytest
+
 from bat_gym.envs.toy_pipeline.suite import SPEC
 from bat_gym.rubrics.scoring import (
     agentic_score,

@@ -1,6 +1,7 @@
 """Benchmark.task_score: the toy metric, read from a frozen workspace."""
 
 import pytest
+
 from bat_gym.rubrics.workspace import FrozenWorkspace
 
 

@@ -2,6 +2,7 @@ import hashlib
 import json
 
 import pytest
+
 from bat_gym.envs.toy_pipeline.suite import SPEC
 from bat_gym.rubrics.contract import ContractLibrary, RubricContract
 from bat_gym.rubrics.verifier import Verdict, verify
