@@ -56,5 +56,12 @@ def demo(
             f"tool calls={len(record.calls)} ok={sum(c.succeeded for c in record.calls)} "
             f"workspace changed={record.any_change} in {time.perf_counter() - start:.2f} s"
         )
+        verdict = info.get("verdict")
+        if verdict is not None:
+            stages = " ".join(f"{s.stage}={s.score}" for s in verdict.stages)
+            typer.echo(
+                f"verdict ({verdict.contract.id} {verdict.contract.version}, sha256 {verdict.contract.sha256[:12]}): "
+                f"stages {stages}; task {verdict.task_score}; evidence completeness {verdict.eta:.2f}"
+            )
     finally:
         env.close()
