@@ -1,0 +1,622 @@
+"""The ``docker`` sandbox backend: one warm container per sandbox.
+
+The container runs the base image (see ``docker_image.py``) with no network, a
+read-only root filesystem, a private tmpfs ``/tmp``, cgroup limits on memory and
+processes, every capability dropped and ``no-new-privileges``. Its main process is a
+sleeping ``sleep infinity`` under Docker's init, both as the container's root; agent
+code runs in it through ``docker exec`` as an unprivileged uid, so agent code can
+neither signal the main process nor keep the container from being reset.
+
+The workspace is a host directory (the same locked slot directories the ``local``
+backend uses) bind-mounted at ``/workspace``. Restores therefore happen on the host,
+incrementally, while the container stays up: a reset is one ``exec`` that kills every
+agent process and clears ``/tmp``, plus a host-side restore of changed files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import struct
+import time
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bat_gym.errors import SandboxCrashed, SandboxUnavailable
+from bat_gym.sandbox._supervisor import _Capture
+from bat_gym.sandbox.base import ExecResult, Isolation, Language, Sandbox, SandboxLimits
+from bat_gym.sandbox.docker_image import ensure_image
+from bat_gym.sandbox.local import SANDBOX_UID_BASE, _Slot, runtime_dir
+from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
+
+if TYPE_CHECKING:
+    import docker
+
+__all__ = ["DockerSandbox", "connect"]
+
+_LABEL = "bat-gym.slot"
+_RUN_DIR = "/run/bat"
+# Longest code passed as an argument; the kernel refuses a single argument past 128 KiB
+# (MAX_ARG_STRLEN), so longer code goes through a file in the read-only run directory.
+_MAX_ARG_BYTES = 100_000
+_KILL_TIMEOUT_S = 10.0
+_DRAIN_GRACE_S = 2.0
+_FRAME = struct.Struct(">BxxxL")
+_STDOUT = 1
+_START_HINT = (
+    "start one with `sudo .ci/docker-setup.sh` (installs docker.io and runs "
+    "`dockerd --bridge=none --iptables=false --ip6tables=false`), or "
+    "`sudo systemctl start docker`; set DOCKER_HOST if it listens elsewhere"
+)
+
+# Runs every call inside the container, as ``python3 -I -S boot.py CPU ARGV...``. The
+# program's stdout and stderr share one pipe, so they interleave as written, and boot
+# copies that pipe to the exec's stdout only until the program itself exits: a
+# background process the call left running keeps the pipe, not the exec, open (the
+# engine would otherwise hold the call until it ended). The exit status goes out on
+# the exec's stderr, which no process of the agent holds or can reach, so it cannot be
+# forged.
+_BOOT = r"""
+import ctypes, os, resource, select, sys
+import _signal as signal  # not `signal`: it imports enum, a few ms at every call
+
+# Not dumpable: processes of the agent's uid can neither ptrace this one nor open its
+# descriptors through /proc to write into the exec's streams. The program it execs is
+# dumpable again, as usual.
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+cpu = int(sys.argv[1])
+argv = sys.argv[2:]
+r, w = os.pipe()
+try:
+    pid = os.fork()
+except OSError as exc:  # the cgroup's process limit is reached
+    os.write(1, f"[cannot start {argv[0]}: {exc.strerror}: too many processes]\n".encode())
+    os.write(2, b"status 126\n")
+    sys.exit(0)
+if pid == 0:
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; exec keeps that
+            signal.signal(sig, signal.SIG_DFL)
+        os.execvp(argv[0], argv)
+    except BaseException as exc:
+        os.write(2, f"{argv[0]}: {exc}\n".encode())
+    os._exit(127)
+os.close(w)
+pidfd = os.pidfd_open(pid)
+
+
+def copy():
+    try:
+        chunk = os.read(r, 65536)
+    except BlockingIOError:
+        return False
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(1, view):]
+    return bool(chunk)
+
+
+open_ = True
+while True:
+    ready, _, _ = select.select([r, pidfd] if open_ else [pidfd], [], [])
+    if r in ready:
+        open_ = copy()
+    if pidfd in ready:
+        break
+_, status = os.waitpid(pid, 0)
+os.set_blocking(r, False)
+for _ in range(256):  # what the program wrote before it exited; later writers are cut off
+    if not copy():
+        break
+os.write(2, b"status %d\n" % os.waitstatus_to_exitcode(status))
+"""
+
+# Kills every process of the agent's uid and empties /tmp, run as that uid. kill(-1)
+# spares the caller and the namespace's init, but reports success whenever any process
+# exists, so whether agent processes remain is read from /proc (dead ones are zombies
+# until init reaps them). Nothing here forks, so it works even when a fork bomb holds
+# every pid the cgroup allows. Prints "done" only if it finished.
+_RESET = r"""
+import os, signal, sys, time
+
+me, uid = os.getpid(), os.getuid()
+
+
+def alive():
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (1, me):
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f if b":" in line)
+            if fields[b"State"].split()[0] in (b"Z", b"X"):
+                continue
+            if int(fields[b"Uid"].split()[0]) == uid:
+                return True
+        except (OSError, KeyError, IndexError, ValueError):
+            continue
+    return False
+
+
+def remove(path):
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+        return
+    os.chmod(path, 0o700)  # the agent may have made its own directories unreadable
+    for name in os.listdir(path):
+        remove(os.path.join(path, name))
+    os.rmdir(path)
+
+
+deadline = time.monotonic() + 5
+while True:
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if not alive():
+        break
+    if time.monotonic() > deadline:
+        sys.exit(3)
+if sys.argv[1:] == ["clear"]:
+    for name in os.listdir("/tmp"):
+        remove(os.path.join("/tmp", name))
+sys.stdout.write("done\n")
+"""
+
+
+# A first kill from the shell, which starts in a fraction of Python's time: under a
+# fork bomb of CPU-bound processes, every millisecond of CPU the reset needs takes long.
+_RESET_SH = f'kill -9 -1 2>/dev/null; exec python3 -I -S {_RUN_DIR}/reset.py "$1"'
+
+
+def _sdk() -> Any:
+    try:
+        import docker
+    except ImportError:
+        raise SandboxUnavailable(
+            "docker", "the docker Python SDK is not installed: pip install 'bat-gym[docker]'"
+        ) from None
+    return docker
+
+
+def connect(timeout_s: float = 60.0) -> docker.DockerClient:
+    """Return a Docker SDK client for the engine the environment names.
+
+    Raises:
+        SandboxUnavailable: the SDK is missing or no engine answers; the message says
+            how to start one.
+    """
+    sdk = _sdk()
+    try:
+        client = sdk.from_env(timeout=int(timeout_s))
+        client.ping()
+    except Exception as exc:  # the SDK raises several unrelated types for "not there"
+        raise SandboxUnavailable(
+            "docker", f"no Docker engine answers ({exc}); {_START_HINT}"
+        ) from None
+    return client
+
+
+def _finalize(client: docker.DockerClient, box: list[str], slot: _Slot, own_client: bool) -> None:
+    # Runs on close(), on garbage collection or at exit: must not touch the sandbox.
+    if box:
+        with contextlib.suppress(Exception):
+            client.api.remove_container(box[0], force=True)
+        box.clear()
+    slot.release()
+    if own_client:
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+class DockerSandbox(Sandbox):
+    """A sandbox in a warm Docker container.
+
+    Args:
+        limits: resource limits for agent code.
+        image: the image to run; by default the offline-built base image
+            (:func:`bat_gym.sandbox.docker_image.ensure_image`), built on first use.
+        store: blob store for snapshots (default: one under the slot directory).
+        client: a Docker SDK client (default: :func:`connect`); one passed in is not
+            closed with the sandbox.
+
+    Unlike the ``local`` backend, ``limits.memory_mb`` bounds the whole container (a
+    cgroup limit, which also counts files in ``/tmp``), not each process's address
+    space, and ``limits.max_processes`` bounds the container's tasks (threads count).
+
+    Raises:
+        SandboxUnavailable: the Docker SDK is missing, no engine answers, or the image
+            cannot be had. The message says what to do.
+    """
+
+    backend = "docker"
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        image: str | None = None,
+        store: BlobStore | None = None,
+        client: docker.DockerClient | None = None,
+    ) -> None:
+        self.limits = limits or SandboxLimits()
+        self.isolation = Isolation.CONTAINER
+        self._sdk = _sdk()
+        self._client = client or connect()
+        self._api = self._client.api
+        try:
+            self.image = image or ensure_image(client=self._client)
+            self._slot = _Slot(runtime_dir())
+        except BaseException:
+            if client is None:
+                self._client.close()
+            raise
+        self._closed = False
+        self._box: list[str] = []  # the container id, shared with the finalizer
+        self._finalizer = weakref.finalize(
+            self, _finalize, self._client, self._box, self._slot, client is None
+        )
+        # A container labelled with our slot belongs to a process that died holding it:
+        # the slot's lock is ours now, so nobody else can be using it.
+        self._remove_stale()
+        # As root, agent code gets a uid of its own per slot (as in the local backend)
+        # and the workspace belongs to it; otherwise the bind mount is only writable by
+        # the caller's uid, so agent code runs as that.
+        self._root = os.getuid() == 0
+        self._uid = SANDBOX_UID_BASE + self._slot.index if self._root else os.getuid()
+        self._gid = SANDBOX_UID_BASE + self._slot.index if self._root else os.getgid()
+        self._ws = self._slot.dir / "workspace"
+        self._ws.mkdir(mode=0o755)
+        # Read-only inside: boot.py, and code too long to pass as an argument.
+        self._run = self._slot.dir / "run"
+        self._run.mkdir(mode=0o755)
+        for name, text in (("boot.py", _BOOT), ("reset.py", _RESET)):
+            (self._run / name).write_text(text)
+            (self._run / name).chmod(0o644)
+        if self._root:
+            os.chown(self._ws, self._uid, self._gid)
+        self.store = store or BlobStore(self._slot.dir / "store")
+        self.index = WorkspaceIndex(
+            self._ws, owner=(self._uid, self._gid) if self._root else None, watch=True
+        )
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the container ----------------------------------------------------------------
+
+    @property
+    def workspace(self) -> Path:
+        """Host path of the workspace, bound at ``/workspace`` inside."""
+        return self._ws
+
+    @property
+    def container_id(self) -> str | None:
+        """The id of the container, or ``None`` once closed."""
+        return self._box[0] if self._box else None
+
+    def _remove_stale(self) -> None:
+        with contextlib.suppress(Exception):
+            for c in self._api.containers(
+                all=True, filters={"label": f"{_LABEL}={self._slot.dir}"}
+            ):
+                with contextlib.suppress(Exception):
+                    self._api.remove_container(c["Id"], force=True)
+
+    def _create(self) -> None:
+        sdk = self._sdk
+        lim = self.limits
+        mib = 1 << 20
+        ulimits = [
+            sdk.types.Ulimit(name="fsize", soft=lim.max_file_mb * mib, hard=lim.max_file_mb * mib),
+            sdk.types.Ulimit(name="nofile", soft=1024, hard=1024),
+            sdk.types.Ulimit(name="cpu", soft=lim.cpu_s, hard=lim.cpu_s),
+            sdk.types.Ulimit(name="core", soft=0, hard=0),
+        ]
+        host_config = self._api.create_host_config(
+            binds={
+                str(self._ws): {"bind": "/workspace", "mode": "rw"},
+                str(self._run): {"bind": _RUN_DIR, "mode": "ro"},
+            },
+            network_mode="none",
+            read_only=True,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.tmp_mb}m,mode=1777"},
+            mem_limit=lim.memory_mb * mib,
+            memswap_limit=lim.memory_mb * mib,  # no swap beyond the memory limit
+            pids_limit=lim.max_processes,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            ulimits=ulimits,
+            init=True,
+            ipc_mode="private",
+        )
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MPLBACKEND": "Agg",
+        }
+        try:
+            created = self._api.create_container(
+                self.image,
+                command=["sleep", "infinity"],
+                user="0:0",  # the main process only; every exec names the agent uid
+                working_dir="/workspace",
+                environment=env,
+                hostname="sandbox",
+                labels={_LABEL: str(self._slot.dir)},
+                host_config=host_config,
+                network_disabled=True,
+            )
+            self._box[:] = [created["Id"]]
+            self._api.start(created["Id"])
+        except self._sdk.errors.DockerException as exc:
+            raise SandboxUnavailable(
+                "docker", f"the container did not start from image {self.image!r}: {exc}"
+            ) from None
+
+    def _running(self) -> bool:
+        try:
+            state = self._api.inspect_container(self._box[0])["State"]
+        except Exception:
+            return False
+        return bool(state.get("Running")) and not state.get("Restarting")
+
+    def _restart(self) -> None:
+        """Kill everything in the container and start it again; the workspace stays."""
+        cid = self._box[0] if self._box else None
+        if cid is not None:
+            with contextlib.suppress(Exception):
+                self._api.kill(cid)
+            try:
+                self._api.start(cid)
+                return
+            except self._sdk.errors.DockerException:
+                with contextlib.suppress(Exception):
+                    self._api.remove_container(cid, force=True)
+                self._box.clear()
+        self._create()  # the container is gone: make a new one
+
+    def _start_exec(self, argv: list[str]) -> tuple[str, _Stream]:
+        """Start ``argv`` as the agent uid in the workspace; return its id and output."""
+        exec_id = self._api.exec_create(
+            self._box[0],
+            argv,
+            stdout=True,
+            stderr=True,
+            stdin=False,
+            tty=False,
+            user=f"{self._uid}:{self._gid}",
+            workdir="/workspace",
+        )["Id"]
+        return exec_id, _Stream(self._api.exec_start(exec_id, socket=True))
+
+    def _kill_all(self, clear_tmp: bool) -> bool:
+        """Kill every agent process (and empty /tmp); False if that could not be done."""
+        try:
+            _, stream = self._start_exec(
+                ["/bin/sh", "-c", _RESET_SH, "sh", "clear" if clear_tmp else "keep"]
+            )
+        except Exception:
+            return False
+        out = bytearray()
+        try:
+            deadline = time.monotonic() + _KILL_TIMEOUT_S
+            while (frame := stream.read(deadline)) is not None:
+                out += frame[1]
+        except (TimeoutError, OSError):
+            return False
+        finally:
+            stream.close()
+        # Only a script that ran to its end says so; agent code that kills every process
+        # of its uid in a loop can kill this one too, and then the container restarts.
+        return bytes(out) == b"done\n"
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        # The stream ends when the process does, but the engine may record the status
+        # a moment later.
+        deadline = time.monotonic() + 1.0
+        while True:
+            try:
+                info = self._api.exec_inspect(exec_id)
+            except Exception:
+                return None
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.002)
+
+    # -- the Sandbox API ---------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxCrashed("the sandbox is closed")
+
+    def _argv(self, language: Language, code: str, cpu_s: int) -> list[str]:
+        data = code.encode("utf-8", errors="surrogateescape")
+        interpreter = "python3" if language == "python" else "bash"
+        if len(data) <= _MAX_ARG_BYTES and "\x00" not in code:
+            program = [interpreter, "-c", code]
+        else:
+            name = "call.py" if language == "python" else "call.sh"
+            tmp = self._run / f".{name}.tmp"
+            tmp.write_bytes(data)
+            tmp.chmod(0o644)
+            os.replace(tmp, self._run / name)
+            program = [interpreter, f"{_RUN_DIR}/{name}"]
+        return ["python3", "-I", "-S", f"{_RUN_DIR}/boot.py", str(cpu_s), *program]
+
+    def execute_code(
+        self, language: Language, code: str, timeout_s: float | None = None
+    ) -> ExecResult:
+        """Run ``code`` in a fresh process; never raises for anything the code does."""
+        if language not in ("python", "bash"):
+            raise ValueError(f"language must be 'python' or 'bash', got {language!r}")
+        self._check_open()
+        timeout = float(timeout_s if timeout_s is not None else self.limits.timeout_s)
+        cpu_s = min(self.limits.cpu_s, max(1, int(timeout) + 1))
+        start = time.monotonic()
+        deadline = start + timeout
+        cap = _Capture(self.limits.record_output_bytes)
+        status = bytearray()
+        try:
+            exec_id, stream = self._start_exec(self._argv(language, code, cpu_s))
+        except Exception:
+            return self._crashed(start)  # the container is gone or not running
+        try:
+            while (frame := stream.read(deadline)) is not None:
+                if frame[0] == _STDOUT:
+                    cap.feed(frame[1])
+                elif len(status) < 4096:
+                    status += frame[1]
+        except TimeoutError:
+            return self._timed_out(stream, cap, start, timeout)
+        except OSError:
+            stream.close()
+            return self._crashed(start)
+        stream.close()
+        rc = _parse_status(status)
+        if rc is None:
+            # boot never reported: the call killed it (it runs as the agent's uid), it
+            # could not start, or the container died under it.
+            if not self._running():
+                return self._crashed(start)
+            rc = self._exit_code(exec_id)
+            if rc is None:
+                return self._crashed(start)
+            if rc == 128 + signal.SIGKILL:
+                cap.feed(b"\n[the process running this call was killed]\n")
+                rc = -signal.SIGKILL
+            else:
+                cap.feed(b"\n" + bytes(status))
+        return ExecResult(
+            exit_code=rc,
+            output=cap.text(),
+            output_bytes=cap.total,
+            duration_s=time.monotonic() - start,
+        )
+
+    def _timed_out(
+        self, stream: _Stream, cap: _Capture, start: float, timeout: float
+    ) -> ExecResult:
+        killed = self._kill_all(clear_tmp=False)
+        # What the killed processes wrote before they died may still be in flight.
+        grace = time.monotonic() + _DRAIN_GRACE_S
+        with contextlib.suppress(TimeoutError, OSError):
+            while (frame := stream.read(grace)) is not None:
+                if frame[0] == _STDOUT:
+                    cap.feed(frame[1])
+        stream.close()
+        if not killed:
+            self._restart()
+        return ExecResult(
+            exit_code=None,
+            output=cap.text()
+            + f"\n[timed out after {timeout:g} s: every process in the sandbox was killed]",
+            output_bytes=cap.total,
+            duration_s=time.monotonic() - start,
+            timed_out=True,
+            restarted=not killed,
+        )
+
+    def _crashed(self, start: float) -> ExecResult:
+        """Restart the container and report that nothing is known about the call."""
+        self._restart()
+        return ExecResult(
+            exit_code=None,
+            output="[the sandbox stopped answering and was restarted; files written so far are kept]",
+            output_bytes=0,
+            duration_s=time.monotonic() - start,
+            restarted=True,
+        )
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Kill the agent's processes, clear ``/tmp``, and restore the workspace in place."""
+        self._check_open()
+        if not self._kill_all(clear_tmp=True):
+            self._restart()  # a fresh container has no process and an empty /tmp
+        self.index.restore(snapshot, self.store)
+
+    def close(self) -> None:
+        """Remove the container and delete the slot directory. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.index.close()
+        self._finalizer()
+
+
+def _parse_status(data: bytearray) -> int | None:
+    line = bytes(data).strip()
+    if line.startswith(b"status ") and line.count(b"\n") == 0:
+        with contextlib.suppress(ValueError):
+            return int(line[7:])
+    return None
+
+
+class _Stream:
+    """The multiplexed output of one exec: frames of an 8-byte header, then the payload.
+
+    ``exec_start(socket=True)`` hands back the engine's connection (as a SocketIO or
+    a socket); reading the socket directly lets ``select`` bound every wait. Bytes of a
+    frame that is not complete yet stay buffered, so a timeout never breaks the framing.
+    """
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._raw: socket.socket = getattr(sock, "_sock", sock)
+        self._buf = bytearray()
+
+    def read(self, deadline: float) -> tuple[int, bytes] | None:
+        """Return the next ``(stream, payload)``, or ``None`` at the end of the output.
+
+        Raises:
+            TimeoutError: the deadline passed first.
+            OSError: the connection broke.
+        """
+        while True:
+            if len(self._buf) >= _FRAME.size:
+                kind, size = _FRAME.unpack_from(self._buf)
+                end = _FRAME.size + size
+                if len(self._buf) >= end:
+                    payload = bytes(self._buf[_FRAME.size : end])
+                    del self._buf[:end]
+                    return kind, payload
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                raise TimeoutError
+            # A TLS socket may hold decrypted bytes that select() cannot see.
+            pending = getattr(self._raw, "pending", None)
+            if not (pending and pending()):
+                ready, _, _ = select.select([self._raw], [], [], wait)
+                if not ready:
+                    raise TimeoutError
+            chunk = self._raw.recv(1 << 16)
+            if not chunk:
+                return None
+            self._buf += chunk
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._sock.close()
+        with contextlib.suppress(Exception):
+            self._raw.close()

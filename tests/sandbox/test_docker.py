@@ -1,0 +1,200 @@
+"""The ``docker`` sandbox backend against a real engine.
+
+Every test skips, with the reason, where the Docker SDK is missing, no engine answers
+or the base image cannot be had (``.ci/docker-setup.sh`` sets all three up).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bat_gym.errors import SandboxCrashed, SandboxUnavailable
+from bat_gym.sandbox import SandboxLimits, WorkspaceIndex, make_sandbox
+
+pytestmark = pytest.mark.docker
+
+# Small limits keep the containment tests fast; 256 MiB is what the memory test needs.
+LIMITS = SandboxLimits(
+    timeout_s=30, memory_mb=256, max_processes=64, record_output_bytes=4096, tmp_mb=64
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Docker SDK client to a live engine that has the base image, or a skip.
+
+    Sandboxes get a runtime directory of their own: slots are shared with every other
+    sandbox of this uid, and one released here may be taken at once by another process.
+    """
+    try:
+        import docker  # noqa: F401
+    except ImportError:
+        pytest.skip("the docker SDK is not installed: pip install 'bat-gym[docker]'")
+    from bat_gym.sandbox.docker import connect
+    from bat_gym.sandbox.docker_image import ensure_image
+
+    try:
+        client = connect(timeout_s=30)
+    except SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        ensure_image(client=client)
+    except SandboxUnavailable as exc:
+        client.close()
+        pytest.skip(f"the sandbox base image is not available: {exc}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BAT_GYM_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))
+        yield client
+    client.close()
+
+
+@pytest.fixture
+def sb(engine: Any) -> Iterator[Any]:
+    sandbox = make_sandbox("docker", limits=LIMITS, client=engine)
+    yield sandbox
+    sandbox.close()
+
+
+def _containers(engine: Any, cid: str) -> list:
+    return engine.containers.list(all=True, filters={"id": cid})
+
+
+def test_python_and_bash_report_exit_codes_and_interleaved_output(sb: Any) -> None:
+    r = sb.execute_code("python", "import sys\nprint('out')\nprint('err', file=sys.stderr)\n")
+    assert (r.exit_code, r.output, r.timed_out, r.restarted) == (0, "out\nerr\n", False, False)
+    r = sb.execute_code("python", "raise SystemExit(3)")
+    assert r.exit_code == 3
+    r = sb.execute_code("python", "1/0")
+    assert r.exit_code == 1 and "ZeroDivisionError" in r.output
+    r = sb.execute_code("bash", "echo a; echo b >&2; echo c; exit 4")
+    assert (r.exit_code, r.output, r.output_bytes) == (4, "a\nb\nc\n", 6)
+    r = sb.execute_code("bash", "id -u; pwd")
+    assert r.ok and r.output.split() == [str(sb._uid), "/workspace"]
+    r = sb.execute_code("python", "import numpy; print(numpy.arange(3).sum())")
+    assert (r.exit_code, r.output) == (0, "3\n")
+    with pytest.raises(ValueError):
+        sb.execute_code("ruby", "puts 1")
+
+
+def test_files_persist_across_calls(sb: Any) -> None:
+    assert sb.execute_code("python", "open('note.txt', 'w').write('kept')").ok
+    r = sb.execute_code("bash", "cat note.txt")
+    assert (r.exit_code, r.output) == (0, "kept")
+    assert (sb.workspace / "note.txt").read_text() == "kept"
+    # Code past the kernel's single-argument limit goes through a file instead.
+    r = sb.execute_code("python", "x = '" + "y" * 200_000 + "'\nprint(len(x))")
+    assert (r.exit_code, r.output) == (0, "200000\n")
+
+
+def test_root_filesystem_is_read_only_and_network_absent(sb: Any) -> None:
+    r = sb.execute_code("bash", "touch /etc/x || touch /x || echo refused")
+    assert "refused" in r.output
+    code = "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), timeout=3)\n"
+    code += "except OSError as e:\n    print('blocked', e)\nelse:\n    print('connected')\n"
+    r = sb.execute_code("python", code)
+    assert r.ok and r.output.startswith("blocked"), r.output
+    r = sb.execute_code("bash", "ls /sys/class/net")
+    assert r.output.split() == ["lo"]
+
+
+def test_memory_limit_is_contained(sb: Any) -> None:
+    r = sb.execute_code("python", "x = b'\\x01' * (2 << 30)\nprint('allocated')")
+    assert r.exit_code != 0 and "allocated" not in r.output
+    assert not r.restarted
+    assert sb.execute_code("bash", "echo fine").output == "fine\n"
+
+
+def test_fork_bomb_is_contained(sb: Any) -> None:
+    r = sb.execute_code("bash", ":(){ :|:& };:; sleep 60", timeout_s=2)
+    assert r.timed_out and r.exit_code is None
+    assert "Resource temporarily unavailable" in r.output  # the pid limit stopped it
+    r = sb.execute_code("bash", "echo fine")
+    assert (r.exit_code, r.output) == (0, "fine\n")
+    # A bomb that returns at once keeps running in the background until a reset.
+    sb.execute_code("bash", ":(){ :|:& };:")
+    sb.restore(sb.capture())
+    assert sb.execute_code("bash", "echo fine").output == "fine\n"
+
+
+def test_endless_loop_times_out_and_the_sandbox_stays_usable(sb: Any) -> None:
+    start = time.monotonic()
+    r = sb.execute_code("python", "print('started', flush=True)\nwhile True: pass", timeout_s=1)
+    assert r.timed_out and r.exit_code is None and not r.restarted
+    assert r.output.startswith("started\n") and "timed out after 1 s" in r.output
+    assert time.monotonic() - start < 5
+    r = sb.execute_code("bash", "echo fine")
+    assert (r.exit_code, r.output) == (0, "fine\n")
+
+
+def test_background_process_does_not_hold_the_call(sb: Any) -> None:
+    r = sb.execute_code("bash", "sleep 30 & echo started")
+    assert (r.exit_code, r.output) == (0, "started\n")
+    assert r.duration_s < 1.5
+
+
+def test_huge_output_is_capped_and_counted(sb: Any) -> None:
+    r = sb.execute_code("bash", "yes | head -c 20000000")
+    assert r.ok and r.output_bytes == 20_000_000
+    assert len(r.output.encode()) == LIMITS.record_output_bytes
+
+
+def test_restore_after_edits_is_exact(sb: Any) -> None:
+    setup = "mkdir -p src/pkg data && echo 'print(1)' > src/pkg/a.py && echo x > data/b"
+    setup += " && chmod 640 data/b && ln -s pkg/a.py src/link && echo k > keep.txt"
+    assert sb.execute_code("bash", setup).ok
+    snap = sb.capture()
+    edits = "echo changed > src/pkg/a.py; rm -r data; ln -sf /etc/passwd src/link;"
+    edits += " mkdir -p new/deep && echo n > new/deep/f; chmod 700 src; echo t > /tmp/junk;"
+    edits += " sleep 300 >/dev/null 2>&1 &"
+    assert sb.execute_code("bash", edits).ok
+    assert sb.digest() != snap.digest
+    sb.restore(snap)
+    assert WorkspaceIndex(sb.workspace).scan().digest == snap.digest
+    assert sb.digest() == snap.digest
+    # Every process the agent left is gone and /tmp is empty.
+    check = "ls -A /tmp; for p in /proc/[0-9]*; do grep -q '^Name:.*sleep' $p/status"
+    check += ' && grep -q "^Uid:.$(id -u)" $p/status && echo left $p; done; true'
+    r = sb.execute_code("bash", check)
+    assert (r.exit_code, r.output) == (0, ""), r.output
+
+
+def test_agent_can_overwrite_restored_files(sb: Any) -> None:
+    assert sb.execute_code("bash", "mkdir d && echo one > d/f && echo one > g").ok
+    snap = sb.capture()
+    assert sb.execute_code("bash", "rm -r d; echo two > g").ok
+    sb.restore(snap)
+    r = sb.execute_code("bash", "echo three > d/f && echo three > g && touch d/new && cat d/f g")
+    assert (r.exit_code, r.output) == (0, "three\nthree\n"), r.output
+
+
+def test_a_dead_container_is_restarted_not_guessed(sb: Any, engine: Any) -> None:
+    assert sb.execute_code("bash", "echo kept > f").ok
+    engine.api.kill(sb.container_id)
+    r = sb.execute_code("bash", "echo hello")
+    assert r.restarted and r.exit_code is None
+    r = sb.execute_code("bash", "cat f")
+    assert (r.exit_code, r.output, r.restarted) == (0, "kept\n", False)
+
+
+def test_close_leaves_no_container_and_no_workspace(engine: Any) -> None:
+    sandbox = make_sandbox("docker", limits=LIMITS, client=engine)
+    cid, ws = sandbox.container_id, sandbox.workspace
+    assert _containers(engine, cid) and ws.is_dir()
+    sandbox.close()
+    sandbox.close()  # twice is fine
+    assert _containers(engine, cid) == []
+    assert not ws.exists()
+    with pytest.raises(SandboxCrashed):
+        sandbox.execute_code("bash", "true")
+    # Garbage collection cleans up just the same.
+    sandbox = make_sandbox("docker", limits=LIMITS, client=engine)
+    cid, ws = sandbox.container_id, sandbox.workspace
+    del sandbox
+    gc.collect()
+    assert _containers(engine, cid) == []
+    assert not ws.exists()
