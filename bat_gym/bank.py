@@ -30,9 +30,9 @@ from bat_gym.errors import BankError, StateNotFound
 from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
 from bat_gym.spec import E2E, StageState, load_model
 
-__all__ = ["StateSource", "StageBank", "cache_dir", "default_bank", "build_bank"]
+__all__ = ["StateSource", "StageBank", "cache_dir", "default_bank", "build_bank", "fit_history"]
 
-BANK_FORMAT = 3  # 3: rows carry the refs of their rubric contracts
+BANK_FORMAT = 4  # 3: rows carry the refs of their rubric contracts
 
 
 class StateSource(Protocol):
@@ -72,10 +72,13 @@ class StageBank:
                 f"not a Stage Bank ({missing} is missing); build one with `bat-gym bank build --out DIR`",
             ) from None
         except json.JSONDecodeError as exc:
-            raise BankError(str(self.root / "manifest.json"), f"not valid JSON: {exc.msg}") from None
+            raise BankError(
+                str(self.root / "manifest.json"), f"not valid JSON: {exc.msg}"
+            ) from None
         if hashlib.sha256(data).hexdigest() != manifest.get("rows_sha256"):
             raise BankError(
-                str(rows_path), "rows.jsonl does not match the digest in manifest.json (edited or corrupted)"
+                str(rows_path),
+                "rows.jsonl does not match the digest in manifest.json (edited or corrupted)",
             )
         self.store = BlobStore(self.root / "store")
         self.manifest: dict[str, Any] = manifest
@@ -232,12 +235,12 @@ def _stage_state(
 ) -> StageState:
     """The start state of ``stage``: the workspace now, and the conversation so far."""
     snap = env.unwrapped.sandbox.capture()
-    history = list(env.unwrapped.messages[2:])  # the earlier stages' turns
-    messages = (
+    head = (
         {"role": "system", "content": bench.system_prompt(stage, proto)},
         {"role": "user", "content": bench.user_prompt(task, stage)},
-        *history,
     )
+    room = bench.spec.budgets.max_prompt_chars - sum(len(m["content"]) for m in head)
+    messages = (*head, *fit_history(env.unwrapped.messages[2:], room))
     return start.model_copy(
         update={
             "state_id": f"{task.task_id}.{stage}.success",
@@ -247,6 +250,42 @@ def _stage_state(
             "contract": bench.contract_ref(stage),
         }
     )
+
+
+def _turns(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Group messages into turns: an assistant message and the messages answering it."""
+    turns: list[list[dict[str, Any]]] = []
+    for m in messages:
+        if m["role"] == "assistant" or not turns:
+            turns.append([])
+        turns[-1].append(m)
+    return turns
+
+
+def fit_history(messages: list[dict[str, Any]], room_chars: int) -> list[dict[str, Any]]:
+    """Keep the most recent whole turns of ``messages`` that fit in ``room_chars``.
+
+    Turns are kept whole (a tool result never loses its call). When turns are dropped a
+    note saying how many opens the history, so the prompt never pretends to be complete.
+    """
+    turns = _turns(list(messages))
+    kept: list[list[dict[str, Any]]] = []
+    used = 0
+    for turn in reversed(turns):
+        size = sum(len(m.get("content") or "") + len(str(m.get("tool_calls") or "")) for m in turn)
+        if used + size > room_chars:
+            break
+        kept.append(turn)
+        used += size
+    kept.reverse()
+    dropped = len(turns) - len(kept)
+    note = [
+        {
+            "role": "user",
+            "content": f"[{dropped} earlier turn(s) omitted; their files are in /workspace]",
+        }
+    ]
+    return (note if dropped else []) + [m for turn in kept for m in turn]
 
 
 def cache_dir() -> Path:

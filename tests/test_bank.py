@@ -76,3 +76,20 @@ def test_a_directory_that_is_not_a_bank_is_named(tmp_path):
     with pytest.raises(BankError, match="not a Stage Bank"):
         StageBank(tmp_path)
     assert not (tmp_path / "store").exists()  # looking did not write anything
+
+
+def test_history_keeps_whole_recent_turns_within_the_prompt_budget():
+    from bat_gym.bank import fit_history
+
+    turn = lambda i: [  # noqa: E731
+        {"role": "assistant", "content": f"a{i}", "tool_calls": []},
+        {"role": "tool", "tool_call_id": f"c{i}", "content": "x" * 100},
+    ]
+    history = [m for i in range(5) for m in turn(i)]
+    assert fit_history(history, 10_000) == history
+    kept = fit_history(history, 250)
+    assert kept[0]["content"] == "[3 earlier turn(s) omitted; their files are in /workspace]"
+    assert [m["content"] for m in kept[1:] if m["role"] == "assistant"] == ["a3", "a4"]
+    assert all(
+        m["role"] != "tool" or kept[i - 1]["role"] == "assistant" for i, m in enumerate(kept) if i
+    )
