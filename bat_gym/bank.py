@@ -32,7 +32,7 @@ from bat_gym.spec import E2E, StageState, load_model
 
 __all__ = ["StateSource", "StageBank", "cache_dir", "default_bank", "build_bank", "fit_history"]
 
-BANK_FORMAT = 4  # 3: rows carry the refs of their rubric contracts
+BANK_FORMAT = 4  # 3: rows carry contract refs; 4: history fitted to the prompt budget
 
 
 class StateSource(Protocol):
