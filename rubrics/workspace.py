@@ -12,10 +12,13 @@ cannot point an artifact at a file it was not meant to produce.
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
-from bat_gym.sandbox.snapshot import BlobStore, Entry, Snapshot
+from bat_gym.sandbox.snapshot import BlobStore, Entry, Snapshot, WorkspaceIndex
 
 __all__ = ["FrozenWorkspace", "MAX_READ_BYTES", "path_matches"]
 
@@ -52,6 +55,17 @@ class FrozenWorkspace:
         self._files: dict[str, Entry] = {e.path: e for e in snapshot.entries if e.kind == "f"}
         self._links = frozenset(e.path for e in snapshot.entries if e.kind == "l")
         self._blobs: dict[str, bytes] = {}
+
+    @contextlib.contextmanager
+    def as_directory(self) -> Iterator[Path]:
+        """The snapshot written out to a private temporary directory, for path-based metrics.
+
+        Metrics that need real files (NIfTI, DICOM readers) use this; the directory is
+        a fresh copy outside every sandbox and is deleted on exit.
+        """
+        with tempfile.TemporaryDirectory(prefix="bat-gym-frozen-") as tmp:
+            WorkspaceIndex(tmp).restore(self.snapshot, self.store)
+            yield Path(tmp)
 
     @classmethod
     def load(cls, store: BlobStore, digest: str) -> FrozenWorkspace:

@@ -1,3 +1,4 @@
+import pytest
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
@@ -5,16 +6,26 @@ from bat_gym.cli import app
 runner = CliRunner()
 
 
+
 def test_envs_lists_ids_and_benchmarks():
     result = runner.invoke(app, ["envs"])
     assert result.exit_code == 0
-    assert "bat/Validate-v0" in result.output and "toy_pipeline 1.0 (default)" in result.output
+    assert "bat/Validate-v0" in result.output
+    assert "medbench_lite 1.0 (default)" in result.output and "toy_pipeline 1.0" in result.output
 
 
-def test_demo_runs_the_teacher_end_to_end():
+def test_demo_runs_the_teacher_end_to_end(monkeypatch):
+    monkeypatch.setenv("BAT_GYM_BENCHMARK", "toy_pipeline")
     result = runner.invoke(app, ["demo"])
     assert result.exit_code == 0, result.output
-    assert "terminated=True truncated=False" in result.output and "ok=5" in result.output
+    assert "terminated=True truncated=False reward=1.0" in result.output and "ok=5" in result.output
+
+
+@pytest.mark.slow
+def test_demo_on_the_default_benchmark():
+    result = runner.invoke(app, ["demo"])
+    assert result.exit_code == 0, result.output
+    assert "terminated=True truncated=False" in result.output
 
 
 def test_bank_build_then_show(tmp_path):

@@ -34,13 +34,13 @@ def test_ids_resolve_without_importing_bat_gym():
         env.close()
     """)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["StageEnv", "toy_pipeline"]
+    assert proc.stdout.split() == ["StageEnv", "medbench_lite"]
 
 
-def test_the_shipped_suite_arrives_through_its_entry_point():
-    assert "toy_pipeline" in list_benchmarks()
+def test_the_shipped_suites_arrive_through_their_entry_points():
+    assert {"medbench_lite", "toy_pipeline"} <= set(list_benchmarks())
     assert set(env_ids()) <= set(gym.registry)
-    assert default_benchmark_name() == "toy_pipeline"
+    assert default_benchmark_name() == "medbench_lite"  # the highest default_priority
 
 
 def test_unknown_benchmark_suggests_close_names():
@@ -55,7 +55,7 @@ def test_a_third_party_benchmark_registers_without_touching_the_core(tmp_path):
     (pkg / "mybench" / "__init__.py").write_text(textwrap.dedent("""
         from bat_gym.envs.toy_pipeline.suite import ToyPipeline, SPEC
         class Mine(ToyPipeline):
-            spec = SPEC.model_copy(update={"name": "mine", "default_priority": 99})
+            spec = SPEC.model_copy(update={"name": "mine", "default_priority": 1000})
         benchmark = Mine()
     """))
     dist = pkg / "mybench-1.0.dist-info"
@@ -69,7 +69,7 @@ def test_a_third_party_benchmark_registers_without_touching_the_core(tmp_path):
         print(sorted(list_benchmarks()), default_benchmark_name(), env.unwrapped.benchmark.name)
     """, PYTHONPATH=str(pkg))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "['mine', 'toy_pipeline'] mine mine"
+    assert proc.stdout.strip() == "['medbench_lite', 'mine', 'toy_pipeline'] mine mine"
 
 
 def test_register_benchmark_in_process_and_env_var_default(monkeypatch, toy):
@@ -78,7 +78,7 @@ def test_register_benchmark_in_process_and_env_var_default(monkeypatch, toy):
         with pytest.raises(ValueError, match="calls itself 'toy_pipeline'"):
             get_benchmark("toy_alias")
         with pytest.warns(UserWarning, match="skipping benchmark 'toy_alias'"):
-            assert default_benchmark_name() == "toy_pipeline"
+            assert default_benchmark_name() == "medbench_lite"
     finally:
         unregister_benchmark("toy_alias")
     assert "toy_alias" not in list_benchmarks()

@@ -1,0 +1,255 @@
+"""Task metrics of MedBench-Lite as pure numpy functions.
+
+Every function takes plain arrays or Python values and returns a float in ``[0, 1]``
+(higher is better), so a track's scorer only has to read files and call one of these.
+Conventions where a metric is undefined are stated per function; they never raise
+on empty inputs, because an empty prediction is a legitimate (if poor) submission.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "dice",
+    "balanced_accuracy",
+    "box_iou",
+    "average_precision",
+    "ssim_map",
+    "ssim",
+    "normalized_mae",
+    "normalize_answer",
+    "exact_match",
+    "finding_f1",
+]
+
+
+def dice(pred: np.ndarray, truth: np.ndarray) -> float:
+    """Dice overlap of two boolean masks of the same shape.
+
+    Returns 1.0 when both masks are empty: predicting no lesion where there is none is
+    a perfect answer, and counting it as 0 would punish the correct empty mask.
+    """
+    p = np.asarray(pred, dtype=bool)
+    t = np.asarray(truth, dtype=bool)
+    if p.shape != t.shape:
+        raise ValueError(f"shapes differ: {p.shape} vs {t.shape}")
+    total = int(p.sum()) + int(t.sum())
+    if total == 0:
+        return 1.0
+    return 2.0 * int(np.logical_and(p, t).sum()) / total
+
+
+def balanced_accuracy(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
+    """Mean recall over the classes present in ``y_true``.
+
+    Unlike plain accuracy it is not inflated by always predicting the majority class.
+    Returns 0.0 for empty input.
+    """
+    t = np.asarray(list(y_true))
+    p = np.asarray(list(y_pred))
+    if t.shape != p.shape:
+        raise ValueError(f"lengths differ: {t.shape} vs {p.shape}")
+    if t.size == 0:
+        return 0.0
+    recalls = [float(np.mean(p[t == c] == c)) for c in np.unique(t)]
+    return float(np.mean(recalls))
+
+
+def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
+    """Intersection over union of two ``[x0, y0, x1, y1]`` boxes (x1 > x0, y1 > y0)."""
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    area_a = max(0.0, a[2] - a[0]) * max(0.0, a[3] - a[1])
+    area_b = max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
+    union = area_a + area_b - inter
+    return inter / union if union > 0 else 0.0
+
+
+def average_precision(
+    predictions: Iterable[tuple[str, Sequence[float], float]],
+    truths: Mapping[str, Sequence[Sequence[float]]],
+    iou_threshold: float = 0.5,
+) -> float:
+    """Single-class average precision (mAP@``iou_threshold`` for one class).
+
+    Args:
+        predictions: ``(image_id, [x0, y0, x1, y1], score)`` for every predicted box.
+        truths: ground-truth boxes per image id (images without lesions map to ``[]``).
+        iou_threshold: the IoU a prediction needs to match an unmatched true box.
+
+    Predictions are ranked by score over all images; each true box matches at most one
+    prediction (greedy, highest IoU). AP is the area under the precision-recall curve
+    with precision made monotone (all-point interpolation, as in Pascal VOC 2010+).
+    With no true boxes at all, AP is 1.0 for no predictions and 0.0 otherwise.
+    """
+    preds = sorted(predictions, key=lambda p: -float(p[2]))
+    n_true = sum(len(v) for v in truths.values())
+    if n_true == 0:
+        return 1.0 if not preds else 0.0
+    used = {k: np.zeros(len(v), dtype=bool) for k, v in truths.items()}
+    tp = np.zeros(len(preds))
+    for i, (image_id, box, _) in enumerate(preds):
+        gts = truths.get(image_id, [])
+        best, best_j = 0.0, -1
+        for j, gt in enumerate(gts):
+            if used[image_id][j]:
+                continue
+            iou = box_iou(box, gt)
+            if iou > best:
+                best, best_j = iou, j
+        if best_j >= 0 and best >= iou_threshold:
+            used[image_id][best_j] = True
+            tp[i] = 1.0
+    if not preds:
+        return 0.0
+    ctp = np.cumsum(tp)
+    recall = ctp / n_true
+    precision = ctp / np.arange(1, len(preds) + 1)
+    # Monotone precision envelope, then sum precision over each recall step.
+    envelope = np.maximum.accumulate(precision[::-1])[::-1]
+    steps = np.diff(np.concatenate([[0.0], recall]))
+    return float(np.sum(steps * envelope))
+
+
+def _box_filter(a: np.ndarray, size: int) -> np.ndarray:
+    """Mean over a ``size`` x ``size`` window on the first two axes (edge padding)."""
+    r = size // 2
+    out = a.astype(np.float64)
+    for axis in (0, 1):
+        pad = [(0, 0)] * out.ndim
+        pad[axis] = (r + 1, r)
+        c = np.cumsum(np.pad(out, pad, mode="edge"), axis=axis)
+        n = out.shape[axis]
+        out = (
+            np.take(c, np.arange(size, size + n), axis=axis) - np.take(c, np.arange(n), axis=axis)
+        ) / size
+    return out
+
+
+def ssim_map(x: np.ndarray, y: np.ndarray, data_range: float, win: int = 7) -> np.ndarray:
+    """Local SSIM (uniform ``win`` x ``win`` window) of two 2D images, per pixel.
+
+    Arrays with a third axis are treated as a stack of 2D slices along that axis,
+    which is how volumes are compared slice by slice.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape:
+        raise ValueError(f"shapes differ: {x.shape} vs {y.shape}")
+    if data_range <= 0:
+        raise ValueError("data_range must be positive")
+    c1 = (0.01 * data_range) ** 2
+    c2 = (0.03 * data_range) ** 2
+    mx, my = _box_filter(x, win), _box_filter(y, win)
+    # Sample (co)variances, as the reference implementations default to.
+    k = win * win / (win * win - 1.0)
+    vx = k * (_box_filter(x * x, win) - mx * mx)
+    vy = k * (_box_filter(y * y, win) - my * my)
+    cxy = k * (_box_filter(x * y, win) - mx * my)
+    return ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
+
+
+def ssim(
+    x: np.ndarray,
+    y: np.ndarray,
+    data_range: float,
+    mask: np.ndarray | None = None,
+    win: int = 7,
+) -> float:
+    """Mean SSIM of two images (or slice stacks), optionally only over ``mask``.
+
+    Returns a value in ``[-1, 1]``; 1.0 means identical. An empty mask gives 0.0.
+    """
+    m = ssim_map(x, y, data_range, win)
+    if mask is None:
+        return float(m.mean())
+    sel = np.asarray(mask, dtype=bool)
+    return float(m[sel].mean()) if sel.any() else 0.0
+
+
+def normalized_mae(pred: np.ndarray, truth: np.ndarray, mask: np.ndarray | None = None) -> float:
+    """Mean absolute error over ``mask`` divided by the mean absolute true value there.
+
+    Lower is better (0 is perfect); it is the one metric here that is an error, kept so
+    because that is how synthesis papers report it. Returns ``inf`` for an empty or
+    all-zero truth.
+    """
+    p = np.asarray(pred, dtype=np.float64)
+    t = np.asarray(truth, dtype=np.float64)
+    sel = np.ones(t.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    denom = float(np.abs(t[sel]).mean()) if sel.any() else 0.0
+    if denom == 0.0:
+        return float("inf")
+    return float(np.abs(p[sel] - t[sel]).mean()) / denom
+
+
+_NUMBER_WORDS = {
+    "zero": "0",
+    "none": "0",
+    "no nodules": "0",
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+}
+
+
+def normalize_answer(text: str) -> str:
+    """Lower-case, strip punctuation and articles, spell numbers as digits.
+
+    ``" Yes."`` -> ``"yes"``, ``"Two"`` -> ``"2"``, ``"the Left lung"`` -> ``"left lung"``.
+    """
+    t = str(text).strip().lower()
+    t = re.sub(r"[^\w\s]", " ", t)
+    t = re.sub(r"\b(a|an|the)\b", " ", t)
+    t = re.sub(r"\s+", " ", t).strip()
+    return _NUMBER_WORDS.get(t, t)
+
+
+def exact_match(pred: str, truth: str) -> float:
+    """1.0 when the normalized answers are equal, else 0.0."""
+    return 1.0 if normalize_answer(pred) == normalize_answer(truth) else 0.0
+
+
+def finding_f1(
+    pred: Sequence[tuple[str, float]],
+    truth: Sequence[tuple[str, float]],
+    abs_tol_mm: float = 2.0,
+    rel_tol: float = 0.15,
+) -> tuple[float, float]:
+    """F1 of reported findings and the accuracy of their sizes.
+
+    Args:
+        pred: ``(location, size_mm)`` per reported finding.
+        truth: ``(location, size_mm)`` per true finding.
+        abs_tol_mm: a size is right when within this many mm ...
+        rel_tol: ... or within this fraction of the true size, whichever is larger.
+
+    Findings match one to one when their locations are equal; within a location the
+    closest sizes pair first. Returns ``(f1, size_accuracy)``: F1 of the matching, and
+    the fraction of true findings matched with a size within tolerance. With no true
+    and no reported findings both are 1.0.
+    """
+    if not truth and not pred:
+        return 1.0, 1.0
+    tp = 0
+    sized = 0
+    for loc in {loc for loc, _ in truth}:
+        t_sizes = sorted(s for lo, s in truth if lo == loc)
+        p_sizes = [s for lo, s in pred if lo == loc]
+        for ts in t_sizes:
+            if not p_sizes:
+                break
+            k = int(np.argmin([abs(ps - ts) for ps in p_sizes]))
+            ps = p_sizes.pop(k)
+            tp += 1
+            if abs(ps - ts) <= max(abs_tol_mm, rel_tol * ts):
+                sized += 1
+    f1 = 2 * tp / (len(pred) + len(truth))
+    return float(f1), float(sized / len(truth)) if truth else 1.0

@@ -1,0 +1,149 @@
+"""MedBenchLite: the :class:`~bat_gym.benchmark.Benchmark` over the seven tracks."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from bat_gym.benchmark import Benchmark, Split, TeacherTurn
+from bat_gym.envs.medbench_lite import teacher
+from bat_gym.envs.medbench_lite.formats import npz_bytes
+from bat_gym.envs.medbench_lite.models import model_source
+from bat_gym.envs.medbench_lite.spec import SPEC
+from bat_gym.envs.medbench_lite.tracks import get_track
+from bat_gym.envs.medbench_lite.tracks.base import STAGE_ARTIFACTS, Draw
+from bat_gym.rubrics.workspace import FrozenWorkspace
+from bat_gym.spec import Task
+
+__all__ = ["MedBenchLite"]
+
+_CACHE_SIZE = 16
+
+
+class MedBenchLite(Benchmark):
+    """MedBench-Lite: synthetic imaging tasks generated on the spot from a seed.
+
+    Draws are cached (the last few tasks) because one episode asks for the same task's
+    files, answers and score several times; a draw is a pure function of its key.
+    """
+
+    spec = SPEC
+
+    def __init__(self) -> None:
+        self._draws: OrderedDict[tuple[str, int, str], Draw] = OrderedDict()
+
+    def draw(self, track: str, seed: int, split: Split) -> Draw:
+        """The generated task (files and answers) for ``(track, seed, split)``."""
+        key = (track, seed, split)
+        if key in self._draws:
+            self._draws.move_to_end(key)
+            return self._draws[key]
+        d = get_track(track).draw(seed, split)
+        self._draws[key] = d
+        while len(self._draws) > _CACHE_SIZE:
+            self._draws.popitem(last=False)
+        return d
+
+    def _task_draw(self, task: Task) -> Draw:
+        return self.draw(task.track, task.seed, task.split)
+
+    # -- Benchmark API ----------------------------------------------------------------
+
+    def make_task(self, track: str, seed: int, split: Split) -> Task:  # noqa: D102
+        self.spec.track(track)
+        rng = self.spec.splits.train if split == "train" else self.spec.splits.heldout
+        if seed not in rng:
+            raise ValueError(f"seed {seed} is not in the {split} range {rng.start}..{rng.stop - 1}")
+        d = self.draw(track, seed, split)
+        return Task(
+            task_id=self.task_id(track, seed, split),
+            benchmark=self.spec.name,
+            track=track,
+            seed=seed,
+            split=split,
+            tier=0 if split == "train" else 1,
+            card=get_track(track).card(),
+            params=dict(d.params),
+        )
+
+    def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102
+        dest = Path(dest)
+        d = self._task_draw(task)
+        tr = get_track(task.track)
+        for rel, data in sorted(d.files.items()):
+            p = dest / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+        (dest / "model").mkdir(exist_ok=True)
+        (dest / "model" / "weights.npz").write_bytes(npz_bytes(d.weights))
+        (dest / "model" / "infer_lib.py").write_text(model_source(task.track), encoding="utf-8")
+        (dest / "model" / "MODEL_CARD.md").write_text(d.model_card, encoding="utf-8")
+        meta = {
+            "benchmark": self.spec.name,
+            "version": self.spec.version,
+            "task_id": task.task_id,
+            "track": task.track,
+            "metric": tr.metric,
+            **{k: v for k, v in d.task_json.items() if k != "submission"},
+            "model": {
+                "weights": "model/weights.npz",
+                "card": "model/MODEL_CARD.md",
+                "entry_point": "model/infer_lib.py",
+            },
+            "artifacts": {s: list(a) for s, a in STAGE_ARTIFACTS.items()},
+            "receipt": {
+                "schema_version": 1,
+                "fields": ["schema_version", "stage", "artifact", "sha256"],
+            },
+            "submission": {"file": "outputs/submission.csv", **d.task_json["submission"]},
+        }
+        (dest / "task.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        (dest / "TASK.md").write_text(_task_md(task, d), encoding="utf-8")
+
+    def private_answers(self, task: Task) -> dict[str, Any]:  # noqa: D102
+        return dict(self._task_draw(task).answers)
+
+    def teacher_turns(self, task: Task, outcome: str = "success") -> list[TeacherTurn]:
+        """The scripted careful engineer for ``task``.
+
+        Args:
+            task: the task.
+            outcome: ``success``; ``recovery`` (the track's realistic mistake is made,
+                caught by the S3 quality check and fixed); ``failure`` (the mistake
+                is made and a shape-only check lets it through).
+        """
+        return teacher.teacher_turns(get_track(task.track).recipe(), outcome)
+
+    def naive_turns(self, task: Task) -> list[TeacherTurn]:
+        """A naive baseline: no validation, the model's output in its default convention."""
+        return teacher.naive_turns(get_track(task.track).recipe())
+
+    def task_score(self, task: Task, workspace: FrozenWorkspace) -> float | None:
+        """The track metric of the frozen submission, in ``[0, 1]``.
+
+        The track readers need real files (NIfTI, DICOM, PNG), so the frozen snapshot is
+        written to a private directory first. A missing or malformed submission, or one
+        missing a case, scores 0.0.
+        """
+        with workspace.as_directory() as directory:
+            return self.score_directory(task, directory)
+
+    def score_directory(self, task: Task, workspace_dir: Path) -> float | None:
+        """The track metric of the submission in a plain directory, in ``[0, 1]``."""
+        return get_track(task.track).score(self._task_draw(task), Path(workspace_dir))
+
+
+def _task_md(task: Task, d: Draw) -> str:
+    stages = "\n".join(
+        f"- {s.id} {s.name}: " + ", ".join(f"`{a}`" for a in s.artifacts) for s in SPEC.stages
+    )
+    return (
+        f"# MedBench-Lite: {task.track}\n\n{d.task_md.strip()}\n\n"
+        "## Stages and artifacts\n"
+        f"{stages}\n\n"
+        "`plan/plan.md` has the sections `## Preprocess`, `## Inference`, `## Postprocess`. "
+        'Each receipt is JSON: `{"schema_version": 1, "stage": "S3", "artifact": "<path>", '
+        '"sha256": "<real sha256 of the artifact>", ...}`.\n'
+    )

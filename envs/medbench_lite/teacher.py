@@ -1,0 +1,320 @@
+"""The scripted teacher and the naive baseline, built from a track's recipe.
+
+Every track works through the same five stages with the same receipts; what differs is
+the code that inspects the data, the pipeline, and the pilot's quality check. A track
+supplies those as a :class:`Recipe` (code strings that run inside the sandbox) and
+:func:`teacher_turns` assembles them into turns:
+
+* S1: read TASK.md and the model card, then write ``plan/plan.md``.
+* S2: record the environment and data compatibility, pin and smoke-test the model,
+  write ``pipeline/infer.py``.
+* S3: run the pipeline on one case and check the result against domain facts.
+* S4: run every case; S5: write the submission in the task's schema; then finish.
+
+Outcomes: ``success`` writes the correct pipeline in S2 and its pilot passes;
+``recovery`` writes the pipeline with the track's realistic mistake, the S3 quality
+check fails on it, and the next turn fixes the pipeline and reruns the pilot;
+``failure`` keeps the mistake and validates with a shape-only check that cannot see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bat_gym.benchmark import TeacherTurn
+from bat_gym.protocol import ToolCall
+
+__all__ = ["Recipe", "RECEIPT", "teacher_turns", "naive_turns", "python_call", "bash_call"]
+
+RECEIPT = '''
+import hashlib, json, os
+
+def receipt(stage, artifact, path, **extra):
+    """Write a stage receipt: the artifact's real sha256 plus what the stage checked."""
+    digest = hashlib.sha256(open(artifact, "rb").read()).hexdigest()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"schema_version": 1, "stage": stage, "artifact": artifact,
+                   "sha256": digest, **extra}, f, indent=2,
+                  default=lambda o: o.item() if hasattr(o, "item") else str(o))
+'''.strip()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A track's part of the teacher: code that runs in the sandbox, and what it says.
+
+    Attributes:
+        plan: text of the three plan sections (preprocess, inference, postprocess).
+        inspect: python that opens every input and sets ``compat`` (a JSON-able dict).
+        smoke: python that runs ``infer_lib`` (weights in ``W``) once on a tiny input
+            and sets ``smoke`` (a JSON-able dict).
+        pipeline: the correct ``pipeline/infer.py``.
+        pipeline_bug: the same pipeline with the track's realistic mistake.
+        naive_pipeline: what the naive baseline runs (the model's default convention).
+        pilot: python that picks one case, runs ``infer.run`` on it into
+            ``validation/pilot.csv`` and sets ``case_id`` and ``checks``
+            (name -> {"value", "expect", "ok"}).
+        weak_pilot: like ``pilot`` but checking only shapes and formats.
+        out_dir: where full inference writes per-case outputs.
+        submit_check: python that reads ``rows`` (the submission rows in case order)
+            and appends what is wrong to ``problems``.
+        says: the teacher's words per turn: keys ``inspect``, ``pipeline``,
+            ``pipeline_bug`` (the same turn when the mistake goes in), ``pilot``,
+            ``bug_seen`` (what the failed check means), ``fix``.
+    """
+
+    plan: tuple[str, str, str]
+    inspect: str
+    smoke: str
+    pipeline: str
+    pipeline_bug: str
+    naive_pipeline: str
+    pilot: str
+    weak_pilot: str
+    out_dir: str
+    submit_check: str
+    says: dict[str, str]
+
+
+def python_call(code: str) -> ToolCall:
+    """An execute_code call running python."""
+    return ToolCall(
+        name="execute_code", arguments={"language": "python", "code": code.strip() + "\n"}
+    )
+
+
+def bash_call(code: str) -> ToolCall:
+    """An execute_code call running bash."""
+    return ToolCall(
+        name="execute_code", arguments={"language": "bash", "code": code.strip() + "\n"}
+    )
+
+
+def _finish(summary: str) -> ToolCall:
+    return ToolCall(name="finish", arguments={"summary": summary})
+
+
+def _write_pipeline(source: str) -> ToolCall:
+    # A heredoc keeps the pipeline readable in the transcript (no escaped string).
+    return bash_call(
+        "mkdir -p pipeline\ncat > pipeline/infer.py <<'PIPELINE_EOF'\n"
+        + source.strip()
+        + "\nPIPELINE_EOF\nwc -l pipeline/infer.py"
+    )
+
+
+def _plan_call(plan: tuple[str, str, str]) -> ToolCall:
+    pre, inf, post = (p.strip() for p in plan)
+    body = (
+        "# Plan\n\n## Preprocess\n"
+        + pre
+        + "\n\n## Inference\n"
+        + inf
+        + "\n\n## Postprocess\n"
+        + post
+        + "\n"
+    )
+    return bash_call(
+        f"mkdir -p plan\ncat > plan/plan.md <<'PLAN_EOF'\n{body}PLAN_EOF\ngrep '^## ' plan/plan.md"
+    )
+
+
+_SETUP = """
+import importlib, json, os, platform, sys
+{receipt}
+
+os.makedirs("setup", exist_ok=True)
+versions = {{}}
+for name in ("numpy", "nibabel", "pydicom", "PIL"):
+    try:
+        versions[name] = importlib.import_module(name).__version__
+    except ImportError:
+        versions[name] = None
+with open("setup/environment.json", "w") as f:
+    json.dump({{"schema_version": 1, "stage": "S2", "python": platform.python_version(),
+               "packages": versions, "device": "cpu"}}, f, indent=2)
+print("packages:", versions)
+
+task = json.load(open("task.json"))
+case_ids = task["submission"]["case_ids"]
+{inspect}
+with open("setup/compatibility.json", "w") as f:
+    json.dump({{"schema_version": 1, "stage": "S2", **compat}}, f, indent=2)
+
+receipt("S2", "model/weights.npz", "model/checkpoint.json",
+        card="model/MODEL_CARD.md", entry_point="model/infer_lib.py")
+sys.path.insert(0, "model")
+import infer_lib
+W = infer_lib.load("model/weights.npz")
+{smoke}
+receipt("S2", "model/weights.npz", "setup/model_load.json",
+        loaded=True, parameters=sorted(W), smoke_test=smoke)
+print("model loaded:", sorted(W), "| smoke test:", smoke)
+"""
+
+_PILOT = """
+import csv, json, os, sys
+sys.path.insert(0, "pipeline")
+import infer
+{receipt}
+
+os.makedirs("validation", exist_ok=True)
+task = json.load(open("task.json"))
+case_ids = task["submission"]["case_ids"]
+{pilot}
+for name, c in checks.items():
+    print(("PASS" if c["ok"] else "FAIL"), name, "=", c["value"], "| expected", c["expect"])
+if not all(c["ok"] for c in checks.values()):
+    raise SystemExit("pilot on " + case_id + " failed its check; no S3 receipt written")
+receipt("S3", "validation/pilot.csv", "validation/s3_validation.json", case_id=case_id,
+        level={level!r}, checks=checks, passed=True)
+print("S3 receipt written for pilot case", case_id)
+"""
+
+_INFER = """
+import csv, json, os, sys
+sys.path.insert(0, "pipeline")
+import infer
+{receipt}
+
+task = json.load(open("task.json"))
+ids = task["submission"]["case_ids"]
+os.makedirs("outputs", exist_ok=True)
+rows = infer.run(ids, "outputs/predictions.csv", {out_dir!r})
+done = [r["id"] for r in rows]
+missing = [i for i in ids if i not in done]
+print(len(done), "of", len(ids), "cases predicted; missing:", missing)
+receipt("S4", "outputs/predictions.csv", "validation/s4_completion.json",
+        cases=len(ids), completed=len(done), missing=missing, output_dir={out_dir!r})
+"""
+
+_SUBMIT = """
+import csv, json, os
+{receipt}
+
+schema = json.load(open("task.json"))["submission"]
+cols, ids = schema["columns"], schema["case_ids"]
+pred = {{r["id"]: r for r in csv.DictReader(open("outputs/predictions.csv"))}}
+missing = [i for i in ids if i not in pred]
+assert not missing, f"cases missing from predictions: {{missing}}"
+rows = [{{c: pred[i][c] for c in cols}} for i in ids]
+problems = []
+{check}
+assert not problems, problems
+with open("outputs/submission.csv", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=cols, lineterminator="\\n")
+    w.writeheader()
+    w.writerows(rows)
+receipt("S5", "outputs/submission.csv", "validation/s5_submission.json",
+        rows=len(rows), columns=cols, format_valid=True)
+print("submission:", len(rows), "rows, columns", cols)
+"""
+
+_NAIVE_INFER = """
+import csv, json, os, sys
+sys.path.insert(0, "pipeline")
+import infer
+
+task = json.load(open("task.json"))
+ids = task["submission"]["case_ids"]
+os.makedirs("outputs", exist_ok=True)
+infer.run(ids, "outputs/predictions.csv", {out_dir!r})
+cols = task["submission"]["columns"]
+rows = list(csv.DictReader(open("outputs/predictions.csv")))
+with open("outputs/submission.csv", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore", lineterminator="\\n")
+    w.writeheader()
+    w.writerows(rows)
+print("submitted", len(rows), "rows")
+"""
+
+
+def teacher_turns(recipe: Recipe, outcome: str = "success") -> list[TeacherTurn]:
+    """The careful engineer's turns for one task, stage by stage, ending in finish."""
+    if outcome not in ("success", "recovery", "failure"):
+        raise ValueError(f"outcome must be success, recovery or failure, got {outcome!r}")
+    says = recipe.says
+    first_pipeline = recipe.pipeline if outcome == "success" else recipe.pipeline_bug
+    setup = _SETUP.format(
+        receipt=RECEIPT, inspect=recipe.inspect.strip(), smoke=recipe.smoke.strip()
+    )
+    full = _PILOT.format(
+        receipt=RECEIPT, pilot=recipe.pilot.strip(), level="one-case pilot + quality check"
+    )
+    weak = _PILOT.format(
+        receipt=RECEIPT, pilot=recipe.weak_pilot.strip(), level="one-case pilot, shape check"
+    )
+    turns = [
+        TeacherTurn(
+            "S1",
+            "First I read the task description and the model card.",
+            (bash_call("cat TASK.md"), bash_call("cat model/MODEL_CARD.md")),
+        ),
+        TeacherTurn(
+            "S1", "Writing the plan with the three required sections.", (_plan_call(recipe.plan),)
+        ),
+        TeacherTurn("S2", says["inspect"], (python_call(setup),)),
+        TeacherTurn(
+            "S2",
+            says["pipeline"] if outcome == "success" else says["pipeline_bug"],
+            (_write_pipeline(first_pipeline),),
+        ),
+    ]
+    if outcome == "failure":
+        turns.append(
+            TeacherTurn(
+                "S3",
+                "A one-case pilot to check that the pipeline runs and writes the expected output.",
+                (python_call(weak),),
+            )
+        )
+    else:
+        turns.append(TeacherTurn("S3", says["pilot"], (python_call(full),)))
+        if outcome == "recovery":
+            turns.append(
+                TeacherTurn(
+                    "S3",
+                    says["bug_seen"] + " " + says["fix"],
+                    (_write_pipeline(recipe.pipeline), python_call(full)),
+                )
+            )
+    turns += [
+        TeacherTurn(
+            "S4",
+            "The pilot is validated; running every case.",
+            (python_call(_INFER.format(receipt=RECEIPT, out_dir=recipe.out_dir)),),
+        ),
+        TeacherTurn(
+            "S5",
+            "Writing the submission in the task's schema and checking it.",
+            (python_call(_SUBMIT.format(receipt=RECEIPT, check=recipe.submit_check.strip())),),
+        ),
+        TeacherTurn(
+            "S5",
+            "All five stages are done.",
+            (
+                _finish(
+                    "Planned, set up, validated on one case, ran all cases and submitted outputs/submission.csv."
+                ),
+            ),
+        ),
+    ]
+    return turns
+
+
+def naive_turns(recipe: Recipe) -> list[TeacherTurn]:
+    """The naive baseline: no validation; the model's output as it comes, submitted."""
+    return [
+        TeacherTurn(
+            "S2",
+            "Writing an inference script that calls the model.",
+            (_write_pipeline(recipe.naive_pipeline),),
+        ),
+        TeacherTurn(
+            "S4",
+            "Running it on every case and submitting.",
+            (python_call(_NAIVE_INFER.format(out_dir=recipe.out_dir)),),
+        ),
+        TeacherTurn("S5", "Done.", (_finish("Submitted the model's outputs."),)),
+    ]

@@ -1,0 +1,154 @@
+"""What every MedBench-Lite track provides, and the helpers they share.
+
+A track turns ``(seed, split)`` into a :class:`Draw`: every public file as bytes, the
+private answers, and the track's part of ``task.json``. It scores a workspace against
+those answers and hands the teacher its :class:`~bat_gym.envs.medbench_lite.teacher.Recipe`.
+"""
+
+from __future__ import annotations
+
+import csv
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from bat_gym.envs.medbench_lite.teacher import Recipe
+
+__all__ = [
+    "Split",
+    "Draw",
+    "TrackBase",
+    "read_submission",
+    "resolve_output",
+    "uniform",
+    "case_ids",
+    "STAGE_ARTIFACTS",
+]
+
+Split = Literal["train", "heldout"]
+
+STAGE_ARTIFACTS: dict[str, tuple[str, ...]] = {
+    "S1": ("plan/plan.md",),
+    "S2": (
+        "setup/environment.json",
+        "setup/compatibility.json",
+        "model/checkpoint.json",
+        "setup/model_load.json",
+        "pipeline/infer.py",
+    ),
+    "S3": ("validation/pilot.csv", "validation/s3_validation.json"),
+    "S4": ("outputs/predictions.csv", "validation/s4_completion.json"),
+    "S5": ("outputs/submission.csv", "validation/s5_submission.json"),
+}
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One generated task: public bytes, private answers, public description.
+
+    Attributes:
+        case_ids: the ids the submission must cover, in order.
+        params: public generator parameters (recorded in ``Task.params``).
+        files: public files by workspace-relative path (``data/...``), as bytes.
+        weights: the model parameters written to ``model/weights.npz``.
+        model_card: text of ``model/MODEL_CARD.md``.
+        task_md: the track-specific body of ``TASK.md``.
+        task_json: the track's entries of ``task.json`` (inputs, output, columns).
+        answers: private: what the metric needs; never written to the workspace.
+    """
+
+    case_ids: tuple[str, ...]
+    params: dict[str, Any]
+    files: dict[str, bytes]
+    weights: dict[str, np.ndarray]
+    model_card: str
+    task_md: str
+    task_json: dict[str, Any]
+    answers: dict[str, Any] = field(repr=False)
+
+
+class TrackBase(ABC):
+    """One MedBench-Lite track: generator, writer, answers, metric and teacher recipe.
+
+    ``ranges`` holds the parameters whose train and held-out ranges are disjoint:
+    ``{split: {name: (low, high)}}``; every draw records those parameters in
+    ``params`` so tests can check that a held-out task never uses a training value.
+    """
+
+    name: ClassVar[str]
+    metric: ClassVar[str]
+    description: ClassVar[str]
+    index: ClassVar[int]
+    ranges: ClassVar[dict[str, dict[str, tuple[float, float]]]]
+
+    def rng(self, seed: int, split: Split) -> np.random.Generator:
+        """The generator of one task: a pure function of track, seed and split."""
+        return np.random.default_rng([seed, self.index, 0 if split == "train" else 1])
+
+    @abstractmethod
+    def draw(self, seed: int, split: Split) -> Draw:
+        """Generate the task's files and answers."""
+
+    @abstractmethod
+    def score(self, draw: Draw, workspace: Path) -> float:
+        """The task metric of the submission in ``workspace`` (0.0 if it is unusable)."""
+
+    @abstractmethod
+    def recipe(self) -> Recipe:
+        """The track's part of the scripted teacher."""
+
+    def card(self) -> str:
+        """The task text shown to the agent."""
+        return (
+            f"MedBench-Lite {self.name} task: {self.description} The inputs are in data/, a "
+            "pretrained model is in model/ (read model/MODEL_CARD.md), and task.json names the "
+            "output format and the case ids. Work through the five stages (plan, setup, validate, "
+            "infer, submit), writing each stage's artifacts, and submit outputs/submission.csv. "
+            "Read TASK.md first."
+        )
+
+
+def uniform(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
+    """A float drawn uniformly from ``[low, high)``, rounded for readable params."""
+    return float(np.round(rng.uniform(*bounds), 4))
+
+
+def case_ids(rng: np.random.Generator, prefix: str, n: int) -> tuple[str, ...]:
+    """``n`` distinct opaque case ids such as ``ct_0412``, sorted."""
+    nums = rng.choice(10_000, size=n, replace=False)
+    return tuple(sorted(f"{prefix}_{int(k):04d}" for k in nums))
+
+
+def read_submission(workspace: Path, draw: Draw) -> dict[str, dict[str, str]] | None:
+    """The submission rows by id, or None when the file is unusable.
+
+    Unusable: missing, not CSV, ``id`` not the first column, a required column absent,
+    or any required case id missing (a missing case makes the task score 0).
+    """
+    path = Path(workspace) / "outputs" / "submission.csv"
+    cols = draw.task_json["submission"]["columns"]
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames or []
+            rows = {r.get("id", ""): r for r in reader}
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    if not header or header[0] != "id" or not set(cols) <= set(header):
+        return None
+    if any(i not in rows for i in draw.case_ids):
+        return None
+    return rows
+
+
+def resolve_output(workspace: Path, relpath: str) -> Path | None:
+    """A submission-referenced file inside the workspace, or None if it escapes it."""
+    base = Path(workspace).resolve()
+    try:
+        p = (base / relpath).resolve()
+    except (OSError, RuntimeError):
+        return None
+    return p if p.is_relative_to(base) and p.is_file() else None

@@ -1,0 +1,341 @@
+"""Classification track: focal lung opacity on chest radiographs (DICOM).
+
+Each case is a DICOM radiograph with a per-file RescaleSlope/RescaleIntercept, and
+about half are stored MONOCHROME1 (high stored value = dark).
+
+TRAP (photometric inversion and rescale): the model wants modality values in the
+MONOCHROME2 sense. Fed ``pixel_array`` as stored, rescaled files and MONOCHROME1 files
+give the wrong features; MONOCHROME1 opacities, which the model sees as dark spots, are
+all missed. A pilot on a MONOCHROME1 file that checks the lungs come out darker than
+the mediastinum and the values stay in 0..4095 catches it.
+Metric: balanced accuracy of the submitted labels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bat_gym.envs.medbench_lite import metrics
+from bat_gym.envs.medbench_lite.formats import dicom_bytes
+from bat_gym.envs.medbench_lite.teacher import Recipe
+from bat_gym.envs.medbench_lite.tracks.base import (
+    Draw,
+    Split,
+    TrackBase,
+    case_ids,
+    read_submission,
+    uniform,
+)
+
+__all__ = ["Classification"]
+
+_RESCALES = ((1.0, 0.0), (1.0, -1024.0), (0.5, 0.0), (2.0, -1024.0))
+FULL_SCALE = 4095.0
+
+MODEL_CARD = """# Model card: opacity-linear v2.0
+
+Frontal chest radiograph -> focal lung opacity present (1) or not (0).
+Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
+
+## Input convention
+- `values`: 2D array of **modality values**: stored pixels after RescaleSlope and
+  RescaleIntercept (pydicom: `pydicom.pixels.apply_modality_lut`).
+- **MONOCHROME2 sense**, full scale 4095: 0 = no attenuation (black), 4095 = white.
+  Lungs are dark, mediastinum bright. MONOCHROME1 files store inverted values
+  (high = dark): convert with `4095 - value` first.
+
+## Output
+`classify(values, W)` -> `(label, p_opacity)`. Report confidence = max(p, 1 - p).
+
+## Expected behaviour
+Over `lung_roi(shape, W)` the mean is about 500-1300; the central mediastinum strip
+(middle 10% of the columns) about 1900-2700.
+
+## Usage
+    W = infer_lib.load("model/weights.npz")
+    label, p = infer_lib.classify(values, W)
+"""
+
+TASK_MD = """Classify every chest radiograph in `data/images/` (`<id>.dcm`, DICOM; case ids in
+task.json): 1 = focal lung opacity, 0 = none.
+
+Submission: `outputs/submission.csv` with columns `id,label,confidence`, one row per
+case id; label is 0 or 1, confidence the probability of the given label (0.5-1).
+Metric: balanced accuracy. A missing case scores the task 0.
+"""
+
+PIPELINE = '''
+"""Opacity classification for every case: run(ids, out_csv, out_dir)."""
+import csv, json, os, sys
+
+import numpy as np
+import pydicom
+from pydicom.pixels import apply_modality_lut
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "model"))
+import infer_lib
+
+W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
+FIELDS = ["id", "label", "confidence", "p_opacity"]
+
+
+def model_input(path):
+    """The image as the model wants it."""
+    ds = pydicom.dcmread(path)
+__INPUT__
+
+
+def run(ids, out_csv, out_dir=None):
+    rows = []
+    for cid in ids:
+        label, p = infer_lib.classify(model_input(os.path.join(ROOT, "data", "images", cid + ".dcm")), W)
+        rows.append({"id": cid, "label": label, "confidence": round(float(max(p, 1 - p)), 4), "p_opacity": round(float(p), 4)})
+    with open(out_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
+    run(ids, sys.argv[1], sys.argv[2])
+'''
+
+_INPUT_GOOD = """    values = apply_modality_lut(ds.pixel_array, ds).astype(np.float64)
+    if ds.PhotometricInterpretation == "MONOCHROME1":
+        values = float(W["full_scale"]) - values  # stored inverted: high = dark
+    return values"""
+
+_INPUT_BUG = """    return apply_modality_lut(ds.pixel_array, ds).astype(np.float64)"""
+
+_INPUT_NAIVE = """    return ds.pixel_array.astype(np.float64)"""
+
+INSPECT = """
+import pydicom
+cases = {}
+for i in case_ids:
+    ds = pydicom.dcmread(f"data/images/{i}.dcm")
+    cases[i] = {"shape": [int(ds.Rows), int(ds.Columns)], "photometric": str(ds.PhotometricInterpretation),
+                "slope": float(ds.get("RescaleSlope", 1)), "intercept": float(ds.get("RescaleIntercept", 0))}
+mono1 = [i for i, c in cases.items() if c["photometric"] == "MONOCHROME1"]
+rescaled = [i for i, c in cases.items() if (c["slope"], c["intercept"]) != (1.0, 0.0)]
+compat = {"input_format": "DICOM", "readable": len(cases), "expected": len(case_ids), "cases": cases,
+          "model_input": "modality values, MONOCHROME2 sense, 0..4095 (model card)",
+          "monochrome1": mono1, "rescaled": rescaled}
+print(len(cases), "of", len(case_ids), "files readable")
+print("MONOCHROME1 (inverted):", mono1)
+print("rescale (slope, intercept) values:", sorted({(c["slope"], c["intercept"]) for c in cases.values()}))
+"""
+
+SMOKE = """
+import numpy as np
+flat = np.full((64, 64), 800.0)
+label, p = infer_lib.classify(flat, W)
+smoke = {"input": "flat 64x64 image at 800", "label": label, "p_opacity": round(p, 4)}
+"""
+
+PILOT = """
+import numpy as np
+import pydicom
+# Pilot the riskiest file: MONOCHROME1 with a non-trivial rescale if there is one.
+def risk(i):
+    ds = pydicom.dcmread(f"data/images/{i}.dcm")
+    return (ds.PhotometricInterpretation == "MONOCHROME1") * 2 + ((float(ds.RescaleSlope), float(ds.RescaleIntercept)) != (1.0, 0.0))
+case_id = max(case_ids, key=risk)
+rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
+v = infer.model_input(f"data/images/{case_id}.dcm")
+roi = infer.infer_lib.lung_roi(v.shape, infer.W)
+c0, c1 = int(v.shape[1] * 0.45), int(v.shape[1] * 0.55)
+lung, mediastinum = float(v[roi].mean()), float(v[:, c0:c1].mean())
+ds = pydicom.dcmread(f"data/images/{case_id}.dcm")
+print("pilot", case_id, ds.PhotometricInterpretation, "slope", ds.RescaleSlope, "intercept", ds.RescaleIntercept, "->", rows[0])
+checks = {
+    "model input within 0..4095": {"value": [round(float(v.min())), round(float(v.max()))], "expect": "0..4095",
+                                   "ok": bool(v.min() >= -50 and v.max() <= 4145)},
+    "lung ROI mean (card: 500-1300)": {"value": round(lung), "expect": "500-1300", "ok": bool(500 <= lung <= 1300)},
+    "lungs darker than mediastinum": {"value": round(mediastinum - lung), "expect": "> 600", "ok": bool(mediastinum - lung > 600)},
+    "label and confidence valid": {"value": [rows[0]["label"], rows[0]["confidence"]], "expect": "label 0/1, confidence 0.5-1",
+                                   "ok": rows[0]["label"] in (0, 1) and 0.5 <= rows[0]["confidence"] <= 1},
+}
+"""
+
+WEAK_PILOT = """
+case_id = case_ids[0]
+rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
+print("pilot", case_id, "->", rows[0])
+checks = {"one row with id,label,confidence": {"value": sorted(rows[0]), "expect": "id, label, confidence",
+                                              "ok": len(rows) == 1 and {"id", "label", "confidence"} <= set(rows[0])}}
+"""
+
+SUBMIT_CHECK = """
+for r in rows:
+    if r["label"] not in ("0", "1"):
+        problems.append(r["id"] + ": label must be 0 or 1")
+    if not 0.0 <= float(r["confidence"]) <= 1.0:
+        problems.append(r["id"] + ": confidence outside 0..1")
+"""
+
+
+class Classification(TrackBase):
+    """Opacity classification on DICOM radiographs with rescale and MONOCHROME1."""
+
+    name = "classification"
+    metric = "balanced_accuracy"
+    description = "Classify chest radiographs (DICOM) for a focal lung opacity."
+    index = 1
+    ranges = {
+        "train": {"noise": (40.0, 80.0), "image_px": (60.0, 68.0)},
+        "heldout": {"noise": (90.0, 130.0), "image_px": (76.0, 84.0)},
+    }
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The model's parameters (the same for every task)."""
+        return {
+            "full_scale": np.array(FULL_SCALE),
+            "roi_ellipses": np.array([[0.45, 0.30, 0.21, 0.09], [0.45, 0.70, 0.21, 0.09]]),
+            "coef": np.array([40.0, 20.0]),
+            "bias": np.array(-9.8),
+        }
+
+    def _image(
+        self, rng: np.random.Generator, size: int, noise: float, opacity: bool
+    ) -> np.ndarray:
+        """Modality values (MONOCHROME2 sense) of one synthetic radiograph."""
+        r = (np.arange(size) + 0.5) / size
+        rr, cc = np.meshgrid(r, r, indexing="ij")
+        m = np.full((size, size), 150.0)
+        m[:, int(0.06 * size) : int(np.ceil(0.94 * size))] = rng.uniform(2200, 2400)
+        lungs = []
+        for side in (0.30, 0.70):
+            c = (0.45 + rng.uniform(-0.02, 0.02), side + rng.uniform(-0.015, 0.015))
+            a = (rng.uniform(0.25, 0.29), rng.uniform(0.12, 0.14))
+            inside = ((rr - c[0]) / a[0]) ** 2 + ((cc - c[1]) / a[1]) ** 2 <= 1.0
+            m[inside] = rng.uniform(720, 880)
+            lungs.append((c, a))
+        if opacity:
+            (c, a) = lungs[int(rng.integers(0, 2))]
+            t = rng.uniform(0, 2 * np.pi)
+            rho = rng.uniform(0, 0.5)
+            oc = (c[0] + rho * a[0] * 0.8 * np.sin(t), c[1] + rho * a[1] * 0.8 * np.cos(t))
+            sigma = rng.uniform(0.045, 0.07)
+            m += rng.uniform(900, 1300) * np.exp(
+                -((rr - oc[0]) ** 2 + (cc - oc[1]) ** 2) / (2 * sigma**2)
+            )
+        # Soft anatomical edges, then quantum noise.
+        k = np.ones(3) / 3
+        m = np.apply_along_axis(lambda v: np.convolve(v, k, mode="same"), 0, m)
+        m = np.apply_along_axis(lambda v: np.convolve(v, k, mode="same"), 1, m)
+        return np.clip(m + rng.normal(0, noise, m.shape), 0, FULL_SCALE)
+
+    def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
+        rng = self.rng(seed, split)
+        rg = self.ranges[split]
+        noise = uniform(rng, rg["noise"])
+        size = int(rng.integers(int(rg["image_px"][0]), int(rg["image_px"][1]) + 1))
+        n = int(rng.integers(12, 17)) if split == "train" else int(rng.integers(16, 21))
+        ids = case_ids(rng, "cxr", n)
+        pos = int(rng.integers(n // 2 - 1, n // 2 + 2))
+        labels = np.array([1] * pos + [0] * (n - pos))
+        rng.shuffle(labels)
+        mono1 = rng.random(n) < 0.5
+        # Keep the trap live in both classes: MONOCHROME1 normals and opacities.
+        for cls, least in ((0, 2), (1, 1)):
+            members = np.nonzero(labels == cls)[0]
+            short = least - int(mono1[members].sum())
+            if short > 0:
+                mono1[rng.choice(members[~mono1[members]], size=short, replace=False)] = True
+        files = {}
+        meta = {}
+        for k, cid in enumerate(ids):
+            m = self._image(rng, size, noise, bool(labels[k]))
+            slope, inter = _RESCALES[int(rng.integers(0, len(_RESCALES)))]
+            value = FULL_SCALE - m if mono1[k] else m
+            stored = np.rint((value - inter) / slope)
+            files[f"data/images/{cid}.dcm"] = dicom_bytes(
+                stored,
+                uid_parts=("medbench_lite", self.name, split, seed, cid),
+                photometric="MONOCHROME1" if mono1[k] else "MONOCHROME2",
+                slope=slope,
+                intercept=inter,
+                pixel_spacing=(round(430.0 / size, 3), round(430.0 / size, 3)),
+                modality="DX",
+                patient_id=cid.upper(),
+                study_date=f"2024{1 + k % 12:02d}{1 + (seed + k) % 28:02d}",
+                extra={"BodyPartExamined": "CHEST", "ViewPosition": "PA"},
+            )
+            meta[cid] = {
+                "photometric": "MONOCHROME1" if mono1[k] else "MONOCHROME2",
+                "slope": slope,
+            }
+        task_json = {
+            "inputs": {"format": "DICOM", "dir": "data/images", "pattern": "{id}.dcm"},
+            "output": {
+                "kind": "csv_labels",
+                "labels": {"0": "no focal opacity", "1": "focal lung opacity"},
+                "confidence": "probability of the submitted label, 0.5-1",
+            },
+            "submission": {"columns": ["id", "label", "confidence"], "case_ids": list(ids)},
+        }
+        return Draw(
+            case_ids=ids,
+            params={"cases": n, "noise": noise, "image_px": size, "monochrome1": int(mono1.sum())},
+            files=files,
+            weights=self.weights(),
+            model_card=MODEL_CARD,
+            task_md=TASK_MD,
+            task_json=task_json,
+            answers={"labels": {cid: int(v) for cid, v in zip(ids, labels, strict=True)}},
+        )
+
+    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
+        rows = read_submission(workspace, draw)
+        if rows is None:
+            return 0.0
+        truth, pred = [], []
+        for cid in draw.case_ids:
+            truth.append(draw.answers["labels"][cid])
+            try:
+                pred.append(int(float(rows[cid]["label"])))
+            except (TypeError, ValueError):
+                pred.append(-1)
+        return metrics.balanced_accuracy(truth, pred)
+
+    def recipe(self) -> Recipe:  # noqa: D102
+        return Recipe(
+            plan=(
+                "Read every data/images/<id>.dcm with pydicom and record PhotometricInterpretation and "
+                "RescaleSlope/RescaleIntercept. The model card wants modality values (apply_modality_lut) "
+                "in MONOCHROME2 sense, 0..4095: MONOCHROME1 files are inverted with 4095 - value.",
+                "pipeline/infer.py calls infer_lib.classify(values, W) per image. Validate on one "
+                "MONOCHROME1 file with a rescale: lungs must be darker than the mediastinum and the ROI "
+                "mean within the card's 500-1300.",
+                "Confidence = max(p, 1 - p). Write outputs/predictions.csv, then outputs/submission.csv "
+                "(id,label,confidence) in task.json order with integer labels, each with a receipt.",
+            ),
+            inspect=INSPECT,
+            smoke=SMOKE,
+            pipeline=PIPELINE.replace("__INPUT__", _INPUT_GOOD),
+            pipeline_bug=PIPELINE.replace("__INPUT__", _INPUT_BUG),
+            naive_pipeline=PIPELINE.replace("__INPUT__", _INPUT_NAIVE),
+            pilot=PILOT,
+            weak_pilot=WEAK_PILOT,
+            out_dir="outputs",
+            submit_check=SUBMIT_CHECK,
+            says={
+                "inspect": "Recording the environment, reading every DICOM header (photometric "
+                "interpretation, rescale), then pinning and smoke-testing the model.",
+                "pipeline": "Some files are MONOCHROME1 and most are rescaled, so the pipeline applies the "
+                "modality LUT and inverts MONOCHROME1 to the model's MONOCHROME2 convention.",
+                "pipeline_bug": "Writing the pipeline: read each DICOM, apply the rescale, classify.",
+                "pilot": "Pilot on the riskiest file (MONOCHROME1 with a rescale), checking the model's "
+                "input against the anatomy the card describes.",
+                "bug_seen": "The pilot's lungs come out brighter than the mediastinum: this MONOCHROME1 "
+                "file stores inverted values, and the pipeline fed them to the model as they are.",
+                "fix": "Inverting MONOCHROME1 files (4095 - value) after the rescale, then rerunning the "
+                "pilot.",
+            },
+        )

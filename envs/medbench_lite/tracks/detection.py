@@ -1,0 +1,359 @@
+"""Detection track: bright focal lesions on 2D images stored as PNG or DICOM.
+
+Each case is one grayscale image (8-bit PNG or 16-bit DICOM) with 0-3 round lesions on
+a textured background with noise.
+
+TRAP (row/column versus x/y): the model returns boxes in numpy order ``(row_min,
+col_min, row_max, col_max)``; the submission wants ``[x0, y0, x1, y1]`` with x the
+column. Submitted as the model gives them, boxes are transposed and miss. A pilot that
+checks the submitted box actually covers a bright blob catches it.
+Metric: single-class average precision at IoU 0.5 over all images (mAP@0.5).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from bat_gym.envs.medbench_lite import metrics
+from bat_gym.envs.medbench_lite.formats import dicom_bytes, png_bytes
+from bat_gym.envs.medbench_lite.teacher import Recipe
+from bat_gym.envs.medbench_lite.tracks.base import (
+    Draw,
+    Split,
+    TrackBase,
+    case_ids,
+    read_submission,
+    resolve_output,
+    uniform,
+)
+
+__all__ = ["Detection"]
+
+MODEL_CARD = """# Model card: blob-detector v0.9
+
+Finds bright focal lesions (4-10 px radius) on 2D grayscale images.
+Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
+
+## Input convention
+- `image`: 2D float array in [0, 1] (8-bit PNG / 255; DICOM modality value / 4095).
+  Integer-range arrays are scaled automatically.
+
+## Output
+A list of `{"box_rc": [row_min, col_min, row_max, col_max], "score": s}`, sorted by
+score. Boxes are in **numpy (row, column) order**, half-open pixel edges: the
+lesion covers `image[row_min:row_max, col_min:col_max]`. Convert to whatever box
+convention your consumer expects.
+
+## Expected behaviour
+Inside a box the mean intensity is well above the image median (a lesion is at
+least 0.2 brighter than its surroundings).
+
+## Usage
+    W = infer_lib.load("model/weights.npz")
+    detections = infer_lib.detect(image, W)
+"""
+
+TASK_MD = """Detect the lesions in every image of `data/images/` (`<id>.png` or `<id>.dcm`; case
+ids in task.json). An image may contain no lesion.
+
+Output per case: `outputs/detections/<id>.json` = `{"id": "<id>", "boxes": [[x0, y0, x1,
+y1, score], ...]}` in pixels, **x = column, y = row**, origin at the image's top-left
+corner, x1 > x0 and y1 > y0. Submission: `outputs/submission.csv` with columns
+`id,detections_file,n_boxes`, one row per case id.
+Metric: mAP@0.5 (single class, all images pooled). A missing case scores the task 0.
+"""
+
+PIPELINE = '''
+"""Lesion detection for every case: run(ids, out_csv, out_dir)."""
+import csv, json, os, sys
+
+import numpy as np
+import pydicom
+from PIL import Image
+from pydicom.pixels import apply_modality_lut
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "model"))
+import infer_lib
+
+W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
+FIELDS = ["id", "detections_file", "n_boxes"]
+
+
+def image_path(cid):
+    for ext in (".png", ".dcm"):
+        p = os.path.join(ROOT, "data", "images", cid + ext)
+        if os.path.exists(p):
+            return p
+    raise FileNotFoundError(cid)
+
+
+def load_image(path):
+    """The image as a float array in [0, 1]."""
+    if path.endswith(".png"):
+        return np.asarray(Image.open(path), dtype=np.float64) / 255.0
+    ds = pydicom.dcmread(path)
+    return apply_modality_lut(ds.pixel_array, ds).astype(np.float64) / 4095.0
+
+
+def boxes(image):
+    """Submission boxes [x0, y0, x1, y1, score]."""
+    out = []
+    for det in infer_lib.detect(image, W):
+        r0, c0, r1, c1 = det["box_rc"]
+__CONVERT__
+    return out
+
+
+def run(ids, out_csv, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for cid in ids:
+        found = boxes(load_image(image_path(cid)))
+        path = os.path.join(out_dir, cid + ".json")
+        with open(path, "w") as f:
+            json.dump({"id": cid, "boxes": found}, f)
+        rows.append({"id": cid, "detections_file": os.path.relpath(os.path.abspath(path), ROOT), "n_boxes": len(found)})
+    with open(out_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
+    run(ids, sys.argv[1], sys.argv[2])
+'''
+
+_CONVERT_GOOD = """        # The model gives (row, col) order; the submission wants x = column, y = row.
+        out.append([c0, r0, c1, r1, det["score"]])"""
+
+_CONVERT_BUG = """        out.append([r0, c0, r1, c1, det["score"]])"""
+
+INSPECT = """
+import numpy as np
+import pydicom
+from PIL import Image
+cases = {}
+for i in case_ids:
+    if os.path.exists(f"data/images/{i}.png"):
+        im = Image.open(f"data/images/{i}.png")
+        cases[i] = {"format": "PNG", "mode": im.mode, "shape": [im.height, im.width]}
+    else:
+        ds = pydicom.dcmread(f"data/images/{i}.dcm")
+        cases[i] = {"format": "DICOM", "photometric": str(ds.PhotometricInterpretation),
+                    "shape": [int(ds.Rows), int(ds.Columns)], "bits_stored": int(ds.BitsStored)}
+formats = sorted({c["format"] for c in cases.values()})
+compat = {"input_format": formats, "readable": len(cases), "expected": len(case_ids), "cases": cases,
+          "model_input": "float image in [0, 1]; boxes returned in (row, col) order (model card)",
+          "submission_boxes": "[x0, y0, x1, y1, score], x = column (TASK.md)"}
+print(len(cases), "of", len(case_ids), "images readable; formats:", {f: sum(c["format"] == f for c in cases.values()) for f in formats})
+print("shapes:", sorted({tuple(c["shape"]) for c in cases.values()}))
+"""
+
+SMOKE = """
+import numpy as np
+toy = np.full((48, 48), 0.3)
+rr, cc = np.mgrid[:48, :48]
+toy[(rr - 10) ** 2 + (cc - 30) ** 2 <= 25] = 0.8
+dets = infer_lib.detect(toy, W)
+smoke = {"input": "48x48, one disk at row 10, col 30", "detections": dets}
+"""
+
+PILOT = """
+import json
+import numpy as np
+# Pilot the image with the most conspicuous blob, so there is a box to check.
+def conspicuity(i):
+    x = infer.load_image(infer.image_path(i))
+    return float(infer_lib_box(x).max() - np.median(x))
+infer_lib_box = lambda x: infer.infer_lib.box_mean(x, 5)
+case_id = max(case_ids, key=conspicuity)
+rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
+x = infer.load_image(infer.image_path(case_id))
+found = json.load(open(rows[0]["detections_file"]))["boxes"]
+h, w = x.shape
+inside = all(0 <= b[0] < b[2] <= w and 0 <= b[1] < b[3] <= h for b in found)
+# Read each box the way the scorer will: x = column, y = row.
+contrast = [float(x[int(b[1]):int(np.ceil(b[3])), int(b[0]):int(np.ceil(b[2]))].mean() - np.median(x)) for b in found]
+print("pilot", case_id, "image", x.shape, "boxes", found)
+checks = {
+    "at least one box on the most conspicuous image": {"value": len(found), "expect": ">= 1", "ok": len(found) >= 1},
+    "boxes inside the image": {"value": inside, "expect": True, "ok": bool(inside)},
+    "box contrast over image median, read as [y0:y1, x0:x1] (weakest box)": {
+        "value": round(min(contrast), 3) if contrast else None, "expect": ">= 0.1 (card)",
+        "ok": bool(contrast) and min(contrast) >= 0.1},
+}
+"""
+
+WEAK_PILOT = """
+import json
+case_id = case_ids[0]
+rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
+found = json.load(open(rows[0]["detections_file"]))["boxes"]
+print("pilot", case_id, "boxes", found)
+checks = {"detections JSON has boxes of 5 numbers": {"value": len(found), "expect": "list of [x0, y0, x1, y1, score]",
+                                                     "ok": all(len(b) == 5 for b in found)}}
+"""
+
+SUBMIT_CHECK = """
+for r in rows:
+    d = json.load(open(r["detections_file"]))
+    if d.get("id") != r["id"] or not all(len(b) == 5 and b[2] > b[0] and b[3] > b[1] for b in d["boxes"]):
+        problems.append(r["id"] + ": detections file malformed")
+"""
+
+
+class Detection(TrackBase):
+    """Lesion detection on PNG/DICOM images with a (row, col) vs (x, y) trap."""
+
+    name = "detection"
+    metric = "map50"
+    description = "Detect focal lesions on 2D images (PNG or DICOM) with scored boxes."
+    index = 2
+    ranges = {
+        "train": {"noise": (0.015, 0.035), "image_px": (88.0, 100.0)},
+        "heldout": {"noise": (0.04, 0.055), "image_px": (112.0, 128.0)},
+    }
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The model's parameters (the same for every task)."""
+        return {
+            "inner": np.array(3),
+            "outer": np.array(31),
+            "threshold": np.array(0.08),
+            "min_area": np.array(8),
+            "pad": np.array(0.5),
+            "score_scale": np.array(0.5),
+        }
+
+    def _image(
+        self, rng: np.random.Generator, size: int, noise: float, n_lesions: int
+    ) -> tuple[np.ndarray, list]:
+        rr, cc = np.mgrid[:size, :size] + 0.5
+        x = np.full((size, size), rng.uniform(0.25, 0.35))
+        for _ in range(3):
+            k = rng.uniform(0.5, 2.0, size=2) * 2 * np.pi / size
+            x += rng.uniform(0.015, 0.04) * np.cos(
+                k[0] * rr + k[1] * cc + rng.uniform(0, 2 * np.pi)
+            )
+        boxes: list[list[float]] = []
+        centers: list[tuple[float, float, float]] = []
+        for _ in range(n_lesions):
+            for _try in range(100):
+                r = float(rng.uniform(4, 9))
+                cy, cx = rng.uniform(r + 3, size - r - 3, size=2)
+                if all((cy - y) ** 2 + (cx - xx) ** 2 > (r + r2 + 4) ** 2 for y, xx, r2 in centers):
+                    centers.append((float(cy), float(cx), r))
+                    break
+        for cy, cx, r in centers:
+            occ = np.clip(r + 0.5 - np.hypot(rr - cy, cc - cx), 0.0, 1.0)
+            x += rng.uniform(0.3, 0.5) * occ
+            boxes.append([round(cx - r, 2), round(cy - r, 2), round(cx + r, 2), round(cy + r, 2)])
+        x = np.clip(x + rng.normal(0, noise, x.shape), 0.0, 1.0)
+        return x, boxes
+
+    def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
+        rng = self.rng(seed, split)
+        rg = self.ranges[split]
+        noise = uniform(rng, rg["noise"])
+        size = int(rng.integers(int(rg["image_px"][0]), int(rg["image_px"][1]) + 1))
+        n = int(rng.integers(5, 8))
+        ids = case_ids(rng, "img", n)
+        counts = rng.integers(0, 4, size=n)
+        if counts.sum() < 3:
+            counts[int(rng.integers(0, n))] = 3
+        files, truths = {}, {}
+        for k, cid in enumerate(ids):
+            img, boxes = self._image(rng, size, noise, int(counts[k]))
+            truths[cid] = boxes
+            if rng.random() < 0.5:
+                files[f"data/images/{cid}.png"] = png_bytes(np.rint(img * 255).astype(np.uint8))
+            else:
+                files[f"data/images/{cid}.dcm"] = dicom_bytes(
+                    np.rint(img * 4095),
+                    uid_parts=("medbench_lite", self.name, split, seed, cid),
+                    modality="OT",
+                    patient_id=cid.upper(),
+                    study_date=f"2023{1 + k % 12:02d}{1 + (seed + k) % 28:02d}",
+                )
+        task_json = {
+            "inputs": {
+                "format": ["PNG", "DICOM"],
+                "dir": "data/images",
+                "pattern": "{id}.png or {id}.dcm",
+            },
+            "output": {
+                "kind": "json_boxes",
+                "dir": "outputs/detections",
+                "pattern": "{id}.json",
+                "schema": {"id": "<case id>", "boxes": "[[x0, y0, x1, y1, score], ...]"},
+                "box_convention": "pixels; x = column, y = row; origin top-left; x1 > x0, y1 > y0",
+            },
+            "submission": {"columns": ["id", "detections_file", "n_boxes"], "case_ids": list(ids)},
+        }
+        return Draw(
+            case_ids=ids,
+            params={"cases": n, "noise": noise, "image_px": size, "lesions": int(counts.sum())},
+            files=files,
+            weights=self.weights(),
+            model_card=MODEL_CARD,
+            task_md=TASK_MD,
+            task_json=task_json,
+            answers={"boxes": truths},
+        )
+
+    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
+        rows = read_submission(workspace, draw)
+        if rows is None:
+            return 0.0
+        preds = []
+        for cid in draw.case_ids:
+            path = resolve_output(workspace, rows[cid].get("detections_file", ""))
+            try:
+                data = json.loads(path.read_text()) if path else {}
+                for b in data.get("boxes", []):
+                    preds.append((cid, [float(v) for v in b[:4]], float(b[4])))
+            except (OSError, ValueError, TypeError, IndexError, AttributeError):
+                continue  # an unreadable detections file counts as no boxes
+        return metrics.average_precision(preds, draw.answers["boxes"], 0.5)
+
+    def recipe(self) -> Recipe:  # noqa: D102
+        return Recipe(
+            plan=(
+                "Read data/images/<id>.png with Pillow (/255) and <id>.dcm with pydicom "
+                "(apply_modality_lut, /4095) into float images in [0, 1], as the model card asks.",
+                "pipeline/infer.py calls infer_lib.detect(image, W). The model returns boxes in (row, col) "
+                "order; the submission wants [x0, y0, x1, y1] with x = column. Validate on the image with "
+                "the most conspicuous blob: each submitted box, read as [y0:y1, x0:x1], must cover a "
+                "bright lesion.",
+                "Write outputs/detections/<id>.json ({id, boxes}) for every case, outputs/predictions.csv, "
+                "then outputs/submission.csv (id,detections_file,n_boxes) in task.json order, with receipts.",
+            ),
+            inspect=INSPECT,
+            smoke=SMOKE,
+            pipeline=PIPELINE.replace("__CONVERT__", _CONVERT_GOOD),
+            pipeline_bug=PIPELINE.replace("__CONVERT__", _CONVERT_BUG),
+            naive_pipeline=PIPELINE.replace("__CONVERT__", _CONVERT_BUG),
+            pilot=PILOT,
+            weak_pilot=WEAK_PILOT,
+            out_dir="outputs/detections",
+            submit_check=SUBMIT_CHECK,
+            says={
+                "inspect": "Recording the environment, opening every image (PNG and DICOM), then pinning "
+                "and smoke-testing the model on a disk at a known row and column.",
+                "pipeline": "The model card says boxes come back in (row, col) order while the submission "
+                "wants x = column, so the pipeline swaps them into [x0, y0, x1, y1].",
+                "pipeline_bug": "Writing the pipeline: load each image in [0, 1], detect, write the boxes "
+                "with their scores.",
+                "pilot": "Pilot on the image with the most conspicuous blob; the check reads each box the "
+                "way the scorer will and requires a bright lesion inside it.",
+                "bug_seen": "The boxes, read as x = column, cover plain background: they are transposed. "
+                "The model returns (row, col) and the pipeline wrote them as (x, y).",
+                "fix": "Swapping to [col0, row0, col1, row1] in the pipeline, then rerunning the pilot.",
+            },
+        )

@@ -1,0 +1,466 @@
+"""Report track: structured CT chest reports of pulmonary nodules (NIfTI + metadata).
+
+Each case is a chest CT volume (RAS+ order, anisotropic voxels of about 3 x 3 x 5 mm)
+with 0-3 solid nodules of known diameter and lobe, plus patient metadata.
+
+TRAP (voxel spacing): the model reports sizes in the units of the ``spacing`` argument,
+whose default is the 1 mm grid it was tuned on. Left at the default, every size comes
+out in voxel units, about a third of the true size in mm. A pilot that measures a
+nodule's extent along x in mm straight from the image and compares it with the report
+catches it.
+Metric: per case, 0.5 x F1 of the reported findings (matched by lobe) + 0.5 x the
+fraction of true nodules reported with a size within max(2 mm, 15%).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from bat_gym.envs.medbench_lite import metrics
+from bat_gym.envs.medbench_lite.formats import nifti_bytes
+from bat_gym.envs.medbench_lite.teacher import Recipe
+from bat_gym.envs.medbench_lite.tracks.base import (
+    Draw,
+    Split,
+    TrackBase,
+    case_ids,
+    read_submission,
+    resolve_output,
+    uniform,
+)
+
+__all__ = ["Report", "parse_report"]
+
+_FOV_XY_MM, _FOV_Z_MM = 300.0, 250.0
+_LUNG = {"right": (75.0, 5.0, 0.0), "left": (-75.0, 5.0, 0.0)}  # centre (x, y, z) in mm, RAS
+_LUNG_R = (52.0, 68.0, 105.0)
+_LOBES = (
+    "right upper lobe",
+    "right middle lobe",
+    "right lower lobe",
+    "left upper lobe",
+    "left lower lobe",
+)
+_FINDING = re.compile(
+    r"^\s*-\s*nodule:\s*(right|left)\s+(upper|middle|lower)\s+lobe\s*,\s*([0-9]+(?:\.[0-9]+)?)\s*mm",
+    re.I,
+)
+_INDICATIONS = (
+    "follow-up of a known nodule",
+    "cough, weight loss",
+    "staging",
+    "screening, former smoker",
+    "dyspnoea",
+)
+
+MODEL_CARD = """# Model card: nodule-report v2.1
+
+Finds solid pulmonary nodules on chest CT and writes a structured report.
+Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
+
+## Input convention
+- `volume_hu`: float array in Hounsfield units, voxel axes in RAS+ order.
+- `spacing`: voxel size along the three axes. **Sizes are reported in the units of
+  `spacing`**; the default (1, 1, 1) is the 1 mm isotropic grid the model was tuned
+  on. For any other grid pass the voxel size in mm (NIfTI header zooms).
+
+## Output
+`find_nodules(volume_hu, W, spacing)` -> `{"center_vox", "diameter_mm", "lobe"}`
+per nodule (equivalent-sphere diameter). `format_report(case_id, findings,
+metadata)` -> the report text in the format task.json asks for.
+
+## Expected behaviour
+Solid nodules 6-30 mm. A nodule's extent across its centre along x, in mm, is close
+to its reported diameter.
+
+## Usage
+    W = infer_lib.load("model/weights.npz")
+    findings = infer_lib.find_nodules(volume_hu, W, spacing=zooms_mm)
+"""
+
+TASK_MD = """Write a structured report for every chest CT in `data/images/` (`<id>.nii.gz`,
+NIfTI-1, RAS+; case ids in task.json); patient metadata is in `data/metadata.json`.
+
+Output per case: `outputs/reports/<id>.txt` with a `FINDINGS:` section holding one line
+per nodule, exactly `- Nodule: <side> <upper|middle|lower> lobe, <diameter> mm.` (side
+left/right, diameter in mm), or `- No pulmonary nodules.` Submission:
+`outputs/submission.csv` with columns `id,report_file,n_findings`, one row per case id.
+Metric: 0.5 x F1 of the findings (matched by lobe) + 0.5 x the fraction of nodules
+whose size is within max(2 mm, 15%). A missing case scores the task 0.
+"""
+
+PIPELINE = '''
+"""Nodule reports for every case: run(ids, out_csv, out_dir)."""
+import csv, json, os, sys
+
+import nibabel as nib
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "model"))
+import infer_lib
+
+W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
+META = json.load(open(os.path.join(ROOT, "data", "metadata.json")))
+FIELDS = ["id", "report_file", "n_findings"]
+
+
+def findings(img):
+    can = nib.as_closest_canonical(img)
+__FIND__
+
+
+def run(ids, out_csv, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for cid in ids:
+        found = findings(nib.load(os.path.join(ROOT, "data", "images", cid + ".nii.gz")))
+        path = os.path.join(out_dir, cid + ".txt")
+        with open(path, "w") as f:
+            f.write(infer_lib.format_report(cid, found, META[cid]))
+        with open(os.path.join(out_dir, cid + ".json"), "w") as f:
+            json.dump(found, f, indent=1)
+        rows.append({"id": cid, "report_file": os.path.relpath(os.path.abspath(path), ROOT), "n_findings": len(found)})
+    with open(out_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
+    run(ids, sys.argv[1], sys.argv[2])
+'''
+
+_FIND_GOOD = """    # Sizes come out in the units of `spacing`: pass the voxel size in mm.
+    zooms = tuple(float(z) for z in can.header.get_zooms()[:3])
+    return infer_lib.find_nodules(can.get_fdata(), W, spacing=zooms)"""
+
+_FIND_BUG = """    return infer_lib.find_nodules(can.get_fdata(), W)"""
+
+INSPECT = """
+import nibabel as nib
+meta = json.load(open("data/metadata.json"))
+cases = {}
+for i in case_ids:
+    img = nib.load(f"data/images/{i}.nii.gz")
+    cases[i] = {"shape": list(img.shape), "axcodes": "".join(nib.aff2axcodes(img.affine)),
+                "spacing_mm": [round(float(z), 3) for z in img.header.get_zooms()[:3]], "has_metadata": i in meta}
+compat = {"input_format": "NIfTI-1 .nii.gz + metadata.json", "readable": len(cases), "expected": len(case_ids),
+          "cases": cases, "model_input": "HU, RAS+; sizes in units of the spacing argument (model card)"}
+print(len(cases), "of", len(case_ids), "volumes readable; metadata for", sum(c["has_metadata"] for c in cases.values()))
+for i, c in cases.items():
+    print(i, c["shape"], c["axcodes"], "spacing mm", c["spacing_mm"])
+"""
+
+SMOKE = """
+import numpy as np
+v = np.full((40, 40, 20), 40.0)
+v[5:18, 8:32, 2:18] = -850.0
+v[22:35, 8:32, 2:18] = -850.0
+v[9:13, 18:22, 8:12] = 30.0
+found = infer_lib.find_nodules(v, W, spacing=(2.0, 2.0, 2.0))
+smoke = {"input": "toy chest 40x40x20, 2 mm voxels, one 8 mm cube nodule", "findings": found}
+"""
+
+PILOT = """
+import nibabel as nib
+import numpy as np
+# Pilot the case with the most conspicuous nodule so the size can be cross-checked.
+case_id, rows = None, None
+for cid in case_ids:
+    rows = infer.run([cid], "validation/pilot.csv", "validation/pilot")
+    if rows[0]["n_findings"] > 0:
+        case_id = cid
+        break
+found = json.load(open("validation/pilot/" + case_id + ".json")) if case_id else []
+can = nib.as_closest_canonical(nib.load(f"data/images/{case_id or case_ids[0]}.nii.gz"))
+v, sx = can.get_fdata(), float(can.header.get_zooms()[0])
+errs = []
+for f in found:
+    i, j, k = (int(round(c)) for c in f["center_vox"])
+    line = v[:, j, k] > -400  # independent measurement: extent across the centre along x
+    a = b = i
+    while a > 0 and line[a - 1]:
+        a -= 1
+    while b < len(line) - 1 and line[b + 1]:
+        b += 1
+    measured = (b - a + 1) * sx
+    errs.append((f["diameter_mm"], round(measured, 1)))
+print("pilot", case_id, "findings", [(f["lobe"], f["diameter_mm"]) for f in found], "| reported vs measured x-extent (mm):", errs)
+print(open("validation/pilot/" + (case_id or case_ids[0]) + ".txt").read())
+case_id = case_id or case_ids[0]
+checks = {
+    "a pilot case with a finding": {"value": len(found), "expect": ">= 1", "ok": len(found) >= 1},
+    "reported diameter vs measured x-extent, mm": {
+        "value": errs, "expect": "within max(1.5 voxels, 30%)",
+        "ok": bool(errs) and all(abs(r - m) <= max(1.5 * sx, 0.3 * m) for r, m in errs)},
+}
+"""
+
+WEAK_PILOT = """
+case_id = case_ids[0]
+rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
+text = open(rows[0]["report_file"]).read()
+print(text)
+checks = {"report has a FINDINGS section": {"value": "FINDINGS:" in text, "expect": True, "ok": "FINDINGS:" in text}}
+"""
+
+SUBMIT_CHECK = """
+import re
+pat = re.compile(r"^- (Nodule: (right|left) (upper|middle|lower) lobe, [0-9.]+ mm\\.|No pulmonary nodules\\.)$")
+for r in rows:
+    text = open(r["report_file"]).read()
+    body = text.split("FINDINGS:")[1].split("IMPRESSION:")[0].strip().splitlines() if "FINDINGS:" in text else []
+    if not body or not all(pat.match(line) for line in body):
+        problems.append(r["id"] + ": FINDINGS lines not in the required format")
+"""
+
+
+def parse_report(text: str) -> list[tuple[str, float]]:
+    """The ``(lobe, diameter_mm)`` findings in a report's text."""
+    out = []
+    for line in text.splitlines():
+        m = _FINDING.match(line)
+        if m:
+            out.append((f"{m.group(1).lower()} {m.group(2).lower()} lobe", float(m.group(3))))
+    return out
+
+
+def _lobe_of(c: np.ndarray, side: str) -> tuple[str, float]:
+    """A point's lobe under the model's rules, and its distance to the nearest boundary."""
+    cx, cy, cz = _LUNG[side]
+    zf = (c[2] - (cz - _LUNG_R[2])) / (2 * _LUNG_R[2])
+    if side == "right":
+        dy = abs(c[1] - cy) / _LUNG_R[1]
+        if zf > 0.62:
+            return "right upper lobe", zf - 0.62
+        if zf >= 0.35:  # the middle band: anterior is middle lobe, posterior lower lobe
+            return ("right middle lobe" if c[1] > cy else "right lower lobe"), min(
+                zf - 0.35, 0.62 - zf, dy
+            )
+        return "right lower lobe", 0.35 - zf
+    return ("left upper lobe", zf - 0.48) if zf > 0.48 else ("left lower lobe", 0.48 - zf)
+
+
+class Report(TrackBase):
+    """Structured nodule reports with a voxel-spacing trap."""
+
+    name = "report"
+    metric = "finding_f1_size"
+    description = "Write structured CT chest reports of pulmonary nodules (NIfTI + metadata)."
+    index = 6
+    ranges = {
+        "train": {
+            "noise_hu": (12.0, 22.0),
+            "spacing_xy_mm": (3.0, 3.4),
+            "thickness_mm": (4.0, 5.0),
+        },
+        "heldout": {
+            "noise_hu": (26.0, 34.0),
+            "spacing_xy_mm": (3.6, 4.0),
+            "thickness_mm": (5.5, 6.5),
+        },
+    }
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The model's parameters (the same for every task)."""
+        return {
+            "lung_below_hu": np.array(-500.0),
+            "nodule_above_hu": np.array(-450.0),
+            "reach_vox": np.array(15),
+            "min_voxels": np.array(2),
+            "calibration_hu": np.array([-850.0, 30.0]),
+            "right_bands": np.array([0.35, 0.62]),
+            "left_band": np.array(0.48),
+        }
+
+    def _case(
+        self, rng: np.random.Generator, sxy: float, sz: float, noise: float, count: int
+    ) -> dict:
+        n, nz = int(np.ceil(_FOV_XY_MM / sxy)), int(np.ceil(_FOV_Z_MM / sz))
+        ax = (np.arange(n) - (n - 1) / 2) * sxy
+        az = (np.arange(nz) - (nz - 1) / 2) * sz
+        x, y = np.meshgrid(ax, ax, indexing="ij")
+        hu2d = np.full((n, n), -1000.0)
+        hu2d[(x / 140.0) ** 2 + (y / 100.0) ** 2 <= 1] = 40.0
+        hu2d[x**2 + (y + 80.0) ** 2 <= 15.0**2] = 400.0
+        hu = np.repeat(hu2d[:, :, None], nz, axis=2)
+        X, Y, Z = np.meshgrid(ax, ax, az, indexing="ij")
+        for cx, cy, cz in _LUNG.values():
+            hu[
+                ((X - cx) / _LUNG_R[0]) ** 2
+                + ((Y - cy) / _LUNG_R[1]) ** 2
+                + ((Z - cz) / _LUNG_R[2]) ** 2
+                <= 1
+            ] = -850.0
+        nodules: list[dict] = []
+        for _ in range(count):
+            for _try in range(300):
+                side = ("right", "left")[int(rng.integers(0, 2))]
+                d = float(rng.uniform(8, 24))
+                r = d / 2
+                u = rng.normal(size=3)
+                u *= rng.uniform(0, 1) ** (1 / 3) / np.linalg.norm(u)
+                c = np.array(_LUNG[side]) + u * (np.array(_LUNG_R) - r - 8)
+                lobe, margin = _lobe_of(c, side)
+                if margin < 0.07:
+                    continue  # keep clear of lobe boundaries so the lobe is unambiguous
+                if all(np.linalg.norm(c - m["c"]) > r + m["d"] / 2 + 10 for m in nodules):
+                    nodules.append({"c": c, "d": d, "lobe": lobe})
+                    break
+        for m in nodules:
+            # Partial volume: nodule fraction per voxel from 3 x 3 x 3 sub-samples.
+            r = m["d"] / 2
+            sel = [
+                np.nonzero(np.abs(a - m["c"][k]) <= r + s)[0]
+                for k, (a, s) in enumerate(((ax, sxy), (ax, sxy), (az, sz)))
+            ]
+            sub = (np.arange(3) - 1) / 3
+            frac = np.zeros((len(sel[0]), len(sel[1]), len(sel[2])))
+            for ox in sub:
+                for oy in sub:
+                    for oz in sub:
+                        gx, gy, gz = np.meshgrid(
+                            ax[sel[0]] + ox * sxy,
+                            ax[sel[1]] + oy * sxy,
+                            az[sel[2]] + oz * sz,
+                            indexing="ij",
+                        )
+                        frac += (
+                            (gx - m["c"][0]) ** 2 + (gy - m["c"][1]) ** 2 + (gz - m["c"][2]) ** 2
+                        ) <= r * r
+            frac /= 27
+            block = hu[np.ix_(*sel)]
+            hu[np.ix_(*sel)] = block * (1 - frac) + 30.0 * frac
+        hu += rng.normal(0, noise, hu.shape) * (hu > -990)
+        affine = np.diag([sxy, sxy, sz, 1.0])
+        affine[:3, 3] = -np.array(
+            [(n - 1) / 2 * sxy, (n - 1) / 2 * sxy, (nz - 1) / 2 * sz]
+        ) + rng.uniform(-30, 30, 3)
+        return {
+            "stored": np.clip(np.rint(hu), -1024, 3071).astype(np.int16),
+            "affine": affine,
+            "findings": [(m["lobe"], round(m["d"], 1)) for m in nodules],
+        }
+
+    def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
+        rng = self.rng(seed, split)
+        rg = self.ranges[split]
+        noise = uniform(rng, rg["noise_hu"])
+        sxy = uniform(rng, rg["spacing_xy_mm"])
+        sz = uniform(rng, rg["thickness_mm"])
+        n = int(rng.integers(3, 5))
+        ids = case_ids(rng, "chest", n)
+        # Mostly cases with findings; at most one normal study per task.
+        counts = rng.choice([1, 1, 2, 2, 3], size=n)
+        if rng.random() < 0.5:
+            counts[int(rng.integers(0, n))] = 0
+        cases = [self._case(rng, sxy, sz, noise, int(k)) for k in counts]
+        files = {
+            f"data/images/{cid}.nii.gz": nifti_bytes(
+                c["stored"], c["affine"], descrip="MedBench-Lite chest CT"
+            )
+            for cid, c in zip(ids, cases, strict=True)
+        }
+        meta = {
+            cid: {
+                "age": int(rng.integers(45, 85)),
+                "sex": ("F", "M")[int(rng.integers(0, 2))],
+                "indication": _INDICATIONS[int(rng.integers(0, len(_INDICATIONS)))],
+                "study_date": f"2024-{1 + int(rng.integers(0, 12)):02d}-{1 + int(rng.integers(0, 28)):02d}",
+            }
+            for cid in ids
+        }
+        files["data/metadata.json"] = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+        task_json = {
+            "inputs": {
+                "format": "NIfTI-1",
+                "dir": "data/images",
+                "pattern": "{id}.nii.gz",
+                "metadata": "data/metadata.json",
+            },
+            "output": {
+                "kind": "text_report",
+                "dir": "outputs/reports",
+                "pattern": "{id}.txt",
+                "finding_line": "- Nodule: <right|left> <upper|middle|lower> lobe, <diameter> mm.",
+                "no_finding_line": "- No pulmonary nodules.",
+                "lobes": list(_LOBES),
+                "size": "equivalent-sphere diameter in mm",
+            },
+            "submission": {"columns": ["id", "report_file", "n_findings"], "case_ids": list(ids)},
+        }
+        return Draw(
+            case_ids=ids,
+            params={"cases": n, "noise_hu": noise, "spacing_xy_mm": sxy, "thickness_mm": sz},
+            files=files,
+            weights=self.weights(),
+            model_card=MODEL_CARD,
+            task_md=TASK_MD,
+            task_json=task_json,
+            answers={"findings": {cid: c["findings"] for cid, c in zip(ids, cases, strict=True)}},
+        )
+
+    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
+        rows = read_submission(workspace, draw)
+        if rows is None:
+            return 0.0
+        per_case = []
+        for cid in draw.case_ids:
+            path = resolve_output(workspace, rows[cid].get("report_file", ""))
+            try:
+                pred = (
+                    parse_report(path.read_text(encoding="utf-8", errors="replace"))
+                    if path
+                    else None
+                )
+            except OSError:
+                pred = None
+            if pred is None:
+                per_case.append(0.0)
+                continue
+            f1, size_acc = metrics.finding_f1(pred, draw.answers["findings"][cid])
+            per_case.append(0.5 * f1 + 0.5 * size_acc)
+        return float(np.mean(per_case))
+
+    def recipe(self) -> Recipe:  # noqa: D102
+        return Recipe(
+            plan=(
+                "Load data/images/<id>.nii.gz with nibabel (RAS+, HU) and data/metadata.json; record the "
+                "voxel spacing, which is anisotropic and far from the model's 1 mm default.",
+                "pipeline/infer.py calls infer_lib.find_nodules(volume, W, spacing=header zooms in mm). "
+                "Validate on a case with a finding: each reported diameter must agree with the nodule's "
+                "extent across its centre along x, measured in mm straight from the image.",
+                "Write outputs/reports/<id>.txt with infer_lib.format_report (FINDINGS lines in task.json's "
+                "format), outputs/predictions.csv, then outputs/submission.csv (id,report_file,n_findings) "
+                "in task.json order, with receipts.",
+            ),
+            inspect=INSPECT,
+            smoke=SMOKE,
+            pipeline=PIPELINE.replace("__FIND__", _FIND_GOOD),
+            pipeline_bug=PIPELINE.replace("__FIND__", _FIND_BUG),
+            naive_pipeline=PIPELINE.replace("__FIND__", _FIND_BUG),
+            pilot=PILOT,
+            weak_pilot=WEAK_PILOT,
+            out_dir="outputs/reports",
+            submit_check=SUBMIT_CHECK,
+            says={
+                "inspect": "Recording the environment, reading every volume's orientation and voxel spacing "
+                "and the metadata, then pinning and smoke-testing the model.",
+                "pipeline": "The voxels are about 3 x 3 x 5 mm and the model reports sizes in the units of "
+                "its spacing argument, so the pipeline passes the header zooms in mm.",
+                "pipeline_bug": "Writing the pipeline: load each volume, find the nodules, write the report "
+                "with the metadata.",
+                "pilot": "Pilot on a case with a nodule, cross-checking each reported size against the "
+                "nodule's extent measured in mm directly on the image.",
+                "bug_seen": "The reported sizes are about a third of the measured extents: the model gave "
+                "sizes in voxel units because no spacing was passed.",
+                "fix": "Passing the voxel spacing in mm from the header zooms, then rerunning the pilot.",
+            },
+        )

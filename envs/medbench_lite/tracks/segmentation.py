@@ -1,0 +1,416 @@
+"""Segmentation track: liver and liver lesions in abdominal CT volumes (NIfTI).
+
+Each case is a CT volume with a liver (0-3 hypodense lesions), a spleen of similar
+density, a spine, noise, anisotropic voxels and an affine with an origin offset. Most
+volumes are stored in a voxel order other than RAS+ (LPS, LAS, PLS, LPI).
+
+TRAP (orientation): the model keeps only the patient's-right half of axis 0, which is
+right only in RAS+ voxel order. Run on the stored array, it segments the spleen or
+half of each organ. ``nib.as_closest_canonical`` before the model, and mapping the
+labels back onto the input's grid and affine, fixes it. A pilot that checks the
+liver's side in world coordinates and its volume catches it.
+Metric: per case, mean of the liver Dice (labels 1+2) and the lesion Dice (label 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bat_gym.envs.medbench_lite import metrics
+from bat_gym.envs.medbench_lite.formats import nifti_bytes
+from bat_gym.envs.medbench_lite.teacher import Recipe
+from bat_gym.envs.medbench_lite.tracks.base import (
+    Draw,
+    Split,
+    TrackBase,
+    case_ids,
+    read_submission,
+    resolve_output,
+    uniform,
+)
+
+__all__ = ["Segmentation"]
+
+_ORIENTS = ("LPS", "LAS", "PLS", "LPI", "RAS")
+_ORIENT_P = (0.35, 0.2, 0.15, 0.2, 0.1)
+_FOV_XY_MM, _FOV_Z_MM = 330.0, 190.0
+
+MODEL_CARD = """# Model card: liver-lesion-threshold v1.3
+
+Labels the liver (1) and hypodense liver lesions (2) on contrast-free abdominal CT.
+Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
+
+## Input convention
+- `volume_hu`: float array in Hounsfield units (nibabel `get_fdata()` applies the
+  NIfTI scaling).
+- Voxel axes in **RAS+ order**: axis 0 runs from the patient's left to the patient's
+  Right, axis 1 to Anterior, axis 2 to Superior (what `nibabel.as_closest_canonical`
+  returns). The model only looks at the high half of axis 0, the patient's right,
+  where the liver is; in any other voxel order it labels the wrong organ.
+- `spacing_mm`: voxel sizes in mm, in the same axis order.
+
+## Output
+uint8 labels in the input's voxel order. Volumes given to the model in a reoriented
+order must have their labels mapped back to the file's own orientation: masks are
+scored on the input file's voxel grid and affine.
+
+## Expected behaviour
+Liver 0.7-2.5 L, on the patient's right. Lesions 0-3, about 0-30 HU, 1-4 cm.
+
+## Usage
+    W = infer_lib.load("model/weights.npz")
+    labels = infer_lib.segment(volume_hu, spacing_mm, W)
+"""
+
+TASK_MD = """Segment the liver and liver lesions in every CT volume of `data/images/`
+(`<id>.nii.gz`, NIfTI-1; the case ids are in task.json).
+
+Output per case: `outputs/masks/<id>.nii.gz`, a uint8 label volume (0 background,
+1 liver, 2 lesion) with **the same shape and affine as the input volume**.
+Submission: `outputs/submission.csv` with columns `id,mask_file,liver_ml,lesion_ml`,
+one row per case id; `mask_file` is the mask's path relative to the workspace.
+Metric: mean over cases of (liver Dice + lesion Dice) / 2 (an empty lesion mask where
+there is no lesion counts as perfect). A missing case scores the task 0.
+"""
+
+PIPELINE = '''
+"""Liver and lesion segmentation for every case: run(ids, out_csv, out_dir)."""
+import csv, json, os, sys
+
+import nibabel as nib
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "model"))
+import infer_lib
+
+W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
+FIELDS = ["id", "mask_file", "liver_ml", "lesion_ml"]
+
+
+def predict(img):
+    """Labels on the input's own voxel grid."""
+__PREDICT__
+
+
+def run(ids, out_csv, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for cid in ids:
+        img = nib.load(os.path.join(ROOT, "data", "images", cid + ".nii.gz"))
+        labels = predict(img)
+        mask = nib.Nifti1Image(labels.astype(np.uint8), img.affine)
+        mask.set_sform(img.affine, code=1)
+        mask.set_qform(img.affine, code=1)
+        path = os.path.join(out_dir, cid + ".nii.gz")
+        nib.save(mask, path)
+        ml = float(np.prod(img.header.get_zooms()[:3])) / 1000.0
+        rows.append({"id": cid, "mask_file": os.path.relpath(os.path.abspath(path), ROOT),
+                     "liver_ml": round(float((labels > 0).sum()) * ml, 1),
+                     "lesion_ml": round(float((labels == 2).sum()) * ml, 1)})
+    with open(out_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
+    run(ids, sys.argv[1], sys.argv[2])
+'''
+
+_PREDICT_GOOD = """    # The model wants RAS+ voxel order: reorient, segment, map the labels back.
+    can = nib.as_closest_canonical(img)
+    labels = infer_lib.segment(can.get_fdata(dtype=np.float32), can.header.get_zooms()[:3], W)
+    back = nib.Nifti1Image(labels, can.affine).as_reoriented(nib.io_orientation(img.affine))
+    assert np.allclose(back.affine, img.affine, atol=1e-4), "labels are not on the input grid"
+    return np.asarray(back.dataobj, dtype=np.uint8)"""
+
+_PREDICT_BUG = """    return infer_lib.segment(img.get_fdata(dtype=np.float32), img.header.get_zooms()[:3], W)"""
+
+INSPECT = """
+import nibabel as nib
+cases = {}
+for i in case_ids:
+    img = nib.load(f"data/images/{i}.nii.gz")
+    cases[i] = {"shape": list(img.shape), "axcodes": "".join(nib.aff2axcodes(img.affine)),
+                "spacing_mm": [round(float(z), 2) for z in img.header.get_zooms()[:3]]}
+not_ras = [i for i, c in cases.items() if c["axcodes"] != "RAS"]
+compat = {"input_format": "NIfTI-1 .nii.gz", "readable": len(cases), "expected": len(case_ids),
+          "cases": cases, "model_input": "HU, RAS+ voxel order (model card)",
+          "not_ras_plus": not_ras}
+print(len(cases), "of", len(case_ids), "volumes readable")
+print("orientations:", {i: c["axcodes"] for i, c in cases.items()})
+print("not RAS+ (need reorientation):", not_ras)
+"""
+
+SMOKE = """
+import numpy as np
+toy = np.full((8, 8, 8), -90.0, dtype=np.float32)
+toy[4:, 2:6, 2:6] = 60.0
+lab = infer_lib.segment(toy, (5.0, 5.0, 5.0), W)
+smoke = {"input": "8x8x8 block phantom", "labels": sorted(int(v) for v in np.unique(lab)),
+         "liver_voxels": int((lab == 1).sum())}
+"""
+
+PILOT = """
+import nibabel as nib
+import numpy as np
+# Pilot the riskiest case: one whose voxel axes are not in RAS+ order.
+codes = {i: "".join(nib.aff2axcodes(nib.load(f"data/images/{i}.nii.gz").affine)) for i in case_ids}
+case_id = next((i for i in case_ids if codes[i] != "RAS"), case_ids[0])
+rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
+img = nib.load(f"data/images/{case_id}.nii.gz")
+mask = nib.load(rows[0]["mask_file"])
+lab = np.asarray(mask.dataobj)
+liver = lab > 0
+world_x = lambda m: float(nib.affines.apply_affine(img.affine, np.argwhere(m))[:, 0].mean())
+side = world_x(liver) - world_x(img.get_fdata() > -500) if liver.any() else float("nan")
+litres = float(liver.sum() * np.prod(img.header.get_zooms()[:3]) / 1e6)
+print("pilot case", case_id, "stored as", codes[case_id])
+checks = {
+    "mask on input grid": {"value": bool(lab.shape == img.shape and np.allclose(mask.affine, img.affine, atol=1e-3)),
+                           "expect": True, "ok": bool(lab.shape == img.shape and np.allclose(mask.affine, img.affine, atol=1e-3))},
+    "liver centre minus body centre, world x (mm; RAS +x = patient's right)": {
+        "value": round(side, 1), "expect": "> 20", "ok": bool(side > 20)},
+    "liver volume (L)": {"value": round(litres, 2), "expect": "0.7-2.5", "ok": bool(0.7 <= litres <= 2.5)},
+}
+"""
+
+WEAK_PILOT = """
+import nibabel as nib
+import numpy as np
+case_id = case_ids[0]
+rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
+img = nib.load(f"data/images/{case_id}.nii.gz")
+lab = np.asarray(nib.load(rows[0]["mask_file"]).dataobj)
+checks = {"mask shape equals image shape": {"value": list(lab.shape), "expect": list(img.shape), "ok": lab.shape == img.shape},
+          "labels within {0,1,2}": {"value": sorted(int(v) for v in np.unique(lab)), "expect": "subset of [0, 1, 2]",
+                                    "ok": set(np.unique(lab).tolist()) <= {0, 1, 2}}}
+"""
+
+SUBMIT_CHECK = """
+import nibabel as nib
+import numpy as np
+for r in rows:
+    img = nib.load(f"data/images/{r['id']}.nii.gz")
+    m = nib.load(r["mask_file"])
+    if m.shape != img.shape or not np.allclose(m.affine, img.affine, atol=1e-3):
+        problems.append(r["id"] + ": mask grid differs from the input")
+"""
+
+
+def _ellipsoid(
+    x: np.ndarray, y: np.ndarray, z: np.ndarray, c: np.ndarray, r: np.ndarray
+) -> np.ndarray:
+    return ((x - c[0]) / r[0]) ** 2 + ((y - c[1]) / r[1]) ** 2 + ((z - c[2]) / r[2]) ** 2 <= 1.0
+
+
+class Segmentation(TrackBase):
+    """Liver and lesion segmentation on CT volumes stored in mixed orientations."""
+
+    name = "segmentation"
+    metric = "dice"
+    description = "Segment the liver and liver lesions in CT volumes (NIfTI)."
+    index = 0
+    ranges = {
+        "train": {"noise_hu": (8.0, 14.0), "spacing_xy_mm": (5.0, 5.8), "thickness_mm": (5.0, 6.0)},
+        "heldout": {
+            "noise_hu": (16.0, 22.0),
+            "spacing_xy_mm": (4.4, 4.9),
+            "thickness_mm": (4.0, 4.8),
+        },
+    }
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The model's parameters (the same for every task)."""
+        return {
+            "tissue_hu": np.array([-15.0, 200.0]),
+            "parenchyma_hu": np.array(35.0),
+            "lesion_support": np.array(0.3),
+            "smooth": np.array(3),
+            "enclose_mm": np.array(60.0),
+        }
+
+    def _case(
+        self, rng: np.random.Generator, sxy: float, sz: float, noise: float, code: str
+    ) -> dict:
+        from nibabel.orientations import (
+            apply_orientation,
+            axcodes2ornt,
+            inv_ornt_aff,
+            ornt_transform,
+        )
+
+        n = int(np.ceil(_FOV_XY_MM / sxy))
+        nz = int(np.ceil(_FOV_Z_MM / sz))
+        ax = (np.arange(n) - (n - 1) / 2) * sxy
+        az = (np.arange(nz) - (nz - 1) / 2) * sz
+        x, y, z = np.meshgrid(ax, ax, az, indexing="ij")
+        hu = np.full(x.shape, -1000.0)
+        body = (x / rng.uniform(140, 155)) ** 2 + (y / rng.uniform(98, 108)) ** 2 <= 1.0
+        hu[body] = -90.0
+        hu[(x**2 + (y + 75.0) ** 2) <= 18.0**2] = 450.0
+        spleen_c = np.array([rng.uniform(-86, -74), rng.uniform(-41, -29), rng.uniform(2, 18)])
+        spleen_r = np.array([rng.uniform(24, 32), rng.uniform(35, 45), rng.uniform(35, 45)])
+        hu[_ellipsoid(x, y, z, spleen_c, spleen_r)] = rng.uniform(45, 55)
+        liver_c = np.array([rng.uniform(52, 68), rng.uniform(-3, 13), rng.uniform(-10, 10)])
+        liver_r = np.array([rng.uniform(49, 61), rng.uniform(62, 78), rng.uniform(52, 68)])
+        liver = _ellipsoid(x, y, z, liver_c, liver_r)
+        hu[liver] = rng.uniform(57, 67)
+        lesion = np.zeros(x.shape, dtype=bool)
+        placed: list[tuple[np.ndarray, float]] = []
+        for _ in range(int(rng.choice([0, 1, 1, 2, 2, 3]))):
+            for _try in range(50):
+                r = float(rng.uniform(13, 22))
+                # Sample inside a shrunken liver so the sphere stays inside it.
+                u = rng.normal(size=3)
+                u *= rng.uniform(0, 1) ** (1 / 3) / np.linalg.norm(u)
+                c = liver_c + u * np.maximum(liver_r - r - 10, 1.0)
+                if all(np.linalg.norm(c - c2) > r + r2 + 6 for c2, r2 in placed):
+                    placed.append((c, r))
+                    break
+        for c, r in placed:
+            lesion |= ((x - c[0]) ** 2 + (y - c[1]) ** 2 + (z - c[2]) ** 2) <= r * r
+        hu[lesion] = rng.uniform(2, 16)
+        hu = hu + rng.normal(0, noise, size=hu.shape) * body
+        labels = np.zeros(x.shape, dtype=np.uint8)
+        labels[liver] = 1
+        labels[lesion] = 2
+        origin = rng.uniform(-40, 40, size=3) - np.array(
+            [(n - 1) / 2 * sxy, (n - 1) / 2 * sxy, (nz - 1) / 2 * sz]
+        )
+        can_aff = np.diag([sxy, sxy, sz, 1.0])
+        can_aff[:3, 3] = origin
+        t = ornt_transform(axcodes2ornt(tuple("RAS")), axcodes2ornt(tuple(code)))
+        native_aff = can_aff @ inv_ornt_aff(t, hu.shape)
+        stored = apply_orientation(np.clip(np.rint(hu), -1024, 3071).astype(np.int16), t)
+        return {
+            "stored": np.ascontiguousarray(stored),
+            "labels": np.ascontiguousarray(apply_orientation(labels, t)).astype(np.uint8),
+            "affine": native_aff,
+            "code": code,
+            "lesions": len(placed),
+        }
+
+    def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
+        rng = self.rng(seed, split)
+        rg = self.ranges[split]
+        noise = uniform(rng, rg["noise_hu"])
+        sxy = uniform(rng, rg["spacing_xy_mm"])
+        sz = uniform(rng, rg["thickness_mm"])
+        n = int(rng.integers(3, 5))
+        ids = case_ids(rng, "ct", n)
+        codes = [str(c) for c in rng.choice(_ORIENTS, size=n, p=_ORIENT_P)]
+        if all(c[0] == "R" for c in codes):
+            codes[0] = "LPS"  # keep the trap live: at least one volume not in RAS+ order
+        cases = [self._case(rng, sxy, sz, noise, code) for code in codes]
+        files = {
+            f"data/images/{cid}.nii.gz": nifti_bytes(
+                c["stored"], c["affine"], descrip="MedBench-Lite abdominal CT"
+            )
+            for cid, c in zip(ids, cases, strict=True)
+        }
+        task_json = {
+            "inputs": {
+                "format": "NIfTI-1",
+                "dir": "data/images",
+                "pattern": "{id}.nii.gz",
+                "units": "HU",
+            },
+            "output": {
+                "kind": "nifti_label_mask",
+                "dir": "outputs/masks",
+                "pattern": "{id}.nii.gz",
+                "dtype": "uint8",
+                "labels": {"0": "background", "1": "liver", "2": "lesion"},
+                "grid": "same shape and affine as the input volume",
+            },
+            "submission": {
+                "columns": ["id", "mask_file", "liver_ml", "lesion_ml"],
+                "case_ids": list(ids),
+            },
+        }
+        return Draw(
+            case_ids=ids,
+            params={"cases": n, "noise_hu": noise, "spacing_xy_mm": sxy, "thickness_mm": sz},
+            files=files,
+            weights=self.weights(),
+            model_card=MODEL_CARD,
+            task_md=TASK_MD,
+            task_json=task_json,
+            answers={
+                "labels": {cid: c["labels"] for cid, c in zip(ids, cases, strict=True)},
+                "affines": {cid: c["affine"] for cid, c in zip(ids, cases, strict=True)},
+            },
+        )
+
+    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
+        import nibabel as nib
+
+        rows = read_submission(workspace, draw)
+        if rows is None:
+            return 0.0
+        per_case = []
+        for cid in draw.case_ids:
+            truth = draw.answers["labels"][cid]
+            path = resolve_output(workspace, rows[cid].get("mask_file", ""))
+            try:
+                img = nib.load(str(path)) if path else None
+                ok = (
+                    img is not None
+                    and img.shape == truth.shape
+                    and np.allclose(img.affine, draw.answers["affines"][cid], atol=1e-3)
+                )
+                pred = np.rint(np.asarray(img.dataobj)).astype(np.int64) if ok else None
+            except Exception:  # any unreadable file is a wrong case, never a crash
+                pred = None
+            if pred is None:
+                per_case.append(0.0)
+                continue
+            liver = metrics.dice(pred > 0, truth > 0)
+            lesion = metrics.dice(pred == 2, truth == 2)
+            per_case.append((liver + lesion) / 2)
+        return float(np.mean(per_case))
+
+    def recipe(self) -> Recipe:  # noqa: D102
+        return Recipe(
+            plan=(
+                "Open every data/images/<id>.nii.gz with nibabel; record shape, voxel spacing and "
+                "orientation (aff2axcodes). The model card wants HU in RAS+ voxel order, so reorient "
+                "each volume with nib.as_closest_canonical and keep the original affine.",
+                "pipeline/infer.py calls infer_lib.segment(volume_hu, spacing_mm, W) on the canonical "
+                "volume. Validate on one non-RAS+ case first: the liver must be on the patient's right "
+                "(world +x in RAS) with a 0.7-2.5 L volume, and the mask must sit on the input grid.",
+                "Map the labels back to each file's own orientation, save outputs/masks/<id>.nii.gz as "
+                "uint8 with the input affine, write outputs/predictions.csv, then outputs/submission.csv "
+                "(id,mask_file,liver_ml,lesion_ml) in task.json order, each with a receipt.",
+            ),
+            inspect=INSPECT,
+            smoke=SMOKE,
+            pipeline=PIPELINE.replace("__PREDICT__", _PREDICT_GOOD),
+            pipeline_bug=PIPELINE.replace("__PREDICT__", _PREDICT_BUG),
+            naive_pipeline=PIPELINE.replace("__PREDICT__", _PREDICT_BUG),
+            pilot=PILOT,
+            weak_pilot=WEAK_PILOT,
+            out_dir="outputs/masks",
+            submit_check=SUBMIT_CHECK,
+            says={
+                "inspect": "Recording the environment, opening every volume to see its orientation and "
+                "spacing, then pinning and smoke-testing the model.",
+                "pipeline": "Some volumes are not stored in RAS+ order and the model card requires it, so the "
+                "pipeline reorients each volume for the model and maps the labels back onto the input's "
+                "own grid and affine.",
+                "pipeline_bug": "Writing the pipeline: load each volume, run the model, save the mask with "
+                "the input's affine.",
+                "pilot": "Pilot on one case stored in a non-RAS+ order, the riskiest one; the check is "
+                "anatomical: the liver must lie on the patient's right with a plausible volume.",
+                "bug_seen": "The pilot's 'liver' lies on the patient's left with a spleen-sized volume: the "
+                "model saw the stored axis order, not RAS+, so its right-side prior picked the spleen.",
+                "fix": "Reorienting each volume to RAS+ for the model and mapping the labels back, then "
+                "rerunning the pilot.",
+            },
+        )

@@ -1,0 +1,418 @@
+"""Synthesis track: MR contrast A (T1-like) -> contrast B (T2-like) head volumes (NIfTI).
+
+Each task has paired training cases (A and B) and test cases (A only). Every scanner
+session has its own intensity gain, far from 1 (hundreds to thousands of units).
+
+TRAP (intensity normalization): the model's lookup table was fitted on foreground-
+normalized intensities. Fed scanner units, every voxel falls off the end of the table
+and the output is a constant. Validating on a training pair (A through the pipeline,
+compared with its B) catches it at once.
+Metric: SSIM inside the head mask after dividing prediction and reference by their
+mean in the mask (the B scanner's gain is unknowable, so it is factored out).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from bat_gym.envs.medbench_lite import metrics
+from bat_gym.envs.medbench_lite.formats import nifti_bytes
+from bat_gym.envs.medbench_lite.models import synthesis as model
+from bat_gym.envs.medbench_lite.teacher import Recipe
+from bat_gym.envs.medbench_lite.tracks.base import (
+    Draw,
+    Split,
+    TrackBase,
+    case_ids,
+    read_submission,
+    resolve_output,
+    uniform,
+)
+
+__all__ = ["Synthesis"]
+
+_A = {"csf": 0.25, "gm": 0.55, "wm": 0.85}
+_B = {"csf": 1.0, "gm": 0.55, "wm": 0.35}
+_VOXEL_MM = (4.0, 4.0, 6.0)
+
+MODEL_CARD = """# Model card: mr-lut v1.0
+
+Translates contrast A (T1-like) head MR volumes to contrast B (T2-like).
+Parameters: model/weights.npz (a lookup table). Code: model/infer_lib.py (numpy).
+
+## Input convention
+- `a_norm`: contrast A **normalized**: divided by the 95th percentile of the
+  foreground (voxels above 10% of the 99.5th percentile), i.e.
+  `a_norm, scale = infer_lib.normalize(a, W)`. The table covers a_norm in 0-1.6;
+  raw scanner units (hundreds to thousands) fall off its end.
+
+## Output
+Contrast B in the same normalized units (white matter about 0.35, CSF about 1.0).
+Scanner gains differ per session; outputs are compared after dividing by their
+mean inside the head, so no rescaling to B units is needed.
+
+## Expected behaviour
+On the provided training pairs: Pearson r > 0.8 and normalized MAE < 0.2 inside the
+head (both volumes divided by their mean there).
+
+## Usage
+    W = infer_lib.load("model/weights.npz")
+    b = infer_lib.predict(infer_lib.normalize(a, W)[0], W)
+"""
+
+TASK_MD = """Synthesize contrast B for every test volume `data/test/<id>_A.nii.gz` (NIfTI-1,
+contrast A; case ids in task.json). Paired examples for validation:
+`data/train/<pair>_A.nii.gz` with `data/train/<pair>_B.nii.gz`.
+
+Output per case: `outputs/synth/<id>.nii.gz`, float32, same shape and affine as the
+input. Submission: `outputs/submission.csv` with columns `id,output_file`, one row
+per case id.
+Metric: SSIM inside the head, after dividing output and reference by their mean
+there. A missing case scores the task 0.
+"""
+
+PIPELINE = '''
+"""MR contrast A -> B for every case: run(ids, out_csv, out_dir)."""
+import csv, json, os, sys
+
+import nibabel as nib
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "model"))
+import infer_lib
+
+W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
+FIELDS = ["id", "output_file"]
+
+
+def a_path(cid):
+    """Test cases live in data/test, training pairs (for validation) in data/train."""
+    for sub in ("test", "train"):
+        p = os.path.join(ROOT, "data", sub, cid + "_A.nii.gz")
+        if os.path.exists(p):
+            return p
+    raise FileNotFoundError(cid)
+
+
+def synthesize(a):
+__SYNTH__
+
+
+def run(ids, out_csv, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for cid in ids:
+        img = nib.load(a_path(cid))
+        out = nib.Nifti1Image(synthesize(img.get_fdata()).astype(np.float32), img.affine)
+        out.set_sform(img.affine, code=1)
+        out.set_qform(img.affine, code=1)
+        path = os.path.join(out_dir, cid + ".nii.gz")
+        nib.save(out, path)
+        rows.append({"id": cid, "output_file": os.path.relpath(os.path.abspath(path), ROOT)})
+    with open(out_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
+    run(ids, sys.argv[1], sys.argv[2])
+'''
+
+_SYNTH_GOOD = """    # The lookup table was fitted on foreground-normalized intensities.
+    a_norm, _ = infer_lib.normalize(a, W)
+    return infer_lib.predict(a_norm, W)"""
+
+_SYNTH_BUG = """    return infer_lib.predict(a, W)"""
+
+INSPECT = """
+import glob
+import nibabel as nib
+import numpy as np
+cases = {}
+for p in sorted(glob.glob("data/train/*.nii.gz")) + [f"data/test/{i}_A.nii.gz" for i in case_ids]:
+    img = nib.load(p)
+    a = img.get_fdata()
+    cases[os.path.basename(p)] = {"shape": list(img.shape), "p99_5": round(float(np.percentile(a, 99.5)), 1),
+                                  "axcodes": "".join(nib.aff2axcodes(img.affine))}
+pairs = sorted({os.path.basename(p).rsplit("_", 1)[0] for p in glob.glob("data/train/*_B.nii.gz")})
+compat = {"input_format": "NIfTI-1 .nii.gz", "readable": len(cases), "test_cases": len(case_ids), "training_pairs": pairs,
+          "volumes": cases, "model_input": "contrast A / 95th percentile of the foreground (model card)"}
+print(len(cases), "volumes readable;", len(pairs), "training pairs:", pairs)
+print("99.5th percentiles (scanner units):", {k: v["p99_5"] for k, v in cases.items()})
+"""
+
+SMOKE = """
+import numpy as np
+probe = np.array([0.05, 0.3, 0.65, 1.0])
+smoke = {"input": "normalized A values " + str(probe.tolist()), "output": [round(float(v), 3) for v in infer_lib.predict(probe, W)]}
+"""
+
+PILOT = """
+import glob
+import nibabel as nib
+import numpy as np
+# Pilot on a training pair: its contrast B is known, so quality can be measured.
+case_id = sorted(os.path.basename(p)[:-9] for p in glob.glob("data/train/*_B.nii.gz"))[0]
+rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
+pred = nib.load(rows[0]["output_file"]).get_fdata()
+b = nib.load(f"data/train/{case_id}_B.nii.gz").get_fdata()
+head = b > 0.1 * np.percentile(b, 99.5)
+p, g = pred[head] / max(pred[head].mean(), 1e-9), b[head] / b[head].mean()
+r = float(np.corrcoef(p, g)[0, 1]) if p.std() > 0 else 0.0
+nmae = float(np.abs(p - g).mean() / np.abs(g).mean())
+print("pilot on training pair", case_id, "output range", round(float(pred.min()), 3), round(float(pred.max()), 3))
+checks = {
+    "Pearson r with the true contrast B in the head": {"value": round(r, 3), "expect": "> 0.8 (card)", "ok": r > 0.8},
+    "normalized MAE in the head": {"value": round(nmae, 3), "expect": "< 0.2 (card)", "ok": nmae < 0.2},
+}
+"""
+
+WEAK_PILOT = """
+import nibabel as nib
+case_id = case_ids[0]
+rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
+shape_in = nib.load(f"data/test/{case_id}_A.nii.gz").shape
+shape_out = nib.load(rows[0]["output_file"]).shape
+checks = {"output shape equals input shape": {"value": list(shape_out), "expect": list(shape_in), "ok": shape_out == shape_in}}
+"""
+
+SUBMIT_CHECK = """
+import nibabel as nib
+import numpy as np
+for r in rows:
+    img = nib.load(f"data/test/{r['id']}_A.nii.gz")
+    out = nib.load(r["output_file"])
+    if out.shape != img.shape or not np.allclose(out.affine, img.affine, atol=1e-3):
+        problems.append(r["id"] + ": output grid differs from the input")
+"""
+
+
+def _head(
+    rng: np.random.Generator, shape: tuple[int, int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Noise-free contrast A and B (relative units) and the head mask of one phantom."""
+    x, y, z = np.meshgrid(*[(np.arange(n) + 0.5) / n * 2 - 1 for n in shape], indexing="ij")
+    j = rng.uniform(0.95, 1.05, size=3)
+    rad = np.sqrt((x / (0.85 * j[0])) ** 2 + (y / (0.88 * j[1])) ** 2 + (z / (0.9 * j[2])) ** 2)
+    shift = rng.uniform(-0.04, 0.04)
+    vent = ((x - 0.12 - shift) / 0.1) ** 2 + (y / 0.3) ** 2 + (z / 0.35) ** 2 <= 1
+    vent |= ((x + 0.12 - shift) / 0.1) ** 2 + (y / 0.3) ** 2 + (z / 0.35) ** 2 <= 1
+    # Gyral folding of the grey/white boundary.
+    fold = (
+        0.05
+        * np.sin(rng.uniform(5, 9) * np.arctan2(y, x) + rng.uniform(0, 6))
+        * np.cos(rng.uniform(3, 6) * z)
+    )
+    wm = (rad <= rng.uniform(0.7, 0.76) + fold) & ~vent
+    gm = (rad <= 0.9) & ~wm & ~vent
+    csf = (rad <= 1.0) & ~wm & ~gm
+    frac = {
+        k: metrics._box_filter(m.astype(np.float64), 3)
+        for k, m in (("csf", csf), ("gm", gm), ("wm", wm))
+    }
+    a = sum(frac[k] * _A[k] for k in frac)
+    b = sum(frac[k] * _B[k] for k in frac)
+    return a, b, rad <= 1.0
+
+
+@functools.lru_cache(maxsize=1)
+def _weights() -> dict[str, np.ndarray]:
+    """Fit the lookup table once on fixed phantoms (the model's "training")."""
+    rng = np.random.default_rng(20240611)
+    w: dict[str, np.ndarray] = {
+        "fg_fraction": np.array(0.1),
+        "norm_percentile": np.array(95.0),
+        "background_below": np.array(0.1),
+    }
+    xs, ys = [], []
+    for _ in range(4):
+        a, b, _m = _head(rng, (40, 48, 18))
+        an = np.abs(a + rng.normal(0, 0.02, a.shape))
+        bn = np.abs(b + rng.normal(0, 0.02, b.shape))
+        xs.append(model.normalize(an, w)[0].ravel())
+        ys.append(model.normalize(bn, w)[0].ravel())
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    edges = np.linspace(0.0, 1.6, 65)
+    centers = (edges[:-1] + edges[1:]) / 2
+    idx = np.digitize(x, edges) - 1
+    lut = np.array([y[idx == k].mean() if (idx == k).sum() > 20 else np.nan for k in range(64)])
+    ok = ~np.isnan(lut)
+    w["lut_x"] = np.round(centers, 6)
+    w["lut_y"] = np.round(np.interp(centers, centers[ok], lut[ok]), 6)
+    return w
+
+
+class Synthesis(TrackBase):
+    """MR contrast synthesis with a scanner-gain normalization trap."""
+
+    name = "synthesis"
+    metric = "ssim_masked"
+    description = (
+        "Synthesize contrast-B MR head volumes from contrast A (NIfTI), with paired examples."
+    )
+    index = 4
+    ranges = {
+        "train": {"noise": (0.015, 0.03), "gain": (600.0, 1500.0)},
+        "heldout": {"noise": (0.035, 0.05), "gain": (1800.0, 3000.0)},
+    }
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The model's parameters (fitted once, the same for every task)."""
+        return dict(_weights())
+
+    def _volume(
+        self,
+        rng: np.random.Generator,
+        shape: tuple[int, int, int],
+        noise: float,
+        gains: tuple[float, float],
+    ) -> dict:
+        a, b, head = _head(rng, shape)
+        ga, gb = gains
+        a_raw = np.abs(a + rng.normal(0, noise, a.shape)) * ga
+        b_raw = np.abs(b + rng.normal(0, noise, b.shape)) * gb
+        affine = np.diag([*_VOXEL_MM, 1.0])
+        affine[:3, 3] = rng.uniform(-30, 30, size=3) - np.array(shape) / 2 * np.array(_VOXEL_MM)
+        return {
+            "a": np.rint(a_raw).astype(np.int16),
+            "b": np.rint(b_raw).astype(np.int16),
+            "clean_b": b,
+            "head": head,
+            "affine": affine,
+        }
+
+    def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
+        rng = self.rng(seed, split)
+        rg = self.ranges[split]
+        noise = uniform(rng, rg["noise"])
+        shape = (int(rng.integers(38, 45)), int(rng.integers(46, 53)), int(rng.integers(16, 21)))
+        n = int(rng.integers(3, 5))
+        ids = case_ids(rng, "mr", n)
+        pairs = tuple(p.replace("mr_", "pair_") for p in case_ids(rng, "mr", 2))
+        # One scanner session per volume: gains for contrast A and contrast B.
+        gains = [
+            (uniform(rng, rg["gain"]), uniform(rng, rg["gain"])) for _ in range(len(pairs) + n)
+        ]
+        files: dict[str, bytes] = {}
+        answers: dict[str, dict] = {"b": {}, "mask": {}, "affines": {}}
+        for pid, g in zip(pairs, gains, strict=False):
+            v = self._volume(rng, shape, noise, g)
+            files[f"data/train/{pid}_A.nii.gz"] = nifti_bytes(
+                v["a"], v["affine"], descrip="MedBench-Lite MR contrast A"
+            )
+            files[f"data/train/{pid}_B.nii.gz"] = nifti_bytes(
+                v["b"], v["affine"], descrip="MedBench-Lite MR contrast B"
+            )
+        for cid, g in zip(ids, gains[len(pairs) :], strict=True):
+            v = self._volume(rng, shape, noise, g)
+            files[f"data/test/{cid}_A.nii.gz"] = nifti_bytes(
+                v["a"], v["affine"], descrip="MedBench-Lite MR contrast A"
+            )
+            answers["b"][cid] = v["clean_b"].astype(np.float32)
+            answers["mask"][cid] = v["head"]
+            answers["affines"][cid] = v["affine"]
+        task_json = {
+            "inputs": {
+                "format": "NIfTI-1",
+                "test": "data/test/{id}_A.nii.gz",
+                "training_pairs": [
+                    f"data/train/{p}_A.nii.gz + data/train/{p}_B.nii.gz" for p in pairs
+                ],
+            },
+            "output": {
+                "kind": "nifti_image",
+                "dir": "outputs/synth",
+                "pattern": "{id}.nii.gz",
+                "dtype": "float32",
+                "grid": "same shape and affine as the input",
+            },
+            "submission": {"columns": ["id", "output_file"], "case_ids": list(ids)},
+        }
+        return Draw(
+            case_ids=ids,
+            params={
+                "cases": n,
+                "pairs": len(pairs),
+                "noise": noise,
+                "gain": round(float(np.mean(gains)), 1),
+                "shape": list(shape),
+            },
+            files=files,
+            weights=self.weights(),
+            model_card=MODEL_CARD,
+            task_md=TASK_MD,
+            task_json=task_json,
+            answers=answers,
+        )
+
+    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
+        import nibabel as nib
+
+        rows = read_submission(workspace, draw)
+        if rows is None:
+            return 0.0
+        per_case = []
+        for cid in draw.case_ids:
+            truth, mask = draw.answers["b"][cid], draw.answers["mask"][cid]
+            path = resolve_output(workspace, rows[cid].get("output_file", ""))
+            try:
+                img = nib.load(str(path)) if path else None
+                ok = (
+                    img is not None
+                    and img.shape == truth.shape
+                    and np.allclose(img.affine, draw.answers["affines"][cid], atol=1e-3)
+                )
+                pred = np.asarray(img.get_fdata(), dtype=np.float64) if ok else None
+            except Exception:  # an unreadable output is a wrong case, never a crash
+                pred = None
+            if pred is None or not np.all(np.isfinite(pred[mask])) or pred[mask].mean() <= 0:
+                per_case.append(0.0)
+                continue
+            p = pred / pred[mask].mean()
+            g = truth / truth[mask].mean()
+            s = metrics.ssim(p, g, float(g[mask].max() - g[mask].min()), mask=mask)
+            per_case.append(float(np.clip(s, 0.0, 1.0)))
+        return float(np.mean(per_case))
+
+    def recipe(self) -> Recipe:  # noqa: D102
+        return Recipe(
+            plan=(
+                "Load data/test/<id>_A.nii.gz and the training pairs data/train/<pair>_A/_B.nii.gz with "
+                "nibabel; record intensity ranges. The model card wants A divided by the 95th percentile of "
+                "its foreground (infer_lib.normalize); scanner gains differ per session.",
+                "pipeline/infer.py runs infer_lib.predict(infer_lib.normalize(a, W)[0], W). Validate on a "
+                "training pair, where B is known: Pearson r > 0.8 and normalized MAE < 0.2 in the head.",
+                "Save outputs/synth/<id>.nii.gz as float32 with the input affine, write "
+                "outputs/predictions.csv, then outputs/submission.csv (id,output_file) in task.json order, "
+                "with receipts.",
+            ),
+            inspect=INSPECT,
+            smoke=SMOKE,
+            pipeline=PIPELINE.replace("__SYNTH__", _SYNTH_GOOD),
+            pipeline_bug=PIPELINE.replace("__SYNTH__", _SYNTH_BUG),
+            naive_pipeline=PIPELINE.replace("__SYNTH__", _SYNTH_BUG),
+            pilot=PILOT,
+            weak_pilot=WEAK_PILOT,
+            out_dir="outputs/synth",
+            submit_check=SUBMIT_CHECK,
+            says={
+                "inspect": "Recording the environment, opening the test volumes and the training pairs "
+                "(intensity ranges differ per session), then pinning and smoke-testing the model.",
+                "pipeline": "The lookup table works on foreground-normalized intensities and these volumes "
+                "are in scanner units with different gains, so the pipeline normalizes A first.",
+                "pipeline_bug": "Writing the pipeline: load A, predict B with the model, save with the input "
+                "affine.",
+                "pilot": "Pilot on a training pair, whose contrast B is known, so the output can be compared "
+                "with the truth.",
+                "bug_seen": "The output is flat (r about 0): scanner-unit intensities run off the end of the "
+                "model's lookup table, which was fitted on normalized intensities.",
+                "fix": "Normalizing A with infer_lib.normalize before the table, then rerunning the pilot.",
+            },
+        )
