@@ -21,16 +21,24 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from bat_gym.benchmark import Benchmark
+from bat_gym.benchmark import Benchmark, Split
 from bat_gym.errors import BankError, StateNotFound
 from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
 from bat_gym.spec import E2E, StageState, load_model
 
-__all__ = ["StateSource", "StageBank", "cache_dir", "default_bank", "build_bank", "fit_history"]
+__all__ = [
+    "StateSource",
+    "StageBank",
+    "cache_dir",
+    "default_bank",
+    "build_bank",
+    "fit_history",
+    "task_states",
+]
 
 BANK_FORMAT = 4  # 3: rows carry contract refs; 4: history fitted to the prompt budget
 
@@ -123,25 +131,57 @@ class StageBank:
 
 
 class _MemoryStates:
-    """A StateSource over states held in memory (used while building)."""
+    """A StateSource over states held in memory (while building, and for evaluation)."""
 
     def __init__(self, store: BlobStore, states: list[StageState]) -> None:
         self.store = store
         self._rows = {s.state_id: s for s in states}
 
     def get(self, state_id: str) -> StageState:
-        return self._rows[state_id]
+        try:
+            return self._rows[state_id]
+        except KeyError:
+            raise StateNotFound(state_id, list(self._rows)[:50]) from None
 
     def select(self, focus: str | None = None, track: str | None = None) -> list[str]:
-        return sorted(self._rows)
+        return sorted(
+            s.state_id
+            for s in self._rows.values()
+            if (focus is None or s.focus == focus) and (track is None or s.track == track)
+        )
+
+
+def task_states(
+    bench: Benchmark,
+    tasks: Iterable[tuple[str, int]],
+    split: Split,
+    store: BlobStore,
+    *,
+    protocol: str = "hermes",
+) -> StateSource:
+    """E2E start states of the given ``(track, seed)`` tasks, held in memory.
+
+    For evaluating on held-out tasks, which never enter a bank: pass the result as
+    ``states=`` to an E2E env and reset with ``options={"state_id": ...}`` (ids from
+    ``select()``). Each task's public files are captured into ``store``; the state pins
+    the benchmark's E2E contract and records split and seed, so its task (and task
+    metric) can be regenerated for scoring.
+    """
+    states = [_initial_state(bench, seed, track, store, protocol, split) for track, seed in tasks]
+    return _MemoryStates(store, states)
 
 
 def _initial_state(
-    bench: Benchmark, task_seed: int, track: str, store: BlobStore, protocol_name: str
+    bench: Benchmark,
+    task_seed: int,
+    track: str,
+    store: BlobStore,
+    protocol_name: str,
+    split: Split = "train",
 ) -> StageState:
     from bat_gym.protocol import get_protocol
 
-    task = bench.make_task(track, task_seed, "train")
+    task = bench.make_task(track, task_seed, split)
     with tempfile.TemporaryDirectory(prefix="bat-gym-task-") as tmp:
         bench.write_public_files(task, Path(tmp))
         snap = WorkspaceIndex(tmp).capture(store)
@@ -161,8 +201,9 @@ def _initial_state(
         messages=messages,
         snapshot=snap.digest,
         contract=bench.contract_ref(E2E),
-        # Training seeds are not secret; held-out seeds never reach a bank.
-        provenance={"split": "train", "seed": task_seed, "teacher": "scripted", "tier": task.tier},
+        # Training seeds are not secret; held-out seeds never reach a bank (only the
+        # in-memory states of task_states, for evaluation).
+        provenance={"split": split, "seed": task_seed, "teacher": "scripted", "tier": task.tier},
     )
 
 
@@ -173,11 +214,13 @@ def build_bank(
     tasks_per_track: int = 1,
     backend: str = "local",
     protocol: str = "hermes",
+    tracks: Sequence[str] | None = None,
 ) -> StageBank:
     """Build a bank of every focus x track (success outcome) from training seeds.
 
     For each task the teacher's turns are stepped through a real E2E env; before the
     first turn of each stage the workspace is captured as that stage's start state.
+    ``tracks`` limits the bank to those tracks (default: all of the spec's).
     """
     from bat_gym.env import StageEnv
     from bat_gym.protocol import get_protocol
@@ -188,7 +231,8 @@ def build_bank(
     proto = get_protocol(protocol)
     seeds = list(bench.seeds("train"))[:tasks_per_track]
     states: list[StageState] = []
-    for track in (t.name for t in bench.spec.tracks):
+    for track in tracks or [t.name for t in bench.spec.tracks]:
+        bench.spec.track(track)  # an unknown name fails here, naming the known ones
         for seed in seeds:
             start = _initial_state(bench, seed, track, store, protocol)
             states.append(start)

@@ -105,6 +105,20 @@ class Benchmark(ABC):
         """
         return None
 
+    def pilot_score(self, task: Task, workspace: FrozenWorkspace, pilot_path: str) -> float | None:
+        """The task metric on the validation pilot's case(s) only, in [0, 1]; None when unscorable.
+
+        S3's quality check (the ``pilot_quality`` rubric check) calls it with the frozen
+        workspace and the pilot file's workspace-relative path (``validation/pilot.csv``
+        in the reference contracts), and passes when the score reaches the contract's
+        threshold. Score the pilot's rows with the task metric against the truth of
+        the cases they name, which may include worked examples whose answers are
+        public. Return 0 for a missing, garbled or off-task pilot, None only when there
+        is no such metric. Default: None, so the quality check is null and left out of
+        the S3 score.
+        """
+        return None
+
     # -- prompts ----------------------------------------------------------------------
 
     def system_prompt(self, focus: str, protocol: ToolProtocol) -> str:

@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 from bat_gym.envs.toy_pipeline.suite import SPEC
+from bat_gym.record import ExecutionRecord, ToolCallRecord
 from bat_gym.rubrics.context import CheckContext, TaskOracle
 from bat_gym.rubrics.contract import ContractLibrary, RubricContract
 from bat_gym.rubrics.verifier import verify
 from bat_gym.rubrics.workspace import FrozenWorkspace
-
-from bat_gym.record import ExecutionRecord, ToolCallRecord
 from bat_gym.sandbox.snapshot import BlobStore
 
 CASES = [f"case{i:03d}" for i in range(40)]

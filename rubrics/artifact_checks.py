@@ -1,8 +1,9 @@
 """Checks on the artifacts of the frozen workspace: presence, JSON, CSV, plans, receipts.
 
 Each is registered under its function's name (see :mod:`bat_gym.rubrics.checks`).
-Files are read from the snapshot captured after the episode; inputs to compare with
-(expected case ids, input columns) from the start snapshot.
+Files are read from the snapshot captured after the episode; what they are compared
+with (expected case ids, the submission's columns, input columns) from the task's own
+files in the start snapshot, which the agent cannot edit.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from bat_gym.rubrics.reading import (
     CellType,
     ColumnRef,
     IdSource,
+    JsonList,
     expected_ids,
     listing,
     parse_cell,
     read_csv,
     read_json,
     read_text,
+    start_list,
 )
 
 __all__ = [
@@ -97,7 +100,7 @@ def csv_schema(
     ctx: CheckContext,
     *,
     path: str,
-    columns: Annotated[list[str], Field(min_length=1)],
+    columns: Annotated[list[str], Field(min_length=1)] | JsonList,
     exact_columns: bool = True,
     types: dict[str, CellType] | None = None,
     allowed: dict[str, list[str | int | float]] | None = None,
@@ -111,7 +114,10 @@ def csv_schema(
     Args:
         ctx: what the check may read.
         path: the CSV file.
-        columns: required columns; with ``exact_columns`` the header is exactly these, in order.
+        columns: required columns; with ``exact_columns`` the header is exactly these, in
+            order. Either a list, or where the task lists them in the start workspace
+            (``{file: task.json, key: submission.columns}``), so one contract fits every
+            benchmark whose task states its schema.
         exact_columns: whether other columns or another order fail.
         types: column to ``int``, ``float`` or ``str`` (non-empty); every cell must parse.
         allowed: column to the values it may take (compared after ``types``).
@@ -121,6 +127,10 @@ def csv_schema(
             distinct expected ids.
         min_rows: fewest data rows accepted.
     """
+    if isinstance(columns, JsonList):
+        columns = start_list(ctx, columns, "columns")
+        if not columns:
+            raise CheckUnscorable("the task lists no columns")
     header, rows = read_csv(ctx.workspace, path)
     evidence = ctx.artifact(path)
     if exact_columns and header != columns:

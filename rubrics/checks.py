@@ -15,8 +15,9 @@ into results. A check must never raise on what the agent wrote: garbled files fa
 The built-in checks live in :mod:`~bat_gym.rubrics.artifact_checks` (``file_exists``,
 ``file_nonempty``, ``json_valid``, ``csv_schema``, ``markdown_sections``,
 ``receipt_valid``, ``non_degenerate``) and :mod:`~bat_gym.rubrics.episode_checks`
-(``command_ran``, ``written_by_tool``, ``unchanged``, ``task_metric_at_least``,
-``matches_answers``); they register the first time the registry is consulted.
+(``command_ran``, ``pipeline_ran``, ``written_by_tool``, ``stage_artifacts_written``,
+``unchanged``, ``task_metric_at_least``, ``pilot_quality``, ``matches_answers``); they
+register the first time the registry is consulted.
 """
 
 from __future__ import annotations

@@ -122,31 +122,49 @@ class CheckUnscorable(Exception):
     """Raised inside a check when infrastructure, not the agent, keeps it from deciding."""
 
 
+def _unit_or_none(value: Any, what: str) -> float | None:
+    if value is not None and (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0.0 <= value <= 1.0
+    ):
+        raise ValueError(f"{what} returned {value!r}; expected None or a number in [0, 1]")
+    return None if value is None else float(value)
+
+
 class TaskOracle:
     """What only the verifier may see about a task: private answers and the task metric.
 
-    Both are computed on first use, so checks that need neither cost nothing extra.
+    Everything is computed on first use, so checks that need none of it cost nothing
+    extra.
 
     Args:
         answers: returns the task's private answers.
         metric: the task metric of a frozen workspace, in [0, 1], or None if unscorable.
+        pilot: the task metric on a pilot's case(s) only: ``(workspace, pilot_path)``
+            to [0, 1], or None if unscorable. Default: none (pilot quality is null).
     """
 
     def __init__(
         self,
         answers: Callable[[], Mapping[str, Any]],
         metric: Callable[[FrozenWorkspace], float | None],
+        pilot: Callable[[FrozenWorkspace, str], float | None] | None = None,
     ) -> None:
         self._answers = answers
         self._metric = metric
+        self._pilot = pilot
         self._scores: dict[str, float | None] = {}
+        self._pilot_scores: dict[tuple[str, str], float | None] = {}
 
     @classmethod
     def of(cls, benchmark: Benchmark, task: Task) -> TaskOracle:
-        """The oracle of ``task`` under ``benchmark`` (its private answers and ``task_score``)."""
+        """The oracle of ``task`` under ``benchmark``: private answers, ``task_score``, ``pilot_score``."""
         return cls(
             lambda: benchmark.private_answers(task),
             lambda workspace: benchmark.task_score(task, workspace),
+            lambda workspace, path: benchmark.pilot_score(task, workspace, path),
         )
 
     @cached_property
@@ -161,18 +179,23 @@ class TaskOracle:
             ValueError: the metric returned something other than None or a number in [0, 1].
         """
         if workspace.digest not in self._scores:
-            value = self._metric(workspace)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or not 0.0 <= value <= 1.0
-            ):
-                raise ValueError(
-                    f"task metric returned {value!r}; expected None or a number in [0, 1]"
-                )
-            self._scores[workspace.digest] = None if value is None else float(value)
+            self._scores[workspace.digest] = _unit_or_none(self._metric(workspace), "task metric")
         return self._scores[workspace.digest]
+
+    def pilot_score(self, workspace: FrozenWorkspace, path: str) -> float | None:
+        """The task metric on the pilot at ``path`` only (computed once per snapshot and path).
+
+        None when the oracle has no pilot metric or the benchmark cannot score the pilot.
+
+        Raises:
+            ValueError: the pilot metric returned something other than None or a number in [0, 1].
+        """
+        if self._pilot is None:
+            return None
+        key = (workspace.digest, path)
+        if key not in self._pilot_scores:
+            self._pilot_scores[key] = _unit_or_none(self._pilot(workspace, path), "pilot metric")
+        return self._pilot_scores[key]
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Checks on what happened during the episode: tool calls, changes since the start, the task.
 
-``command_ran`` and ``written_by_tool`` read the execution record, ``unchanged``
-compares the frozen workspace with the start snapshot, and ``task_metric_at_least`` and
-``matches_answers`` consult the task oracle (private answers and metric) that only the
-verifier holds. Each is registered under its function's name.
+``command_ran``, ``pipeline_ran``, ``written_by_tool`` and ``stage_artifacts_written``
+read the execution record, ``unchanged`` compares the frozen workspace with the start
+snapshot, and ``task_metric_at_least``, ``pilot_quality`` and ``matches_answers``
+consult the task oracle (private answers and metrics) that only the verifier holds.
+Each is registered under its function's name.
 """
 
 from __future__ import annotations
@@ -20,14 +21,18 @@ from bat_gym.rubrics.context import (
     CheckUnscorable,
     Evidence,
 )
+from bat_gym.rubrics.invocation import runs_script
 from bat_gym.rubrics.reading import listing, read_csv, states_answer
 from bat_gym.rubrics.workspace import path_matches
 
 __all__ = [
     "command_ran",
+    "pipeline_ran",
     "written_by_tool",
+    "stage_artifacts_written",
     "unchanged",
     "task_metric_at_least",
+    "pilot_quality",
     "matches_answers",
 ]
 
@@ -75,6 +80,63 @@ def command_ran(
     )
 
 
+@register_check("pipeline_ran")
+def pipeline_ran(
+    ctx: CheckContext,
+    *,
+    entry: str,
+    writes: Annotated[list[str], Field(min_length=1)],
+) -> CheckResult:
+    """A call that runs the script ``entry`` and names each file of ``writes`` exited 0.
+
+    "Runs" is read from the call's code (see :mod:`bat_gym.rubrics.invocation`): a plan
+    or an ``echo`` that names the script does not run it. The call must also have
+    changed the workspace, and each file of ``writes`` must be new or different since
+    the start: together, a real run that wrote them. Null when no such call succeeded
+    but one was cut short by a sandbox restart.
+    """
+    names = [(p, p.rsplit("/", 1)[-1]) for p in writes]
+    matching = [
+        c
+        for c in ctx.record.calls
+        # The cheap test first: parsing code is the costly part.
+        if all(path in c.code or name in c.code for path, name in names)
+        and runs_script(c.code, c.language, entry)
+    ]
+    what = f"call running {entry} that names {listing(writes)}"
+    good = [c for c in matching if c.succeeded and c.changed_workspace]
+    if good:
+        unchanged_files = [p for p in writes if not ctx.changed(p)]
+        if unchanged_files:
+            raise CheckFailed(
+                f"a {what} exited 0, but {listing(unchanged_files)} was not written in this episode",
+                (Evidence.execution(good[-1].index),),
+            )
+        call = good[-1]
+        evidence = (Evidence.execution(call.index),) + tuple(
+            e for p in writes for e in ctx.artifact(p) if e.kind == "artifact"
+        )
+        return CheckResult.ok(f"call #{call.index} ({what}) exited 0 and wrote them", evidence)
+    restarted = [c.index for c in matching if c.restarted]
+    if restarted:
+        raise CheckUnscorable(
+            f"a {what} was cut short by a sandbox restart (call #{restarted[-1]})"
+        )
+    if not matching:
+        raise CheckFailed(f"no {what}")
+    last = matching[-1]
+    why = (
+        "timed out"
+        if last.timed_out
+        else f"exited {last.exit_code}"
+        if not last.succeeded
+        else "did not change the workspace"
+    )
+    raise CheckFailed(
+        f"a {what} never succeeded: call #{last.index} {why}", (Evidence.execution(last.index),)
+    )
+
+
 @register_check("written_by_tool")
 def written_by_tool(
     ctx: CheckContext, *, paths: Annotated[list[str], Field(min_length=1)]
@@ -96,6 +158,22 @@ def written_by_tool(
             "files changed but the record shows no call that changed the workspace"
         )
     return CheckResult.ok(f"written during the episode: {listing(paths)}", evidence)
+
+
+@register_check("stage_artifacts_written")
+def stage_artifacts_written(ctx: CheckContext, *, stage: str) -> CheckResult:
+    """Every artifact the benchmark's spec lists for ``stage`` was written in the episode.
+
+    The list comes from the benchmark (``Stage.artifacts`` of its spec), not from the
+    workspace, so one contract asks each benchmark for what its own stage produces.
+    Null without a spec, or when the spec lists no artifacts for ``stage``.
+    """
+    if ctx.spec is None:
+        raise CheckUnscorable("no benchmark spec: the stage's artifacts are unknown")
+    found = [s for s in ctx.spec.stages if s.id == stage]
+    if not found or not found[0].artifacts:
+        raise CheckUnscorable(f"{ctx.spec.name} lists no artifacts for stage {stage}")
+    return written_by_tool(ctx, paths=list(found[0].artifacts))
 
 
 @register_check("unchanged")
@@ -134,6 +212,30 @@ def task_metric_at_least(
     if score < threshold:
         raise CheckFailed(f"task metric {score:.3f} < {threshold}")
     return CheckResult.ok(f"task metric {score:.3f} >= {threshold}")
+
+
+@register_check("pilot_quality")
+def pilot_quality(
+    ctx: CheckContext, *, path: str, threshold: Annotated[float, Field(ge=0, le=1)]
+) -> CheckResult:
+    """The benchmark's task metric on the pilot's case(s) is at least ``threshold``.
+
+    The benchmark scores the pilot file (:meth:`~bat_gym.benchmark.Benchmark.pilot_score`)
+    against the truth of the cases it names; this is S3's quality check. Null when
+    there is no task oracle or the benchmark has no pilot metric. The detail gives the
+    score, never the truth.
+    """
+    if ctx.task is None:
+        raise CheckUnscorable("no task oracle: the pilot cannot be scored")
+    if not ctx.workspace.exists(path):
+        raise CheckFailed(f"{path} is missing")
+    score = ctx.task.pilot_score(ctx.workspace, path)
+    if score is None:
+        raise CheckUnscorable("the benchmark has no pilot metric for this task")
+    evidence = ctx.artifact(path)
+    if score < threshold:
+        raise CheckFailed(f"{path}: task metric on the pilot {score:.3f} < {threshold}", evidence)
+    return CheckResult.ok(f"{path}: task metric on the pilot {score:.3f} >= {threshold}", evidence)
 
 
 @register_check("matches_answers")

@@ -3,8 +3,9 @@
 Every reader takes a :class:`~bat_gym.rubrics.workspace.FrozenWorkspace` and raises
 :class:`~bat_gym.rubrics.context.CheckFailed` naming the file and the problem when the
 content is missing, too large, not UTF-8 or malformed, so a check never crashes on a
-garbled artifact. Ground truth (expected case ids) is read from the *start* workspace,
-and its absence is the state's fault, not the agent's (:class:`CheckUnscorable`).
+garbled artifact. Ground truth (expected case ids, the submission's columns) is read
+from the task's own files in the *start* workspace, never from the agent's copy, and
+its absence is the state's fault, not the agent's (:class:`CheckUnscorable`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckUnscorable
 from bat_gym.rubrics.workspace import FrozenWorkspace
 
 __all__ = [
+    "JsonList",
     "IdSource",
     "ColumnRef",
     "CellType",
@@ -29,6 +31,7 @@ __all__ = [
     "read_json",
     "read_csv",
     "expected_ids",
+    "start_list",
     "listing",
     "parse_cell",
     "states_answer",
@@ -37,13 +40,20 @@ __all__ = [
 _ARG = ConfigDict(extra="forbid", frozen=True)
 
 
-class IdSource(BaseModel):
-    """Where expected case ids come from: a JSON file of the *start* workspace."""
+class JsonList(BaseModel):
+    """A list of strings in a JSON file of the *start* workspace (case ids, column names).
+
+    In a contract: ``{file: task.json, key: submission.columns}``.
+    """
 
     model_config = _ARG
 
     file: str = Field(description="JSON file in the start workspace, e.g. task.json.")
-    key: str = Field(description="Dotted key of a list of ids, e.g. submission.case_ids.")
+    key: str = Field(description="Dotted key of a list of strings, e.g. submission.case_ids.")
+
+
+IdSource = JsonList
+"""Where expected case ids come from (a :class:`JsonList`)."""
 
 
 class ColumnRef(BaseModel):
@@ -111,19 +121,29 @@ def _dig(data: Any, dotted: str) -> Any:
     return data
 
 
-def expected_ids(ctx: CheckContext, source: IdSource) -> list[str]:
-    """Case ids from the start workspace; their absence is the bank's fault, not the agent's."""
+def start_list(ctx: CheckContext, source: JsonList, what: str = "strings") -> list[str]:
+    """The list ``source`` names, read from the start workspace.
+
+    Raises:
+        CheckUnscorable: the file or key is missing, or the value is not a list of
+            strings; the state, not the agent, is then at fault.
+    """
     try:
-        ids = _dig(json.loads(ctx.start.read_text(source.file)), source.key)
+        values = _dig(json.loads(ctx.start.read_text(source.file)), source.key)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         raise CheckUnscorable(
-            f"expected ids {source.file}:{source.key} unreadable in the start workspace ({exc})"
+            f"{what} {source.file}:{source.key} unreadable in the start workspace ({exc})"
         ) from None
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
         raise CheckUnscorable(
-            f"{source.file}:{source.key} in the start workspace is not a list of ids"
+            f"{source.file}:{source.key} in the start workspace is not a list of {what}"
         )
-    return ids
+    return values
+
+
+def expected_ids(ctx: CheckContext, source: IdSource) -> list[str]:
+    """Case ids from the start workspace; their absence is the bank's fault, not the agent's."""
+    return start_list(ctx, source, "expected ids")
 
 
 def listing(items: list[str], limit: int = 5) -> str:

@@ -134,6 +134,17 @@ class MedBenchLite(Benchmark):
         """The track metric of the submission in a plain directory, in ``[0, 1]``."""
         return get_track(task.track).score(self._task_draw(task), Path(workspace_dir))
 
+    def pilot_score(self, task: Task, workspace: FrozenWorkspace, pilot_path: str) -> float | None:
+        """The track metric on the pilot's case(s) only, in ``[0, 1]``.
+
+        The pilot CSV is read like a submission and its rows are scored with the task
+        metric against the truth of the cases it names, which may be a test case or a
+        worked example with a known answer (a training pair, a dev question). A pilot
+        that is missing, malformed or names anything else scores 0.0.
+        """
+        with workspace.as_directory() as directory:
+            return get_track(task.track).pilot_score(self._task_draw(task), directory, pilot_path)
+
 
 def _task_md(task: Task, d: Draw) -> str:
     stages = "\n".join(

@@ -18,7 +18,7 @@ from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task,
 if TYPE_CHECKING:
     from bat_gym.rubrics.workspace import FrozenWorkspace
 
-__all__ = ["ToyPipeline"]
+__all__ = ["ToyPipeline", "label_accuracy"]
 
 SUBMISSION = "outputs/submission.csv"
 _INT = re.compile(r"[+-]?[0-9]+")
@@ -101,6 +101,40 @@ SPEC = BenchmarkSpec(
     ),
     default_priority=10,
 )
+
+
+def label_accuracy(
+    workspace: FrozenWorkspace, path: str, truth: dict[str, int], *, complete: bool
+) -> float:
+    """Accuracy of the ``id,label`` CSV at ``path`` against ``truth``.
+
+    ``accuracy = (1 / |R|) * sum_{r in R} [label_r == truth_r]`` over the scored rows
+    ``R``: every case of ``truth`` when ``complete`` (the submission: a missing case
+    scores 0), else the file's own rows (a pilot: a row naming no case scores 0).
+    0 when the file is missing or garbled (not UTF-8 CSV with ``id`` and ``label``
+    columns, an id given twice, no rows). A label that is not an integer is wrong.
+    """
+    try:
+        reader = csv.DictReader(io.StringIO(workspace.read_text(path)))
+        if not {"id", "label"} <= set(reader.fieldnames or ()):
+            return 0.0
+        rows = list(reader)
+    except (OSError, ValueError, csv.Error):
+        return 0.0
+    predicted: dict[str, str] = {}
+    for row in rows:
+        case = (row["id"] or "").strip()
+        if case in predicted:
+            return 0.0
+        predicted[case] = (row["label"] or "").strip()
+    scored = list(truth) if complete else list(predicted)
+    if not scored or not set(scored) <= set(truth) or not set(scored) <= set(predicted):
+        return 0.0
+    right = sum(
+        _INT.fullmatch(predicted[case]) is not None and int(predicted[case]) == truth[case]
+        for case in scored
+    )
+    return right / len(scored)
 
 
 def _csv(rows: list[dict[str, Any]], fields: list[str]) -> str:
@@ -192,32 +226,16 @@ class ToyPipeline(Benchmark):
     def task_score(self, task: Task, workspace: FrozenWorkspace) -> float:
         """Accuracy of ``outputs/submission.csv`` against the private labels.
 
-        ``accuracy = (1 / |C|) * sum_{c in C} [label_c == truth_c]`` over the task's case
-        ids ``C``. 0 when the file is missing or garbled (not UTF-8 CSV with ``id`` and
-        ``label`` columns, or an id given twice) and when any case is missing, as in
-        the reference. A label that is not an integer counts as wrong.
+        Over every case id of the task; 0 when the file is missing or garbled and
+        when any case is missing, as in the reference (see :func:`label_accuracy`).
         """
-        truth: dict[str, int] = self.private_answers(task)["labels"]
-        try:
-            reader = csv.DictReader(io.StringIO(workspace.read_text(SUBMISSION)))
-            if not {"id", "label"} <= set(reader.fieldnames or ()):
-                return 0.0
-            rows = list(reader)
-        except (OSError, ValueError, csv.Error):
-            return 0.0
-        predicted: dict[str, str] = {}
-        for row in rows:
-            case = (row["id"] or "").strip()
-            if case in predicted:
-                return 0.0
-            predicted[case] = (row["label"] or "").strip()
-        if not set(truth) <= set(predicted):
-            return 0.0
-        right = sum(
-            _INT.fullmatch(predicted[case]) is not None and int(predicted[case]) == label
-            for case, label in truth.items()
-        )
-        return right / len(truth)
+        truth = self.private_answers(task)["labels"]
+        return label_accuracy(workspace, SUBMISSION, truth, complete=True)
+
+    def pilot_score(self, task: Task, workspace: FrozenWorkspace, pilot_path: str) -> float:
+        """Accuracy of the pilot's rows against the private labels of the cases they name."""
+        truth = self.private_answers(task)["labels"]
+        return label_accuracy(workspace, pilot_path, truth, complete=False)
 
 
 def _py(code: str) -> ToolCall:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from bat_gym.envs.toy_pipeline.suite import label_accuracy
 from bat_gym.record import ExecutionRecord, ToolCallRecord
 from bat_gym.rubrics.context import CheckContext, TaskOracle
 from bat_gym.rubrics.workspace import FrozenWorkspace
@@ -54,7 +55,15 @@ def make_ctx(store):
         final = {p: c for p, c in final.items() if c is not None}
         oracle = None
         if answers is not None or metric is not None:
-            oracle = TaskOracle(lambda: answers or {}, metric or (lambda ws: None))
+            # The pilot is scored as toy_pipeline scores it: label accuracy of its rows.
+            labels = (answers or {}).get("labels")
+            pilot = None
+            if labels is not None:
+
+                def pilot(ws, path):
+                    return label_accuracy(ws, path, labels, complete=False)
+
+            oracle = TaskOracle(lambda: answers or {}, metric or (lambda ws: None), pilot)
         start_ws = FrozenWorkspace.from_files(store, start)
         return CheckContext(
             workspace=FrozenWorkspace.from_files(store, final),

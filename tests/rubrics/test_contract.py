@@ -102,7 +102,7 @@ def test_an_unknown_check_fails_at_load_time_naming_file_item_and_known_checks(t
         (
             {"id": "x", "check": "csv_schema", "args": {"path": "a", "columns": "id"}},
             "items[0].args",
-            "columns: Input should be a valid list",
+            "columns.list[str]: Input should be a valid list",
         ),
         (
             {"id": "x", "check": "file_exists", "args": {"path": "a"}, "requires": ["prose"]},
@@ -197,9 +197,8 @@ def test_the_library_refuses_a_contract_whose_digest_differs():
 
 def test_an_edited_contract_file_no_longer_matches_the_pin(tmp_path):
     src = (REFERENCE_DIR / "s5_submit.yaml").read_text()
-    (tmp_path / "s5_submit.yaml").write_text(
-        src.replace("types: {label: int}", "types: {label: str}")
-    )
+    assert "coverage: all" in src
+    (tmp_path / "s5_submit.yaml").write_text(src.replace("coverage: all", "coverage: subset"))
     edited = ContractLibrary.from_dir(tmp_path)
     with pytest.raises(RubricContractError):
         edited.get(ContractLibrary.reference().by_id("s5_submit").ref)

@@ -5,7 +5,13 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    "name", ["bat_gym.rubrics.scoring", "bat_gym.rubrics.workspace", "bat_gym.rubrics.reading"]
+    "name",
+    [
+        "bat_gym.rubrics.scoring",
+        "bat_gym.rubrics.workspace",
+        "bat_gym.rubrics.reading",
+        "bat_gym.rubrics.invocation",
+    ],
 )
 def test_docstring_examples_run(name):
     result = doctest.testmod(importlib.import_module(name))

@@ -69,6 +69,8 @@ def make(toy_bank):
     envs = []
 
     def make_env(name, **kwargs):
+        # toy_pipeline is not the default benchmark: name it with its bank.
+        kwargs.setdefault("benchmark", "toy_pipeline")
         env = gym.make(f"bat/{name}-v0", states=kwargs.pop("states", toy_bank), **kwargs)
         envs.append(env)
         return env

@@ -122,7 +122,7 @@ def test_e2e_without_a_task_oracle_is_null_not_zero(e2e):
     assert "no task oracle: the task score is null" in v.notes
     # The pilot's quality check is null and excluded: S3 still reaches 1.0.
     s3 = stage_of(v, "S3")
-    assert s3.null_items == ("pilot_correct",) and s3.score == 1.0
+    assert s3.null_items == ("pilot_quality",) and s3.score == 1.0
     assert any("S3: null items excluded" in n for n in v.notes)
 
 
@@ -259,7 +259,10 @@ def test_eta_discounts_passes_that_lack_the_evidence_they_require(make_ctx):
         "setup/environment.json": '{"python": "3", "numpy": "2"}',
     }
     ctx = make_ctx(
-        {"pipeline/infer.py": "print(1)\n"}, start=start, calls=[call(0, "cat > pipeline/infer.py")]
+        {"pipeline/infer.py": "print(1)\n"},
+        start=start,
+        calls=[call(0, "cat > pipeline/infer.py")],
+        spec=SPEC,
     )
     v = verify(LIB.by_id("s2_setup"), ctx)
     items = {i.id: i for i in v.stages[0].items}

@@ -47,6 +47,24 @@ def _ahead(mask: np.ndarray, axis: int, sign: int, reach: int) -> np.ndarray:
     return hit
 
 
+def _dilate(mask: np.ndarray, steps: int = 1) -> np.ndarray:
+    """``mask`` grown by ``steps`` voxels along the three axes (6-connected, no wrap)."""
+    out = mask
+    for _ in range(steps):
+        grown = out.copy()
+        for axis in range(out.ndim):
+            for sign in (1, -1):
+                grown |= _ahead(out, axis, sign, 1)
+        out = grown
+    return out
+
+
+def _cross_mean(a: np.ndarray) -> np.ndarray:
+    """Mean of each voxel and its four in-plane neighbours (edges repeated)."""
+    p = np.pad(a.astype(np.float64), ((1, 1), (1, 1), (0, 0)), mode="edge")
+    return (p[1:-1, 1:-1] + p[:-2, 1:-1] + p[2:, 1:-1] + p[1:-1, :-2] + p[1:-1, 2:]) / 5.0
+
+
 def segment(volume_hu: np.ndarray, spacing_mm: tuple[float, ...], weights: dict) -> np.ndarray:
     """Label liver (1) and lesions (2) in a RAS+ ordered CT volume.
 
@@ -69,7 +87,10 @@ def segment(volume_hu: np.ndarray, spacing_mm: tuple[float, ...], weights: dict)
     side = np.zeros(vol.shape, dtype=bool)
     side[vol.shape[0] // 2 :] = True
     lo, hi = (float(v) for v in weights["tissue_hu"])
-    tissue = (sm >= lo) & (sm <= hi) & side
+    # Bone, and fat right next to it (whose smoothed values look like soft tissue), is
+    # never liver.
+    near_bone = _dilate(vol > hi, int(weights["bone_margin"]))
+    tissue = (sm >= lo) & (sm <= hi) & side & ~near_bone
     core = tissue & (sm >= float(weights["parenchyma_hu"]))
     # A lesion is hypodense tissue enclosed by liver parenchyma in all six directions;
     # the organ's own blurred rim is hypodense too but never enclosed.
@@ -80,7 +101,19 @@ def segment(volume_hu: np.ndarray, spacing_mm: tuple[float, ...], weights: dict)
             lesion &= _ahead(core, axis, sign, reach)
     # Drop isolated noise voxels: a lesion voxel needs lesion voxels around it.
     lesion &= box_mean(lesion.astype(np.float32), 3) >= float(weights["lesion_support"])
+    # The box means blur every boundary by about a voxel. Redraw the liver's edge with
+    # a five-voxel in-plane mean, one voxel either side of the blurred edge.
+    fine = _cross_mean(vol)
+    liver = (fine >= lo) & (fine <= hi) & side & ~near_bone & _dilate(tissue)
+    liver |= tissue & lesion
+    # Grow each lesion into neighbouring voxels darker than the midpoint between this
+    # volume's lesion and parenchyma intensities: small lesions lose most to the blur.
+    parenchyma = core & ~_dilate(lesion, 2)
+    if lesion.any() and parenchyma.any():
+        cut = 0.5 * (float(np.median(vol[lesion])) + float(np.median(vol[parenchyma])))
+        for _ in range(int(weights["lesion_grow"])):
+            lesion |= _dilate(lesion) & liver & (vol < cut)
     labels = np.zeros(vol.shape, dtype=np.uint8)
-    labels[tissue] = 1
+    labels[liver] = 1
     labels[lesion] = 2
     return labels

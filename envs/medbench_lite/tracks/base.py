@@ -1,14 +1,16 @@
 """What every MedBench-Lite track provides, and the helpers they share.
 
 A track turns ``(seed, split)`` into a :class:`Draw`: every public file as bytes, the
-private answers, and the track's part of ``task.json``. It scores a workspace against
-those answers and hands the teacher its :class:`~bat_gym.envs.medbench_lite.teacher.Recipe`.
+private answers, and the track's part of ``task.json``. It scores a set of rows (the
+submission's, or a one-case pilot's) against those answers with one metric, and hands
+the teacher its :class:`~bat_gym.envs.medbench_lite.teacher.Recipe`.
 """
 
 from __future__ import annotations
 
 import csv
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -22,6 +24,7 @@ __all__ = [
     "Draw",
     "TrackBase",
     "read_submission",
+    "read_rows",
     "resolve_output",
     "uniform",
     "case_ids",
@@ -93,8 +96,45 @@ class TrackBase(ABC):
         """Generate the task's files and answers."""
 
     @abstractmethod
+    def score_cases(
+        self,
+        draw: Draw,
+        workspace: Path,
+        rows: Mapping[str, Mapping[str, str]],
+        ids: Sequence[str],
+    ) -> float:
+        """The track metric over the cases ``ids``, each read from its row in ``rows``.
+
+        Args:
+            draw: the task.
+            workspace: where the files the rows name are resolved.
+            rows: CSV rows by case id; every id in ``ids`` has one.
+            ids: cases whose truth is known (:meth:`known_ids`).
+        """
+
+    def known_ids(self, draw: Draw) -> frozenset[str]:
+        """Ids whose truth the metric can use: the test cases, plus worked examples."""
+        return frozenset(draw.case_ids)
+
     def score(self, draw: Draw, workspace: Path) -> float:
-        """The task metric of the submission in ``workspace`` (0.0 if it is unusable)."""
+        """The task metric of ``outputs/submission.csv`` (0.0 if it is unusable)."""
+        rows = read_submission(workspace, draw)
+        if rows is None:
+            return 0.0
+        return self.score_cases(draw, workspace, rows, draw.case_ids)
+
+    def pilot_score(self, draw: Draw, workspace: Path, pilot_csv: str) -> float:
+        """The task metric on the cases of a pilot CSV only (S3's quality check).
+
+        The pilot is read like the submission (``id`` first, the submission's columns
+        present) and scored with the same metric over its own rows. It scores 0.0 when
+        it is unusable, empty, or names a case whose truth is unknown: a pilot on
+        something that is not a case validates nothing.
+        """
+        rows = read_rows(Path(workspace) / pilot_csv, draw.task_json["submission"]["columns"])
+        if not rows or not set(rows) <= self.known_ids(draw):
+            return 0.0
+        return self.score_cases(draw, workspace, rows, list(rows))
 
     @abstractmethod
     def recipe(self) -> Recipe:
@@ -122,24 +162,38 @@ def case_ids(rng: np.random.Generator, prefix: str, n: int) -> tuple[str, ...]:
     return tuple(sorted(f"{prefix}_{int(k):04d}" for k in nums))
 
 
+def read_rows(path: Path, columns: Sequence[str]) -> dict[str, dict[str, str]] | None:
+    """A CSV's rows by id, or None when the file is unusable.
+
+    Unusable: missing, not UTF-8 CSV, ``id`` not the first column, or one of
+    ``columns`` absent. An id given twice keeps its last row; a missing cell is ``""``.
+    """
+    try:
+        with Path(path).open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames or []
+            # A short row reads as None and a long one files its extra cells under
+            # None; both become plain strings, so a scorer never meets a non-string.
+            rows = {
+                r.get("id") or "": {k: v if isinstance(v, str) else "" for k, v in r.items() if k}
+                for r in reader
+            }
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    if not header or header[0] != "id" or not set(columns) <= set(header):
+        return None
+    return rows
+
+
 def read_submission(workspace: Path, draw: Draw) -> dict[str, dict[str, str]] | None:
     """The submission rows by id, or None when the file is unusable.
 
-    Unusable: missing, not CSV, ``id`` not the first column, a required column absent,
-    or any required case id missing (a missing case makes the task score 0).
+    Unusable as for :func:`read_rows`, or any required case id missing (a missing case
+    makes the task score 0).
     """
     path = Path(workspace) / "outputs" / "submission.csv"
-    cols = draw.task_json["submission"]["columns"]
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            header = reader.fieldnames or []
-            rows = {r.get("id", ""): r for r in reader}
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return None
-    if not header or header[0] != "id" or not set(cols) <= set(header):
-        return None
-    if any(i not in rows for i in draw.case_ids):
+    rows = read_rows(path, draw.task_json["submission"]["columns"])
+    if rows is None or any(i not in rows for i in draw.case_ids):
         return None
     return rows
 

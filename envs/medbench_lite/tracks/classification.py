@@ -13,6 +13,7 @@ Metric: balanced accuracy of the submitted labels.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,6 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
-    read_submission,
     uniform,
 )
 
@@ -291,12 +291,15 @@ class Classification(TrackBase):
             answers={"labels": {cid: int(v) for cid, v in zip(ids, labels, strict=True)}},
         )
 
-    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
-        rows = read_submission(workspace, draw)
-        if rows is None:
-            return 0.0
+    def score_cases(  # noqa: D102
+        self,
+        draw: Draw,
+        workspace: Path,
+        rows: Mapping[str, Mapping[str, str]],
+        ids: Sequence[str],
+    ) -> float:
         truth, pred = [], []
-        for cid in draw.case_ids:
+        for cid in ids:
             truth.append(draw.answers["labels"][cid])
             try:
                 pred.append(int(float(rows[cid]["label"])))

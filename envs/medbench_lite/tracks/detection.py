@@ -13,6 +13,7 @@ Metric: single-class average precision at IoU 0.5 over all images (mAP@0.5).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,6 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
-    read_submission,
     resolve_output,
     uniform,
 )
@@ -307,12 +307,15 @@ class Detection(TrackBase):
             answers={"boxes": truths},
         )
 
-    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
-        rows = read_submission(workspace, draw)
-        if rows is None:
-            return 0.0
+    def score_cases(  # noqa: D102
+        self,
+        draw: Draw,
+        workspace: Path,
+        rows: Mapping[str, Mapping[str, str]],
+        ids: Sequence[str],
+    ) -> float:
         preds = []
-        for cid in draw.case_ids:
+        for cid in ids:
             path = resolve_output(workspace, rows[cid].get("detections_file", ""))
             try:
                 data = json.loads(path.read_text()) if path else {}
@@ -320,7 +323,8 @@ class Detection(TrackBase):
                     preds.append((cid, [float(v) for v in b[:4]], float(b[4])))
             except (OSError, ValueError, TypeError, IndexError, AttributeError):
                 continue  # an unreadable detections file counts as no boxes
-        return metrics.average_precision(preds, draw.answers["boxes"], 0.5)
+        truths = {cid: draw.answers["boxes"][cid] for cid in ids}
+        return metrics.average_precision(preds, truths, 0.5)
 
     def recipe(self) -> Recipe:  # noqa: D102
         return Recipe(

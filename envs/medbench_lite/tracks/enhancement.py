@@ -13,6 +13,7 @@ scores 0 and the model used as documented scores 1 (clipped to [0, 1]).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,6 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
-    read_submission,
     resolve_output,
     uniform,
 )
@@ -296,14 +296,17 @@ class Enhancement(TrackBase):
             answers=answers,
         )
 
-    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
+    def score_cases(  # noqa: D102
+        self,
+        draw: Draw,
+        workspace: Path,
+        rows: Mapping[str, Mapping[str, str]],
+        ids: Sequence[str],
+    ) -> float:
         import nibabel as nib
 
-        rows = read_submission(workspace, draw)
-        if rows is None:
-            return 0.0
         per_case = []
-        for cid in draw.case_ids:
+        for cid in ids:
             clean = draw.answers["clean"][cid]
             path = resolve_output(workspace, rows[cid].get("output_file", ""))
             try:

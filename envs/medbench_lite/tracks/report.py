@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,6 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
-    read_submission,
     resolve_output,
     uniform,
 )
@@ -407,12 +407,15 @@ class Report(TrackBase):
             answers={"findings": {cid: c["findings"] for cid, c in zip(ids, cases, strict=True)}},
         )
 
-    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
-        rows = read_submission(workspace, draw)
-        if rows is None:
-            return 0.0
+    def score_cases(  # noqa: D102
+        self,
+        draw: Draw,
+        workspace: Path,
+        rows: Mapping[str, Mapping[str, str]],
+        ids: Sequence[str],
+    ) -> float:
         per_case = []
-        for cid in draw.case_ids:
+        for cid in ids:
             path = resolve_output(workspace, rows[cid].get("report_file", ""))
             try:
                 pred = (

@@ -14,6 +14,7 @@ Metric: per case, mean of the liver Dice (labels 1+2) and the lesion Dice (label
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,6 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
-    read_submission,
     resolve_output,
     uniform,
 )
@@ -37,7 +37,7 @@ _ORIENTS = ("LPS", "LAS", "PLS", "LPI", "RAS")
 _ORIENT_P = (0.35, 0.2, 0.15, 0.2, 0.1)
 _FOV_XY_MM, _FOV_Z_MM = 330.0, 190.0
 
-MODEL_CARD = """# Model card: liver-lesion-threshold v1.3
+MODEL_CARD = """# Model card: liver-lesion-threshold v1.4
 
 Labels the liver (1) and hypodense liver lesions (2) on contrast-free abdominal CT.
 Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
@@ -233,6 +233,8 @@ class Segmentation(TrackBase):
             "lesion_support": np.array(0.3),
             "smooth": np.array(3),
             "enclose_mm": np.array(60.0),
+            "bone_margin": np.array(1),
+            "lesion_grow": np.array(2),
         }
 
     def _case(
@@ -348,14 +350,17 @@ class Segmentation(TrackBase):
             },
         )
 
-    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
+    def score_cases(  # noqa: D102
+        self,
+        draw: Draw,
+        workspace: Path,
+        rows: Mapping[str, Mapping[str, str]],
+        ids: Sequence[str],
+    ) -> float:
         import nibabel as nib
 
-        rows = read_submission(workspace, draw)
-        if rows is None:
-            return 0.0
         per_case = []
-        for cid in draw.case_ids:
+        for cid in ids:
             truth = draw.answers["labels"][cid]
             path = resolve_output(workspace, rows[cid].get("mask_file", ""))
             try:

@@ -15,6 +15,7 @@ Metric: exact match after normalization (case, punctuation, articles, number wor
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,6 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
-    read_submission,
     uniform,
 )
 
@@ -339,17 +339,27 @@ class Vqa(TrackBase):
             model_card=MODEL_CARD,
             task_md=TASK_MD,
             task_json=task_json,
-            answers={"answers": answers},
+            # The dev answers are public (worked examples); kept here too so that S3
+            # can score a pilot run on one of them with the task metric.
+            answers={
+                "answers": answers,
+                "worked": {q["qid"]: q["answer"] for q in dev_questions},
+            },
         )
 
-    def score(self, draw: Draw, workspace: Path) -> float:  # noqa: D102
-        rows = read_submission(workspace, draw)
-        if rows is None:
-            return 0.0
-        hits = [
-            metrics.exact_match(rows[q].get("answer") or "", draw.answers["answers"][q])
-            for q in draw.case_ids
-        ]
+    def known_ids(self, draw: Draw) -> frozenset[str]:
+        """The test questions and the worked examples of data/dev."""
+        return frozenset(draw.case_ids) | frozenset(draw.answers["worked"])
+
+    def score_cases(  # noqa: D102
+        self,
+        draw: Draw,
+        workspace: Path,
+        rows: Mapping[str, Mapping[str, str]],
+        ids: Sequence[str],
+    ) -> float:
+        truth = {**draw.answers["worked"], **draw.answers["answers"]}
+        hits = [metrics.exact_match(rows[q].get("answer") or "", truth[q]) for q in ids]
         return float(np.mean(hits))
 
     def recipe(self) -> Recipe:  # noqa: D102

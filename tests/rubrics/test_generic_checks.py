@@ -1,0 +1,205 @@
+"""The benchmark-generic checks: schemas from task.json, real pipeline runs, spec artifacts,
+and the benchmark's pilot metric."""
+
+import json
+
+import pytest
+
+from bat_gym.envs.toy_pipeline.suite import SPEC
+from bat_gym.rubrics.checks import run_check
+from bat_gym.rubrics.context import Evidence, TaskOracle
+from bat_gym.rubrics.invocation import runs_script
+
+from .conftest import CASES, LABELS, START, call
+
+SUBMISSION = "id,label\ncase001,1\ncase002,0\ncase003,1\n"
+FROM_TASK = {"file": "task.json", "key": "submission.columns"}
+
+
+# -- csv_schema columns from the task's own files ------------------------------------------
+
+
+def test_csv_schema_reads_the_columns_from_the_start_task_json(make_ctx):
+    wide = {"submission": {"columns": ["id", "label", "confidence"], "case_ids": CASES}}
+    start = {**START, "task.json": json.dumps(wide)}
+    args = {"path": "outputs/submission.csv", "columns": FROM_TASK}
+    rows = "".join(f"{c},1,0.9\n" for c in CASES)
+    ok = make_ctx({"outputs/submission.csv": "id,label,confidence\n" + rows}, start=start)
+    assert run_check("csv_schema", ok, args).passed is True
+    res = run_check(
+        "csv_schema", make_ctx({"outputs/submission.csv": SUBMISSION}, start=start), args
+    )
+    assert res.passed is False and "expected exactly ['id', 'label', 'confidence']" in res.detail
+
+
+def test_an_agent_editing_task_json_does_not_change_the_schema(make_ctx):
+    # The agent rewrites task.json to match its own output; the start snapshot decides.
+    edited = json.dumps({"submission": {"columns": ["id", "guess"], "case_ids": CASES}})
+    ctx = make_ctx({"task.json": edited, "outputs/submission.csv": "id,guess\ncase001,1\n"})
+    res = run_check("csv_schema", ctx, {"path": "outputs/submission.csv", "columns": FROM_TASK})
+    assert res.passed is False and "expected exactly ['id', 'label']" in res.detail
+
+
+def test_columns_missing_from_the_start_state_are_null(make_ctx):
+    start = {**START, "task.json": json.dumps({"submission": {"case_ids": CASES}})}
+    ctx = make_ctx({"outputs/submission.csv": SUBMISSION}, start=start)
+    res = run_check("csv_schema", ctx, {"path": "outputs/submission.csv", "columns": FROM_TASK})
+    assert res.passed is None and "submission.columns" in res.detail
+
+
+# -- pipeline_ran ---------------------------------------------------------------------------
+
+RAN = {"entry": "pipeline/infer.py", "writes": ["validation/pilot.csv"]}
+PILOT = {"validation/pilot.csv": "id,label\ncase001,1\n"}
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("bash", "python pipeline/infer.py validation/pilot.csv case001"),
+        ("bash", "cd /workspace && python3 -u ./pipeline/infer.py validation/pilot.csv case001"),
+        ("bash", "python -m pipeline.infer validation/pilot.csv"),
+        (
+            "bash",
+            "python - <<'EOF'\nimport runpy\nrunpy.run_path('pipeline/infer.py')\n# pilot.csv\nEOF",
+        ),
+        (
+            "python",
+            "import sys\nsys.path.insert(0, 'pipeline')\nimport infer\n"
+            "infer.run(['case001'], 'validation/pilot.csv', None)",
+        ),
+        ("python", "from pipeline import infer\ninfer.run(['case001'], 'validation/pilot.csv')"),
+        (
+            "python",
+            "import subprocess, sys\nsubprocess.run([sys.executable, 'pipeline/infer.py', "
+            "'validation/pilot.csv'], check=True)",
+        ),
+        (
+            "python",
+            "import os\nos.system('timeout 60 python pipeline/infer.py validation/pilot.csv')",
+        ),
+        (
+            "python",
+            "import subprocess\nsubprocess.run(['python', 'pipeline/infer.py', "
+            "'validation/pilot.csv', 'case001'], check=True)",
+        ),
+    ],
+)
+def test_pipeline_ran_recognizes_real_runs(make_ctx, language, code):
+    c = call(0, code).model_copy(update={"language": language})
+    res = run_check("pipeline_ran", make_ctx(PILOT, calls=[c]), RAN)
+    assert res.passed is True, res.detail
+    assert Evidence.execution(0) in res.evidence and "artifact" in res.kinds
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        # A plan that describes the run, written with a heredoc.
+        ("bash", "cat > plan/plan.md <<'EOF'\npython pipeline/infer.py validation/pilot.csv\nEOF"),
+        # Writing the pipeline names it; it does not run it.
+        ("python", "open('pipeline/infer.py', 'w').write('print(1)')\n# validation/pilot.csv"),
+        (
+            "python",
+            "open('plan/plan.md', 'w').write('run pipeline/infer.py into validation/pilot.csv')",
+        ),
+        # A hand-written pilot.
+        ("bash", "printf 'id,label\\ncase001,1\\n' > validation/pilot.csv"),
+        # Echoing the command line into the pilot is not running it.
+        ("bash", "echo 'python pipeline/infer.py validation/pilot.csv' > validation/pilot.csv"),
+        (
+            "python",
+            "import subprocess\nsubprocess.run(['cp', 'pipeline/infer.py', 'validation/pilot.csv'])",
+        ),
+        # import infer without its folder: some other module
+        ("python", "import infer\ninfer.run(['case001'], 'validation/pilot.csv')"),
+    ],
+)
+def test_pipeline_ran_is_not_fooled_by_mentions(make_ctx, language, code):
+    c = call(0, code).model_copy(update={"language": language})
+    res = run_check("pipeline_ran", make_ctx(PILOT, calls=[c]), RAN)
+    assert res.passed is False and "no call running pipeline/infer.py" in res.detail
+
+
+def test_pipeline_ran_needs_success_a_change_and_the_file_written(make_ctx):
+    run = "python pipeline/infer.py validation/pilot.csv case001"
+    failed = run_check("pipeline_ran", make_ctx(PILOT, calls=[call(0, run, exit_code=1)]), RAN)
+    assert failed.passed is False and "exited 1" in failed.detail
+    idle = run_check("pipeline_ran", make_ctx(PILOT, calls=[call(0, run, changed=False)]), RAN)
+    assert idle.passed is False and "did not change the workspace" in idle.detail
+    # The run succeeded, but the pilot is the one the state started with.
+    stale = make_ctx(start={**START, **PILOT}, calls=[call(0, run)])
+    res = run_check("pipeline_ran", stale, RAN)
+    assert res.passed is False and "not written in this episode" in res.detail
+    cut = run_check("pipeline_ran", make_ctx(PILOT, calls=[call(0, run, restarted=True)]), RAN)
+    assert cut.passed is None and "restart" in cut.detail
+
+
+def test_runs_script_reads_python_c_and_ignores_unparsable_code():
+    assert runs_script(
+        "python -c \"import runpy; runpy.run_path('pipeline/infer.py')\"",
+        "bash",
+        "pipeline/infer.py",
+    )
+    assert not runs_script("import infer (", "python", "pipeline/infer.py")
+    assert runs_script("import infer", "python", "infer.py")  # a script at the root
+
+
+# -- stage_artifacts_written ------------------------------------------------------------------
+
+
+def test_stage_artifacts_come_from_the_benchmark_spec(make_ctx):
+    files = {"setup/environment.json": "{}", "pipeline/infer.py": "print(1)\n"}
+    calls = [call(0, "write setup/environment.json pipeline/infer.py")]
+    ok = run_check(
+        "stage_artifacts_written", make_ctx(files, calls=calls, spec=SPEC), {"stage": "S2"}
+    )
+    assert ok.passed is True and "setup/environment.json, pipeline/infer.py" in ok.detail
+    partial = make_ctx({"pipeline/infer.py": "x"}, calls=calls, spec=SPEC)
+    res = run_check("stage_artifacts_written", partial, {"stage": "S2"})
+    assert res.passed is False and "setup/environment.json is missing" in res.detail
+    assert (
+        run_check("stage_artifacts_written", make_ctx(files, calls=calls), {"stage": "S2"}).passed
+        is None
+    )
+    unknown = run_check(
+        "stage_artifacts_written", make_ctx(files, calls=calls, spec=SPEC), {"stage": "S9"}
+    )
+    assert unknown.passed is None
+
+
+# -- pilot_quality -------------------------------------------------------------------------------
+
+QUALITY = {"path": "validation/pilot.csv", "threshold": 0.9}
+
+
+def test_pilot_quality_asks_the_benchmark_and_applies_the_threshold(make_ctx):
+    right = make_ctx({"validation/pilot.csv": "id,label\ncase001,1\n"}, answers={"labels": LABELS})
+    res = run_check("pilot_quality", right, QUALITY)
+    assert res.passed is True and "1.000 >= 0.9" in res.detail
+    wrong = make_ctx({"validation/pilot.csv": "id,label\ncase001,0\n"}, answers={"labels": LABELS})
+    res = run_check("pilot_quality", wrong, QUALITY)
+    assert res.passed is False and "0.000 < 0.9" in res.detail and "label" not in res.detail
+    # A pilot on something that is not a case validates nothing.
+    off = make_ctx({"validation/pilot.csv": "id,label\nzzz,1\n"}, answers={"labels": LABELS})
+    assert run_check("pilot_quality", off, QUALITY).passed is False
+    missing = run_check("pilot_quality", make_ctx(answers={"labels": LABELS}), QUALITY)
+    assert missing.passed is False and "missing" in missing.detail
+
+
+def test_pilot_quality_is_null_without_an_oracle_or_a_pilot_metric(make_ctx):
+    files = {"validation/pilot.csv": "id,label\ncase001,1\n"}
+    assert run_check("pilot_quality", make_ctx(files), QUALITY).passed is None
+    no_metric = make_ctx(files, metric=lambda ws: 1.0)  # an oracle, but no pilot metric
+    assert run_check("pilot_quality", no_metric, QUALITY).passed is None
+
+
+def test_the_pilot_metric_is_cached_and_range_checked(make_ctx):
+    seen = []
+    oracle = TaskOracle(lambda: {}, lambda ws: None, lambda ws, path: seen.append(path) or 0.5)
+    ctx = make_ctx({"validation/pilot.csv": "id,label\ncase001,1\n"})
+    assert oracle.pilot_score(ctx.workspace, "validation/pilot.csv") == 0.5
+    assert oracle.pilot_score(ctx.workspace, "validation/pilot.csv") == 0.5 and len(seen) == 1
+    bad = TaskOracle(lambda: {}, lambda ws: None, lambda ws, path: 2.0)
+    with pytest.raises(ValueError, match="pilot metric returned 2.0"):
+        bad.pilot_score(ctx.workspace, "validation/pilot.csv")
