@@ -1,21 +1,34 @@
 """The process that runs inside a local sandbox and executes agent code.
 
-It is started once per sandbox, marks itself non-dumpable (so code it forks cannot
-read or write its memory through ``/proc``; ``ptrace`` is denied by seccomp), and
-then answers framed JSON requests on fd 3, replying on fd 4. Agent code never sees
-these descriptors: every call runs in a fresh child with its own output pipe.
+It is started once per sandbox, as PID 1 of the sandbox's PID namespace. The kernel
+drops every signal sent to PID 1 from inside its namespace unless PID 1 handles it,
+and the only signal handled here is ``SIGCHLD``, which just wakes the reaper: agent
+code can neither kill nor stop the supervisor. It marks itself non-dumpable (so code
+it forks cannot read or write its memory through ``/proc``; ``ptrace`` is denied by
+seccomp), reaps the orphans agent code leaves behind (their zombies would otherwise
+count against ``RLIMIT_NPROC``), and answers framed JSON requests on one pipe,
+replying on another. Agent code never sees these descriptors: every call runs in a
+fresh child with its own output pipe.
 
 * ``python`` calls fork this (already warm) interpreter and ``exec`` the code in a new
   ``__main__``, as ``python -c`` would, with modules named in ``preload`` imported.
 * ``bash`` calls go from the host straight to a long-lived bash server that this
   process starts from an execute-only copy of bash (the kernel marks such a process
   non-dumpable too). The server keeps one subshell forked ahead, waiting for the next
-  call; the subshell closes the status descriptor, runs the call, and the server
-  reports ``$?``. Each call starts from the server's pristine state, so nothing one
-  call does to its shell can change how a later call runs or is reported. If the
-  server dies, this process writes ``X`` on the status pipe and starts another.
+  call line, ``CPU_SECONDS SEQ``. The subshell writes ``SEQ`` and a space on the status
+  pipe, closes it, and runs the call; the server then completes the line with ``$?``.
+  Each call starts from the server's pristine state, so nothing one call does to its
+  shell can change how a later call runs or is reported; the host accepts only the
+  status line tagged with the call it sent. If the server dies, this process kills its
+  process group, waits until that group is gone, writes ``X`` and a newline (which
+  completes ``SEQ X`` if a call was running) and starts another server.
 
-A call that overruns its deadline kills every process in the sandbox except this one.
+A kill (a call that overran its deadline) or a reset kills every process in the
+sandbox except this one, waits until all are gone, and discards call lines no shell
+has read yet, so a call that timed out before it started never runs later. A reset
+also empties ``/tmp`` and ``/dev/shm`` and removes System V IPC objects: nothing the
+agent leaves there survives into the next episode.
+
 This module must import nothing outside the standard library: it runs under the
 sandbox's interpreter, where bat_gym itself is hidden.
 """
@@ -24,6 +37,8 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import ctypes
+import fcntl
 import io
 import json
 import linecache
@@ -42,16 +57,22 @@ __all__ = ["send_frame", "recv_frame", "BASH_SERVER"]
 
 _HEADER = struct.Struct("!Q")
 
-# Runs each call in a subshell: stdin from /dev/null, the status descriptor closed,
-# CPU time limited; the parent reports the status. Variables are prefixed so agent
+# Runs each call in a subshell that reads its call line on fd 3, writes the call's tag
+# on the status descriptor (fd 4), closes both and limits its CPU time; the parent
+# reports the status. stdin is /dev/null throughout. Variables are prefixed so agent
 # code is unlikely to collide with them, and they are unset in the subshell.
 BASH_SERVER = r"""
 while :; do
-  ( exec 4>&-; IFS= read -r __bat_cpu || exit 255; exec 0</dev/null
-    ulimit -t "$__bat_cpu" 2>/dev/null; unset __bat_cpu; . "$__bat_call" )
+  ( IFS=' ' read -r -u 3 __bat_cpu __bat_seq || exit 255
+    printf '%s ' "$__bat_seq" >&4; exec 3<&- 4>&-
+    ulimit -t "$__bat_cpu"; unset __bat_cpu __bat_seq; . "$__bat_call" )
   printf '%s\n' "$?" >&4
 done
 """
+
+_PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
+_IPC_RMID = 0
 
 
 def send_frame(fd: int, obj: object) -> None:
@@ -79,11 +100,8 @@ def recv_frame(fd: int) -> dict:
     return json.loads(_read_exact(fd, n))
 
 
-def _set_nondumpable() -> None:
-    import ctypes
-
-    pr_set_dumpable = 4
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_dumpable, 0, 0, 0, 0)
+def _prctl(option: int, value: int) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
 class _Capture:
@@ -114,17 +132,95 @@ class _Capture:
         return self.kept.decode("utf-8", errors="replace")
 
 
+def _exit_code(info: os.waitid_result) -> int:
+    """``waitid`` result as an exit code: the status, or minus the killing signal."""
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def _above_4(fd: int) -> int:
+    """Move ``fd`` to a close-on-exec descriptor numbered 10 or more."""
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return new
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        while os.read(fd, 4096):
+            pass
+
+
+def _empty_dir(path: str) -> None:
+    """Delete everything in ``path``, including trees agent code made read-only."""
+
+    def unlock(d: str) -> None:
+        # Agent code owns everything here and may have left a directory without
+        # write or search permission to keep its contents past a reset.
+        with contextlib.suppress(OSError):
+            os.chmod(d, 0o700)
+            with os.scandir(d) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        unlock(entry.path)
+
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(path):
+            child = os.path.join(path, name)
+            if os.path.ismount(child):
+                continue
+            if os.path.isdir(child) and not os.path.islink(child):
+                unlock(child)
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(child)
+
+
+def _remove_sysv_ipc() -> None:
+    """Remove every System V shared memory segment, message queue and semaphore set.
+
+    They live in the sandbox's IPC namespace, outside any file system, and would
+    otherwise carry state from one episode into the next.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    for table, remove in (
+        ("shm", lambda i: libc.shmctl(i, _IPC_RMID, None)),
+        ("msg", lambda i: libc.msgctl(i, _IPC_RMID, None)),
+        ("sem", lambda i: libc.semctl(i, 0, _IPC_RMID)),
+    ):
+        try:
+            with open(f"/proc/sysvipc/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            remove(int(row.split()[1]))
+
+
 class Supervisor:
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
         self.workspace = cfg["workspace"]
         self.pid_namespace = cfg["pid_namespace"]
-        self.req_fd, self.resp_fd = cfg["req_fd"], cfg["resp_fd"]
+        # Whatever this process inherited is close-on-exec from here on, and its own
+        # pipe ends move above 4, where handing fds 0-4 to the bash server cannot
+        # overwrite one still to be handed.
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) > 2:
+                with contextlib.suppress(OSError):
+                    os.set_inheritable(int(name), False)
+        self.req_fd, self.resp_fd = _above_4(cfg["req_fd"]), _above_4(cfg["resp_fd"])
         # The host holds the other ends of these: it writes calls and reads output.
-        self.bash_ctl, self.bash_out, self.bash_status = cfg["bash_fds"]
-        self.bash: int | None = None  # pid of the bash server
+        self.bash_ctl, self.bash_out, self.bash_status = map(_above_4, cfg["bash_fds"])
+        self.bash: int | None = None  # pid (and process group) of the bash server
         self.bash_pidfd = -1
-        self.pgids: set[int] = set()
+        self.child: int | None = None  # pid of the python call running now
+        self.exited: dict[int, int] = {}  # exit codes of the two above, if reaped early
+        self.pgids: set[int] = set()  # process groups of running calls (unisolated kill)
+        # SIGCHLD wakes the loops below through this pipe; its handler does nothing.
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -132,14 +228,20 @@ class Supervisor:
         for name in self.cfg.get("preload", []):
             with contextlib.suppress(Exception):
                 __import__(name)
-        self._make_home()
+        self._make_dirs()
         self._start_bash()
-        send_frame(self.resp_fd, {"ready": True, "pid": os.getpid()})
+        send_frame(self.resp_fd, {"ready": True})
         while True:
-            watch = [self.req_fd] + ([self.bash_pidfd] if self.bash is not None else [])
+            watch = [self.req_fd, self.wake_r]
+            if self.bash is not None:
+                watch.append(self.bash_pidfd)
             ready, _, _ = select.select(watch, [], [])
+            if self.wake_r in ready:
+                _drain(self.wake_r)
+                self._reap()
             if self.bash is not None and self.bash_pidfd in ready:
                 self._bash_died()
+            if self.req_fd not in ready:
                 continue
             try:
                 req = recv_frame(self.req_fd)
@@ -152,7 +254,7 @@ class Supervisor:
             elif op in ("kill", "reset"):
                 self._kill_all()
                 if op == "reset":
-                    self._clear_tmp()
+                    self._clear_scratch()
                 reply = {"ok": True}
             elif op == "ping":
                 reply = {"ok": True}
@@ -164,99 +266,114 @@ class Supervisor:
     def _start_bash(self) -> None:
         if self.bash is not None:
             return
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.setpgid(0, 0)
-                os.dup2(self.bash_ctl, 0)
-                os.dup2(self.bash_out, 1)
-                os.dup2(self.bash_out, 2)
-                os.dup2(self.bash_status, 4)
-                os.closerange(3, 4)
-                os.closerange(5, 1 << 16)
-                os.chdir(self.workspace)
-                env = dict(self.cfg["env"], __bat_call=self.cfg["call_file"])
-                os.execve(
-                    self.cfg["bash"], ["bash", "--noprofile", "--norc", "-c", BASH_SERVER], env
-                )
-            finally:
-                os._exit(127)
+        # posix_spawn, not fork: copying this interpreter's page tables (numpy and all)
+        # would cost more than the rest of a reset. The server gets fds 0-4 only:
+        # /dev/null, output twice, call lines, status; everything else here is
+        # close-on-exec.
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, self.bash_out, 1),
+            (os.POSIX_SPAWN_DUP2, self.bash_out, 2),
+            (os.POSIX_SPAWN_DUP2, self.bash_ctl, 3),
+            (os.POSIX_SPAWN_DUP2, self.bash_status, 4),
+        ]
+        try:
+            pid = os.posix_spawn(
+                self.cfg["bash"],
+                ["bash", "--noprofile", "--norc", "-c", BASH_SERVER],
+                dict(self.cfg["env"], __bat_call=self.cfg["call_file"]),
+                file_actions=actions,
+                setpgroup=0,
+                # Python ignores these two; bash and the commands it runs must not.
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            )
+        except OSError:
+            return  # agent code holds every process slot; retried after the next request
         self.bash = pid
         self.bash_pidfd = os.pidfd_open(pid)
         self.pgids.add(pid)
 
-    def _reap_bash(self) -> None:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.bash, 0)
+    def _forget_bash(self) -> None:
+        assert self.bash is not None
         os.close(self.bash_pidfd)
         self.pgids.discard(self.bash)
+        self.exited.pop(self.bash, None)
         self.bash, self.bash_pidfd = None, -1
 
     def _bash_died(self) -> None:
-        """The server was killed from inside: fail the call in flight, start another."""
-        self._reap_bash()
+        """The server was killed from inside: end its calls, report, start another."""
+        assert self.bash is not None
+        group = self.bash
+        # Its forked-ahead subshell may still be waiting for a call line; left alive
+        # it would race the next server for the host's next call.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+        self._reap_group(group)
+        self._forget_bash()
         os.write(self.bash_status, b"X\n")
         self._start_bash()
 
+    def _record(self, info: os.waitid_result | None) -> None:
+        if info is not None and info.si_pid in (self.bash, self.child):
+            self.exited[info.si_pid] = _exit_code(info)
+
+    def _reap(self) -> None:
+        """Collect every child that has exited, without blocking."""
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            self._record(info)
+
+    def _reap_group(self, pgid: int | None) -> None:
+        """Block until no child is left in process group ``pgid`` (in any group if None).
+
+        Call it after sending the group SIGKILL. This process is the namespace's init
+        (or, unisolated, a child subreaper), so a killed process hands its children to
+        it before it can be reaped itself: once no child is left, none is running.
+        """
+        idtype, ident = (os.P_ALL, 0) if pgid is None else (os.P_PGID, pgid)
+        while True:
+            try:
+                self._record(os.waitid(idtype, ident, os.WEXITED))
+            except ChildProcessError:
+                return
+
     def _kill_all(self) -> None:
-        """Kill every process the agent started; in a PID namespace, all but us."""
+        """Kill every process agent code started, wait until all are gone, drop stale calls."""
         if self.pid_namespace:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(-1, signal.SIGKILL)
+                os.kill(-1, signal.SIGKILL)  # from PID 1: everything else in the namespace
+            self._reap_group(None)
         else:
             for pgid in self.pgids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
+            for pgid in self.pgids:
+                self._reap_group(pgid)
         if self.bash is not None:
-            self._reap_bash()
+            self._forget_bash()
         self.pgids.clear()
-        while True:  # reap our other children
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                time.sleep(0.0005)
-        if self.pid_namespace:
-            self._await_no_others()
+        self.exited.clear()
+        # Call lines nobody read belong to calls the host has given up on.
+        os.set_blocking(self.bash_ctl, False)
+        try:
+            _drain(self.bash_ctl)
+        finally:
+            os.set_blocking(self.bash_ctl, True)
 
-    def _await_no_others(self) -> None:
-        # Orphans are reaped by the namespace's init; wait until none still runs, so the
-        # host may restore the workspace with no writer left.
-        me = os.getpid()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            alive = False
-            for name in os.listdir("/proc"):
-                if not name.isdigit() or int(name) in (1, me):
-                    continue
-                try:
-                    with open(f"/proc/{name}/stat", "rb") as f:
-                        state = f.read().rsplit(b")", 1)[1].split()[0]
-                except OSError:
-                    continue
-                if state not in (b"Z", b"X"):
-                    alive = True
-                    break
-            if not alive:
-                return
-            time.sleep(0.0005)
-
-    def _make_home(self) -> None:
+    def _make_dirs(self) -> None:
         os.makedirs(self.cfg["env"]["HOME"], mode=0o700, exist_ok=True)
 
-    def _clear_tmp(self) -> None:
-        tmp = self.cfg["tmp"]
-        for name in os.listdir(tmp):
-            path = os.path.join(tmp, name)
-            if os.path.ismount(path):
-                continue
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-        self._make_home()
+    def _clear_scratch(self) -> None:
+        for path in (self.cfg["tmp"], *self.cfg.get("scratch", [])):
+            _empty_dir(path)
+        if self.pid_namespace:  # unisolated, the IPC namespace is the host's
+            _remove_sysv_ipc()
+        self._make_dirs()
 
     # -- python calls -----------------------------------------------------------------
 
@@ -264,12 +381,23 @@ class Supervisor:
         start = time.monotonic()
         cap = _Capture(int(req["max_output"]))
         deadline = start + float(req["timeout_s"])
-        out_r, out_w = os.pipe()
-        pid = os.fork()
+        try:
+            out_r, out_w = os.pipe()
+        except OSError as exc:
+            return _not_started(exc, start)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(out_r)
+            os.close(out_w)
+            return _not_started(exc, start)
         if pid == 0:
             os.close(out_r)
             _child_python(req["code"], int(req["cpu_s"]), out_w, self.workspace)
         os.close(out_w)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
+        self.child = pid
         self.pgids.add(pid)
         pidfd = os.pidfd_open(pid)
         rc, timed_out = None, False
@@ -281,22 +409,29 @@ class Supervisor:
                 if wait <= 0:
                     timed_out = True
                     break
-                ready, _, _ = select.select([pidfd] if eof else [out_r, pidfd], [], [], wait)
+                watch = [pidfd, self.wake_r] if eof else [out_r, pidfd, self.wake_r]
+                ready, _, _ = select.select(watch, [], [], wait)
+                if self.wake_r in ready:
+                    _drain(self.wake_r)
+                    self._reap()
                 if out_r in ready:
                     before = cap.total
                     cap.drain(out_r)
                     eof = cap.total == before
                 if pidfd in ready:
-                    _, status = os.waitpid(pid, 0)
+                    if pid not in self.exited:
+                        self._record(os.waitid(os.P_PID, pid, os.WEXITED))
+                    rc = self.exited.pop(pid)
                     cap.drain(out_r)
-                    self.pgids.discard(pid)
-                    rc = os.waitstatus_to_exitcode(status)
                     break
         finally:
             os.close(pidfd)
             os.close(out_r)
         if timed_out:
             self._kill_all()
+        else:
+            self.pgids.discard(pid)
+        self.child = None
         return {
             "exit_code": rc,
             "output": cap.text(),
@@ -306,10 +441,28 @@ class Supervisor:
         }
 
 
+def _not_started(exc: OSError, start: float) -> dict:
+    """The reply for a call that could not start (agent code holds every process slot)."""
+    out = f"[the call could not start: {exc.strerror}]\n"
+    # 126 is the shell's status for a command that was found but could not run.
+    return {
+        "exit_code": 126,
+        "output": out,
+        "output_bytes": len(out),
+        "duration_s": time.monotonic() - start,
+        "timed_out": False,
+    }
+
+
 def _child_python(code: str, cpu_s: int, out_w: int, workspace: str) -> None:
     """Become a fresh ``python -c code`` process. Never returns."""
     rc = 1
     try:
+        # Undo the supervisor's signal set-up; SIGPIPE and SIGXFSZ stay ignored, as
+        # in any Python process.
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setpgid(0, 0)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -318,7 +471,6 @@ def _child_python(code: str, cpu_s: int, out_w: int, workspace: str) -> None:
         os.closerange(3, 1 << 16)
         os.chdir(workspace)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
         # Unbuffered, as `python -u`: stdout and stderr interleave in the order written.
         sys.stdout = io.TextIOWrapper(
@@ -383,9 +535,15 @@ def main() -> None:
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)  # from root: every capability is gone after this
-    _set_nondumpable()
+    _prctl(_PR_SET_DUMPABLE, 0)
+    # Unisolated there is no PID namespace: orphans must still come here to be reaped
+    # and waited for.
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     _apply_limits(cfg["rlimits"])
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # Python's SIGINT handler would let agent code raise KeyboardInterrupt here; at
+    # SIG_DFL, PID 1 never receives the signal from inside its namespace.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.chdir(cfg["workspace"])
     Supervisor(cfg).serve()
 

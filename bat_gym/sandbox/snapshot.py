@@ -49,6 +49,7 @@ __all__ = [
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK = 1 << 20
+_KIND_NAMES = {"f": "file", "d": "directory", "l": "symlink"}
 
 
 class Entry(NamedTuple):
@@ -88,10 +89,21 @@ def check_member_path(path: str) -> str:
 
 
 def _check_link(path: str, target: str) -> None:
+    """Refuse a symlink that could resolve outside the workspace.
+
+    Leading ``..`` components climb real directories (the link's own), so checking
+    them by text is exact. A ``..`` after a name is not: the name may itself be a
+    symlink (``a/l -> ..`` then ``e -> a/l/..`` climbs above the root), so it is refused.
+    """
     if target.startswith("/"):
         raise UnsafeSnapshot(path, f"symlink to absolute target {target!r}")
-    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-    if resolved == ".." or resolved.startswith("../"):
+    parts = target.split("/")
+    climb = 0
+    while climb < len(parts) and parts[climb] == "..":
+        climb += 1
+    if ".." in parts[climb:]:
+        raise UnsafeSnapshot(path, f"symlink target {target!r} has '..' after a name")
+    if climb > path.count("/"):
         raise UnsafeSnapshot(path, f"symlink target {target!r} leaves the workspace")
 
 
@@ -113,8 +125,12 @@ class Snapshot(BaseModel):
         paths = [e.path for e in self.entries]
         if paths != sorted(paths) or len(set(paths)) != len(paths):
             raise ValueError("snapshot entries must be sorted by path and unique")
+        kinds = {e.path: e.kind for e in self.entries}
         for e in self.entries:
             check_member_path(e.path)
+            parent = posixpath.dirname(e.path)
+            if parent and kinds.get(parent) != "d":
+                raise UnsafeSnapshot(e.path, f"parent {parent!r} is not a directory entry")
         computed = _manifest_digest(self.entries)
         if self.digest and self.digest != computed:
             raise ValueError(
@@ -125,7 +141,7 @@ class Snapshot(BaseModel):
 
     @classmethod
     def of(cls, entries: list[Entry] | tuple[Entry, ...]) -> Snapshot:
-        """Build a snapshot from unsorted entries, validating every path."""
+        """Build a snapshot from unsorted entries, validating every path and parent."""
         return cls(entries=tuple(sorted(entries, key=lambda e: e.path)))
 
     @classmethod
@@ -288,11 +304,17 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _hash_fd(fd: int) -> str:
+def _hash_fd(fd: int) -> tuple[str, int]:
+    """Return the sha256 and length of what is read.
+
+    The size then matches the digest even if the file changed after it was stat-ed.
+    """
     h = hashlib.sha256()
+    size = 0
     while chunk := os.read(fd, _CHUNK):
         h.update(chunk)
-    return h.hexdigest()
+        size += len(chunk)
+    return h.hexdigest(), size
 
 
 class WorkspaceIndex:
@@ -302,6 +324,8 @@ class WorkspaceIndex:
         root: the workspace directory on the host.
         owner: ``(uid, gid)`` given to files the restore creates, so an unprivileged
             sandbox user can edit them; ``None`` keeps the caller's.
+        watch: keep an inotify watch on the tree, so a scan with nothing changed since
+            the last one costs one ``read`` instead of a walk.
     """
 
     def __init__(
@@ -334,15 +358,22 @@ class WorkspaceIndex:
         """
         if self._last is not None and self._watch is not None and not self._watch.changed():
             return self._last
+        if self._watch is not None:
+            # Before the walk, not after: an event raised while walking, or a watch
+            # that could not be added, must leave the next scan walking again.
+            self._watch.clear()
         entries: list[Entry] = []
         seen: dict[str, _Seen] = {}
-        root_fd = os.open(self.root, _DIR_FLAGS)
         try:
-            self._scan_dir(root_fd, "", entries, seen)
-        finally:
-            os.close(root_fd)
-        if self._watch is not None:
-            self._watch.clear()
+            root_fd = os.open(self.root, _DIR_FLAGS)
+            try:
+                self._scan_dir(root_fd, "", entries, seen)
+            finally:
+                os.close(root_fd)
+        except BaseException:
+            if self._watch is not None:
+                self._watch.dirty = True  # the walk is unfinished: never trust _last
+            raise
         if (
             self._last is not None
             and seen.keys() == self._seen.keys()
@@ -392,7 +423,7 @@ class WorkspaceIndex:
                 try:
                     if not stat.S_ISREG(os.fstat(fd).st_mode):
                         continue
-                    entry = Entry(path, "f", mode, _hash_fd(fd), st.st_size)
+                    entry = Entry(path, "f", mode, *_hash_fd(fd))
                 finally:
                     os.close(fd)
             elif stat.S_ISLNK(st.st_mode):
@@ -449,7 +480,15 @@ class WorkspaceIndex:
         Entries whose ``lstat`` key is what this index last recorded for the same
         content are kept; everything else is removed and recreated from blobs. Call it
         only while no process writes to the workspace.
+
+        Raises:
+            SnapshotNotFound: a blob the snapshot needs is not in ``store``; nothing in
+                the workspace has been touched.
+            UnsafeSnapshot: a symlink in the snapshot would leave the workspace.
         """
+        missing = [e.path for e in snapshot.entries if e.kind != "d" and not store.has(e.digest)]
+        if missing:
+            raise SnapshotNotFound(f"blobs for {missing[:5]} are not in the store at {store.root}")
         want = {e.path: e for e in snapshot.entries}
         root_fd = os.open(self.root, _DIR_FLAGS)
         fds: dict[str, int] = {"": root_fd}
@@ -482,7 +521,9 @@ class WorkspaceIndex:
                 elif e.kind == "f":
                     self._write_file(pfd, name, e, store)
                 else:
-                    os.symlink(store.read_blob(e.digest).decode(), name, dir_fd=pfd)
+                    target = store.read_blob(e.digest).decode()
+                    _check_link(e.path, target)  # a manifest may come from anywhere
+                    os.symlink(target, name, dir_fd=pfd)
                     if self.owner:
                         os.chown(name, *self.owner, dir_fd=pfd, follow_symlinks=False)
                 if e.kind != "d":
@@ -500,7 +541,7 @@ class WorkspaceIndex:
         self._seen = keep
         self._last = snapshot
         if self._watch is not None:
-            self._watch.clear()  # our own writes
+            self._watch.drop_events()  # our own writes
         return changed
 
     def _prune(
@@ -570,22 +611,24 @@ def import_tar(
     """Read a tar archive into ``store`` as a snapshot, refusing anything unsafe.
 
     Refused: absolute names, ``..``, hard links, devices and FIFOs, symlinks that leave
-    the archive, duplicate names, and archives past ``limits``. Nothing is stored
-    unless the whole archive passes.
+    the archive, members under a symlink or file, duplicate names, and archives past
+    ``limits``. Nothing is stored unless the whole archive passes.
+
+    Raises:
+        UnsafeSnapshot: naming the first offending member (or the archive, for the
+            member count).
     """
     limits = limits or SnapshotLimits()
     entries: dict[str, Entry] = {}
+    members: list[tuple[str, tarfile.TarInfo]] = []
     total = 0
     with tarfile.open(path) as tar:
-        members = tar.getmembers()
-        if len(members) > limits.max_files:
-            raise UnsafeSnapshot(str(path), f"{len(members)} members > limit {limits.max_files}")
-        for m in members:
-            name = (
-                check_member_path(m.name.removeprefix("./")) if m.name not in (".", "./") else None
-            )
-            if name is None:
+        for m in tar:  # one header at a time: an archive past the count is never loaded whole
+            if m.name in (".", "./"):
                 continue
+            if len(members) >= limits.max_files:
+                raise UnsafeSnapshot(str(path), f"more than {limits.max_files} members")
+            name = check_member_path(m.name.removeprefix("./"))
             if name in entries:
                 raise UnsafeSnapshot(name, "appears twice in the archive")
             mode = m.mode & 0o7777 & ~0o7000  # never carry setuid/setgid/sticky
@@ -614,17 +657,22 @@ def import_tar(
             else:
                 kind = "hard link" if m.islnk() else "device, FIFO or other special file"
                 raise UnsafeSnapshot(name, f"{kind} members are not allowed")
+            members.append((name, m))
         for name in list(entries):
             parent = posixpath.dirname(name)
-            if parent and (parent not in entries or entries[parent].kind != "d"):
-                entries.setdefault(parent, Entry(parent, "d", 0o755, "", 0))
-        for m in members:
-            name = m.name.removeprefix("./")
-            e = entries.get(name)
-            if e is not None and e.kind == "f":
+            while parent:  # archives may omit directories; every ancestor is one
+                e = entries.setdefault(parent, Entry(parent, "d", 0o755, "", 0))
+                if e.kind != "d":
+                    raise UnsafeSnapshot(name, f"parent {parent!r} is a {_KIND_NAMES[e.kind]}")
+                parent = posixpath.dirname(parent)
+        if len(entries) > limits.max_files:
+            raise UnsafeSnapshot(str(path), f"{len(entries)} entries > limit {limits.max_files}")
+        for name, m in members:
+            e = entries[name]
+            if e.kind == "f":
                 data = tar.extractfile(m).read()  # type: ignore[union-attr]
                 entries[name] = e._replace(digest=store.put_bytes(data))
-            elif e is not None and e.kind == "l":
+            elif e.kind == "l":
                 store.put_bytes(m.linkname.encode())
     snap = Snapshot.of(list(entries.values()))
     store.put_snapshot(snap)

@@ -57,6 +57,8 @@ class ChangeWatch:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         self.fd = fd
+        self.dirty = True
+        """Set when events (or a failed watch) mean the tree must be rescanned."""
 
     def add(self, dir_fd: int) -> None:
         """Watch the directory open at ``dir_fd`` (idempotent)."""
@@ -65,9 +67,6 @@ class ChangeWatch:
         path = f"/proc/self/fd/{dir_fd}".encode()
         if _lib().inotify_add_watch(self.fd, path, _MASK) < 0:
             self.dirty = True
-
-    dirty = True
-    """Set when events (or a failed watch) mean the tree must be rescanned."""
 
     def changed(self) -> bool:
         """True if anything happened since the last :meth:`clear`."""
@@ -82,14 +81,21 @@ class ChangeWatch:
         return self.dirty
 
     def clear(self) -> None:
-        """Forget pending events; call right after a scan the caller trusts."""
+        """Forget pending events and failed watches; call right before a full walk.
+
+        Events raised during the walk then stay pending, so the next check sees them.
+        """
+        self.drop_events()
+        self.dirty = False
+
+    def drop_events(self) -> None:
+        """Forget pending events but not failed watches (after the caller's own writes)."""
         while True:
             try:
                 if not os.read(self.fd, 65536):
                     break
             except BlockingIOError:
                 break
-        self.dirty = False
 
     def close(self) -> None:
         """Release the inotify descriptor."""
