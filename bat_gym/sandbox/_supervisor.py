@@ -63,7 +63,7 @@ _HEADER = struct.Struct("!Q")
 # code is unlikely to collide with them, and they are unset in the subshell.
 BASH_SERVER = r"""
 while :; do
-  ( IFS=' ' read -r -u 3 __bat_cpu __bat_seq || exit 255
+  ( IFS=' ' read -r -u 3 __bat_cpu __bat_seq || kill -KILL $$  # host gone: stop, never spin
     printf '%s ' "$__bat_seq" >&4; exec 3<&- 4>&-
     ulimit -t "$__bat_cpu"; unset __bat_cpu __bat_seq; . "$__bat_call" )
   printf '%s\n' "$?" >&4
@@ -105,18 +105,29 @@ def _prctl(option: int, value: int) -> None:
 
 
 class _Capture:
-    """Collects a call's output, keeping at most ``cap`` bytes and counting the rest."""
+    """Collects a call's output, keeping its head and its tail within ``cap`` bytes.
+
+    The first half of the budget keeps the start (what the call printed first) and the
+    second half the end (where errors and tracebacks land); ``total`` counts every byte.
+    """
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self.kept = bytearray()
+        self.head = bytearray()
+        self.tail = bytearray()
         self.total = 0
 
     def feed(self, chunk: bytes) -> None:
         self.total += len(chunk)
-        room = self.cap - len(self.kept)
+        room = self.cap // 2 - len(self.head)
         if room > 0:
-            self.kept += chunk[:room]
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            keep = self.cap - self.cap // 2
+            if len(self.tail) > 2 * keep:  # trim now and then, not on every chunk
+                del self.tail[:-keep]
 
     def drain(self, fd: int) -> None:
         while True:
@@ -129,7 +140,11 @@ class _Capture:
             self.feed(chunk)
 
     def text(self) -> str:
-        return self.kept.decode("utf-8", errors="replace")
+        keep = self.cap - self.cap // 2
+        tail = bytes(self.tail[-keep:]) if keep else b""
+        cut = self.total - len(self.head) - len(tail)
+        middle = f"\n[... {cut} bytes of output cut ...]\n".encode() if cut > 0 else b""
+        return (bytes(self.head) + middle + tail).decode("utf-8", errors="replace")
 
 
 def _exit_code(info: os.waitid_result) -> int:
