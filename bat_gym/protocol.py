@@ -220,7 +220,10 @@ class HermesProtocol(ToolProtocol):
                 )
             close = message.find(self._CLOSE, end)
             if close < 0 or message[end:close].strip():
-                return ParsedMessage(content=message, error=f"{where} has no closing {self._CLOSE} tag after its JSON. Write: {self.example}")
+                return ParsedMessage(
+                    content=message,
+                    error=f"{where} has no closing {self._CLOSE} tag after its JSON. Write: {self.example}",
+                )
             call = _call_from_obj(obj, where)
             if isinstance(call, str):
                 return ParsedMessage(content=message, error=call)

@@ -124,7 +124,9 @@ def default_benchmark_name() -> str:
         try:
             priorities[name] = get_benchmark(name).spec.default_priority
         except Exception as exc:  # one broken plugin must not hide the others
-            warnings.warn(f"skipping benchmark {name!r} when choosing the default: {exc}", stacklevel=2)
+            warnings.warn(
+                f"skipping benchmark {name!r} when choosing the default: {exc}", stacklevel=2
+            )
     if not priorities:
         raise BenchmarkNotFound("<default>", list_benchmarks())
     return max(priorities, key=lambda n: (priorities[n], n))

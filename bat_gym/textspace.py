@@ -121,8 +121,12 @@ def _write_shared(space: UnicodeText, index: int, value: str, shared_memory: Any
     data = value.encode("utf-8")
     buf = np.frombuffer(shared_memory.get_obj(), dtype=np.uint8)
     start = index * _slot_bytes(space)
-    buf[start : start + _LEN.itemsize] = np.frombuffer(np.array(len(data), dtype=_LEN).tobytes(), dtype=np.uint8)
-    buf[start + _LEN.itemsize : start + _LEN.itemsize + len(data)] = np.frombuffer(data, dtype=np.uint8)
+    buf[start : start + _LEN.itemsize] = np.frombuffer(
+        np.array(len(data), dtype=_LEN).tobytes(), dtype=np.uint8
+    )
+    buf[start + _LEN.itemsize : start + _LEN.itemsize + len(data)] = np.frombuffer(
+        data, dtype=np.uint8
+    )
 
 
 class SharedTexts(Sequence[str]):

@@ -6,7 +6,6 @@ from bat_gym.cli import app
 runner = CliRunner()
 
 
-
 def test_envs_lists_ids_and_benchmarks():
     result = runner.invoke(app, ["envs"])
     assert result.exit_code == 0

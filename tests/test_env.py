@@ -14,13 +14,26 @@ HERMES = get_protocol("hermes")
 
 
 def call(language, code):
-    return f'<tool_call>{{"name": "execute_code", "arguments": {{"language": "{language}", "code": {code!r}}}}}</tool_call>'.replace("'", '"')
+    return f'<tool_call>{{"name": "execute_code", "arguments": {{"language": "{language}", "code": {code!r}}}}}</tool_call>'.replace(
+        "'", '"'
+    )
 
 
 def bash(code):
     import json
 
-    return HERMES.render("", [__import__("bat_gym").ToolCall(name="execute_code", arguments={"language": "bash", "code": code})]) if code else json.dumps({})
+    return (
+        HERMES.render(
+            "",
+            [
+                __import__("bat_gym").ToolCall(
+                    name="execute_code", arguments={"language": "bash", "code": code}
+                )
+            ],
+        )
+        if code
+        else json.dumps({})
+    )
 
 
 FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "done"}}</tool_call>'
@@ -76,13 +89,20 @@ def test_seeded_resets_are_deterministic(toy, toy_bank):
 
 def test_tool_call_runs_and_is_recorded(env):
     env.reset(seed=0)
-    obs, reward, terminated, truncated, info = env.step(bash("echo hello > note.txt; cat note.txt; exit 3"))
+    obs, reward, terminated, truncated, info = env.step(
+        bash("echo hello > note.txt; cat note.txt; exit 3")
+    )
     assert obs.startswith("[exit code 3 in") and "hello" in obs
     assert (reward, terminated, truncated) == (0.0, False, False)
     rec = info["record"].calls[0]
     assert rec.exit_code == 3 and rec.changed_workspace and rec.language == "bash"
     assert info["messages"][-2]["tool_calls"][0]["function"]["name"] == "execute_code"
-    assert info["messages"][-1] == {"role": "tool", "tool_call_id": "call_0", "name": "execute_code", "content": obs}
+    assert info["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "call_0",
+        "name": "execute_code",
+        "content": obs,
+    }
 
 
 @pytest.mark.parametrize(
@@ -91,7 +111,10 @@ def test_tool_call_runs_and_is_recorded(env):
         ("I think we are done.", "No tool call found"),
         ("<tool_call>{bad}</tool_call>", "not valid JSON"),
         ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', "unknown tool 'rm_rf'"),
-        ('<tool_call>{"name": "execute_code", "arguments": {"language": "bash"}}</tool_call>', "missing required argument 'code'"),
+        (
+            '<tool_call>{"name": "execute_code", "arguments": {"language": "bash"}}</tool_call>',
+            "missing required argument 'code'",
+        ),
     ],
 )
 def test_malformed_actions_are_observations_that_count(env, action, expected):
@@ -121,10 +144,25 @@ def test_step_before_reset_and_non_text_actions_raise(toy, toy_bank):
 
 
 def test_budgets_truncate(toy, toy_bank):
-    e = StageEnv("S1", benchmark=toy, states=toy_bank, budgets=Budgets(max_turns=3, max_tool_calls=2, max_response_tokens=50))
+    e = StageEnv(
+        "S1",
+        benchmark=toy,
+        states=toy_bank,
+        budgets=Budgets(max_turns=3, max_tool_calls=2, max_response_tokens=50),
+    )
     e.reset(seed=0)
     assert e.step(bash("true"))[3] is False
-    obs, _, term, trunc, info = e.step(HERMES.render("", [__import__("bat_gym").ToolCall(name="execute_code", arguments={"language": "bash", "code": "true"})] * 2))
+    obs, _, term, trunc, info = e.step(
+        HERMES.render(
+            "",
+            [
+                __import__("bat_gym").ToolCall(
+                    name="execute_code", arguments={"language": "bash", "code": "true"}
+                )
+            ]
+            * 2,
+        )
+    )
     assert trunc and not term and info["tool_calls"] == 2 and "tool-call budget is spent" in obs
     e.reset(seed=0)
     _, _, _, trunc, _ = e.step(Completion("no call here", num_tokens=60))

@@ -5,7 +5,9 @@ import pytest
 from bat_gym.protocol import PROTOCOLS, ToolCall, get_protocol, validate_call
 
 CALLS = [
-    ToolCall(name="execute_code", arguments={"language": "python", "code": 'print("a}b</tool_call>")\n'}),
+    ToolCall(
+        name="execute_code", arguments={"language": "python", "code": 'print("a}b</tool_call>")\n'}
+    ),
     ToolCall(name="finish", arguments={"summary": "done"}),
 ]
 
@@ -39,7 +41,10 @@ def test_arguments_given_as_a_json_string_are_accepted():
         ('<tool_call>{"name": "finish", "arguments": {}}', "no closing </tool_call> tag"),
         ('<tool_call>["a"]</tool_call>', "must be a JSON object"),
         ('<tool_call>{"arguments": {}}</tool_call>', "no string 'name'"),
-        ('<tool_call>{"name": "finish", "arguments": [1]}</tool_call>', "'arguments' must be a JSON object"),
+        (
+            '<tool_call>{"name": "finish", "arguments": [1]}</tool_call>',
+            "'arguments' must be a JSON object",
+        ),
     ],
 )
 def test_hermes_errors_say_what_is_wrong(msg, expected):
@@ -60,7 +65,18 @@ def test_json_protocol_reads_fenced_blocks_and_lists():
 
 def test_openai_protocol_keeps_call_ids_and_reports_bad_arguments():
     proto = get_protocol("openai")
-    msg = json.dumps({"content": "", "tool_calls": [{"id": "c7", "type": "function", "function": {"name": "finish", "arguments": '{"summary": "s"}'}}]})
+    msg = json.dumps(
+        {
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c7",
+                    "type": "function",
+                    "function": {"name": "finish", "arguments": '{"summary": "s"}'},
+                }
+            ],
+        }
+    )
     assert proto.parse(msg).calls[0].id == "c7"
     bad = json.dumps({"tool_calls": [{"function": {"name": "finish", "arguments": "{oops"}}]})
     assert "not valid JSON" in proto.parse(bad).error
@@ -71,10 +87,22 @@ def test_openai_protocol_keeps_call_ids_and_reports_bad_arguments():
     ("call", "expected"),
     [
         (ToolCall(name="run", arguments={}), "unknown tool 'run'"),
-        (ToolCall(name="execute_code", arguments={"language": "bash"}), "missing required argument 'code'"),
-        (ToolCall(name="execute_code", arguments={"language": "ruby", "code": "1"}), "must be one of 'python', 'bash'"),
-        (ToolCall(name="execute_code", arguments={"language": "bash", "code": 5}), "must be a string"),
-        (ToolCall(name="finish", arguments={"summary": "x", "extra": 1}), "unexpected argument 'extra'"),
+        (
+            ToolCall(name="execute_code", arguments={"language": "bash"}),
+            "missing required argument 'code'",
+        ),
+        (
+            ToolCall(name="execute_code", arguments={"language": "ruby", "code": "1"}),
+            "must be one of 'python', 'bash'",
+        ),
+        (
+            ToolCall(name="execute_code", arguments={"language": "bash", "code": 5}),
+            "must be a string",
+        ),
+        (
+            ToolCall(name="finish", arguments={"summary": "x", "extra": 1}),
+            "unexpected argument 'extra'",
+        ),
     ],
 )
 def test_validate_call_names_the_problem(call, expected):

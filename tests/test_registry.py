@@ -21,7 +21,10 @@ def run_python(code, **env):
 
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
     )
 
 
@@ -52,22 +55,27 @@ def test_a_third_party_benchmark_registers_without_touching_the_core(tmp_path):
     # A package with an entry point in its metadata, as pip would install it.
     pkg = tmp_path / "site"
     (pkg / "mybench").mkdir(parents=True)
-    (pkg / "mybench" / "__init__.py").write_text(textwrap.dedent("""
+    (pkg / "mybench" / "__init__.py").write_text(
+        textwrap.dedent("""
         from bat_gym.envs.toy_pipeline.suite import ToyPipeline, SPEC
         class Mine(ToyPipeline):
             spec = SPEC.model_copy(update={"name": "mine", "default_priority": 1000})
         benchmark = Mine()
-    """))
+    """)
+    )
     dist = pkg / "mybench-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mybench\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[bat_gym.benchmarks]\nmine = mybench:benchmark\n")
-    proc = run_python("""
+    proc = run_python(
+        """
         import gymnasium as gym
         from bat_gym.registry import list_benchmarks, default_benchmark_name
         env = gym.make("bat/Submit-v0", benchmark="mine")
         print(sorted(list_benchmarks()), default_benchmark_name(), env.unwrapped.benchmark.name)
-    """, PYTHONPATH=str(pkg))
+    """,
+        PYTHONPATH=str(pkg),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['medbench_lite', 'mine', 'toy_pipeline'] mine mine"
 

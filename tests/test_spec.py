@@ -61,9 +61,20 @@ def test_stage_order_and_split_disjointness_are_enforced():
     with pytest.raises(SpecError, match="stage ids must be S1..S2 in order"):
         load_model(BenchmarkSpec, {**GOOD, "stages": GOOD["stages"][::-1]})
     with pytest.raises(SpecError, match="overlap"):
-        load_model(BenchmarkSpec, {**GOOD, "splits": {"train": {"start": 0, "stop": 200}, "heldout": {"start": 100, "stop": 120}}})
+        load_model(
+            BenchmarkSpec,
+            {
+                **GOOD,
+                "splits": {
+                    "train": {"start": 0, "stop": 200},
+                    "heldout": {"start": 100, "stop": 120},
+                },
+            },
+        )
     assert not SeedRange(start=0, stop=10).overlaps(SeedRange(start=10, stop=20))
-    assert 5 in Splits(train=SeedRange(start=0, stop=10), heldout=SeedRange(start=10, stop=30)).train
+    assert (
+        5 in Splits(train=SeedRange(start=0, stop=10), heldout=SeedRange(start=10, stop=30)).train
+    )
 
 
 def test_unknown_stage_suggests_close_names():
@@ -74,5 +85,16 @@ def test_unknown_stage_suggests_close_names():
 
 def test_stage_state_rejects_a_bad_snapshot_digest():
     with pytest.raises(SpecError, match="snapshot"):
-        load_model(StageState, {"state_id": "x", "benchmark": "b", "benchmark_version": "1", "focus": "S1", "track": "t",
-                                "task_id": "t", "messages": [{"role": "user", "content": "hi"}], "snapshot": "not-a-digest"})
+        load_model(
+            StageState,
+            {
+                "state_id": "x",
+                "benchmark": "b",
+                "benchmark_version": "1",
+                "focus": "S1",
+                "track": "t",
+                "task_id": "t",
+                "messages": [{"role": "user", "content": "hi"}],
+                "snapshot": "not-a-digest",
+            },
+        )

@@ -140,7 +140,9 @@ def test_background_process_does_not_hold_the_call(sb: Any) -> None:
 def test_huge_output_is_capped_and_counted(sb: Any) -> None:
     r = sb.execute_code("bash", "yes | head -c 20000000; echo END")
     assert r.ok and r.output_bytes == 20_000_004
-    head, marker, tail = r.output.partition(f"\n[... {20_000_004 - LIMITS.record_output_bytes} bytes of output cut ...]\n")
+    head, marker, tail = r.output.partition(
+        f"\n[... {20_000_004 - LIMITS.record_output_bytes} bytes of output cut ...]\n"
+    )
     assert marker and len(head) + len(tail) == LIMITS.record_output_bytes
     assert head.startswith("y\ny\n") and tail.endswith("y\nEND\n")
 

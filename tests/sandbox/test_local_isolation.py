@@ -263,7 +263,9 @@ def test_huge_output_is_capped_and_counted(sb: Sandbox) -> None:
     head, marker, tail = r.output.partition(cut)
     assert marker and len(head) + len(tail) == LIMITS.record_output_bytes
     assert head.startswith("y\ny\n") and tail.endswith("y\nEND\n")
-    r = sb.execute_code("python", "import sys\nsys.stdout.write('z' * 20_000_000)\nraise SystemExit('boom')")
+    r = sb.execute_code(
+        "python", "import sys\nsys.stdout.write('z' * 20_000_000)\nraise SystemExit('boom')"
+    )
     assert (r.exit_code, r.output_bytes) == (1, 20_000_005)
     assert r.output.endswith("zzz\nboom\n") or r.output.endswith("zzzboom\n")
     assert_still_works(sb)
