@@ -30,7 +30,7 @@ from bat_gym.errors import SandboxCrashed, SandboxUnavailable
 from bat_gym.sandbox._supervisor import _Capture
 from bat_gym.sandbox.base import ExecResult, Isolation, Language, Sandbox, SandboxLimits
 from bat_gym.sandbox.docker_image import ensure_image
-from bat_gym.sandbox.local import SANDBOX_UID_BASE, _Slot, runtime_dir
+from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
 
 if TYPE_CHECKING:
@@ -207,13 +207,21 @@ def connect(timeout_s: float = 60.0) -> docker.DockerClient:
     return client
 
 
-def _finalize(client: docker.DockerClient, box: list[str], slot: _Slot, own_client: bool) -> None:
+def _finalize(
+    client: docker.DockerClient,
+    box: list[str],
+    slot: Slot,
+    lease: UidLease | None,
+    own_client: bool,
+) -> None:
     # Runs on close(), on garbage collection or at exit: must not touch the sandbox.
     if box:
         with contextlib.suppress(Exception):
             client.api.remove_container(box[0], force=True)
         box.clear()
     slot.release()
+    if lease is not None:
+        lease.release()
     if own_client:
         with contextlib.suppress(Exception):
             client.close()
@@ -256,25 +264,26 @@ class DockerSandbox(Sandbox):
         self._api = self._client.api
         try:
             self.image = image or ensure_image(client=self._client)
-            self._slot = _Slot(runtime_dir())
+            self._slot = Slot(runtime_dir(), "docker")
         except BaseException:
             if client is None:
                 self._client.close()
             raise
         self._closed = False
+        # As root, agent code gets a leased uid of its own (from the pool the local
+        # backend uses too) and the workspace belongs to it; otherwise the bind mount is
+        # only writable by the caller's uid, so agent code runs as that.
+        self._root = os.getuid() == 0
+        self._lease = UidLease("docker") if self._root else None
+        self._uid = self._lease.uid if self._lease else os.getuid()
+        self._gid = self._lease.uid if self._lease else os.getgid()
         self._box: list[str] = []  # the container id, shared with the finalizer
         self._finalizer = weakref.finalize(
-            self, _finalize, self._client, self._box, self._slot, client is None
+            self, _finalize, self._client, self._box, self._slot, self._lease, client is None
         )
         # A container labelled with our slot belongs to a process that died holding it:
         # the slot's lock is ours now, so nobody else can be using it.
         self._remove_stale()
-        # As root, agent code gets a uid of its own per slot (as in the local backend)
-        # and the workspace belongs to it; otherwise the bind mount is only writable by
-        # the caller's uid, so agent code runs as that.
-        self._root = os.getuid() == 0
-        self._uid = SANDBOX_UID_BASE + self._slot.index if self._root else os.getuid()
-        self._gid = SANDBOX_UID_BASE + self._slot.index if self._root else os.getgid()
         self._ws = self._slot.dir / "workspace"
         self._ws.mkdir(mode=0o755)
         # Read-only inside: boot.py, and code too long to pass as an argument.

@@ -23,7 +23,6 @@ changed.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -33,7 +32,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -45,28 +43,17 @@ from bat_gym.errors import SandboxCrashed, SandboxUnavailable
 from bat_gym.sandbox import _supervisor
 from bat_gym.sandbox.base import ExecResult, Isolation, Language, Sandbox, SandboxLimits
 from bat_gym.sandbox.seccomp import filter_fd
+from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
 
-__all__ = ["LocalSandbox", "detect_isolation", "runtime_dir", "sweep_stale"]
+__all__ = ["LocalSandbox", "detect_isolation"]
 
 log = logging.getLogger(__name__)
 
-SANDBOX_UID_BASE = int(os.environ.get("BAT_GYM_SANDBOX_UID", "62000"))
-_SLOTS = 512
 _START_TIMEOUT_S = 30.0
 _REPLY_GRACE_S = 5.0
 _STOP_TIMEOUT_S = 5.0
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-
-def runtime_dir() -> Path:
-    """Where sandboxes keep their workspaces and locks (``BAT_GYM_RUNTIME_DIR`` overrides)."""
-    root = Path(
-        os.environ.get("BAT_GYM_RUNTIME_DIR")
-        or Path(tempfile.gettempdir()) / f"bat_gym-{os.getuid()}"
-    )
-    root.mkdir(mode=0o711, parents=True, exist_ok=True)
-    return root
 
 
 def _bwrap_binary() -> str | None:
@@ -181,90 +168,6 @@ def _exec_only_bash(rt: Path) -> str:
     return str(dest)
 
 
-def _lock(path: Path) -> int:
-    """Open and exclusively lock ``path``; return the fd, or -1 if someone holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return -1
-    return fd
-
-
-class _UidLease:
-    """A uid for a root-run sandbox, held by a lock shared by every runtime dir.
-
-    Uids that any process runs as are skipped: some other program (another
-    container, say) uses them, and would share the sandbox's process limit.
-    """
-
-    def __init__(self) -> None:
-        leases = Path(tempfile.gettempdir()) / "bat_gym-uids"
-        leases.mkdir(mode=0o700, exist_ok=True)
-        busy = set()
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                with contextlib.suppress(OSError):
-                    busy.add(os.stat(f"/proc/{name}").st_uid)
-        self.uid, self.fd = -1, -1
-        for uid in range(SANDBOX_UID_BASE, SANDBOX_UID_BASE + _SLOTS):
-            if uid not in busy and (fd := _lock(leases / f"uid-{uid}.lock")) >= 0:
-                self.uid, self.fd = uid, fd
-                return
-        raise SandboxUnavailable("local", f"no free sandbox uid from {SANDBOX_UID_BASE} on")
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-class _Slot:
-    """A locked directory under the runtime dir; a lock nobody holds marks it stale."""
-
-    def __init__(self, rt: Path) -> None:
-        self.index = -1
-        self.fd = -1
-        for i in range(_SLOTS):
-            fd = _lock(rt / f"slot-{i}.lock")
-            if fd >= 0:
-                self.index, self.fd = i, fd
-                break
-        else:
-            raise SandboxUnavailable("local", f"all {_SLOTS} sandbox slots under {rt} are in use")
-        self.dir = rt / f"slot-{self.index}"
-        if self.dir.exists():  # left by a process that died: its lock is ours now
-            shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir.mkdir(mode=0o711)
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            os.close(self.fd)
-            self.fd = -1
-
-
-def sweep_stale() -> int:
-    """Remove slot directories whose owner died; return how many were removed."""
-    rt = runtime_dir()
-    removed = 0
-    for lock in rt.glob("slot-*.lock"):
-        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue
-        else:
-            d = lock.with_suffix("")
-            if d.exists():
-                shutil.rmtree(d, ignore_errors=True)
-                removed += 1
-        finally:
-            os.close(fd)
-    return removed
-
-
 class _Running:
     """One started supervisor: its process, the host's pipe ends, and how to stop it.
 
@@ -321,8 +224,8 @@ class _Running:
 
 def _finalize(
     box: list[_Running],
-    slot: _Slot,
-    lease: _UidLease | None,
+    slot: Slot,
+    lease: UidLease | None,
     index: WorkspaceIndex,
     call_fd: int,
 ) -> None:
@@ -389,9 +292,9 @@ class LocalSandbox(Sandbox):
         # Root-run bubblewrap drops agent code to a uid of its own; otherwise code runs
         # as the caller (mapped by a user namespace when isolated).
         self._root = os.getuid() == 0 and self.isolation is Isolation.BWRAP
-        self._lease = _UidLease() if self._root else None
+        self._lease = UidLease("local") if self._root else None
         try:
-            self._slot = _Slot(rt)
+            self._slot = Slot(rt, "local")
         except BaseException:
             if self._lease is not None:
                 self._lease.release()

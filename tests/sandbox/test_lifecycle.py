@@ -17,7 +17,8 @@ import pytest
 from bat_gym.errors import SandboxUnavailable
 from bat_gym.sandbox import SandboxLimits, make_sandbox
 from bat_gym.sandbox.base import Isolation, Sandbox
-from bat_gym.sandbox.local import detect_isolation, sweep_stale
+from bat_gym.sandbox.local import detect_isolation
+from bat_gym.sandbox.slots import sweep_stale
 
 LIMITS = SandboxLimits(timeout_s=20)
 
