@@ -375,7 +375,9 @@ def test_supervisor_and_shell_cannot_be_inspected(sb: Sandbox) -> None:
             if ls /proc/$p/$d/ >/dev/null 2>&1; then echo "listed $p/$d"; fi
           done
         done
-        sleep 5 & head -c1 /proc/$!/environ >/dev/null && echo "control readable"; kill $!
+        # Until it has exec'd, the child is a non-dumpable copy of the shell: wait for sleep.
+        sleep 5 & until [ "$(cat /proc/$!/comm 2>/dev/null)" = sleep ]; do :; done
+        head -c1 /proc/$!/environ >/dev/null && echo "control readable"; kill $!
         """,
     )
     # The same reads of an ordinary agent process succeed: what stops them is the
