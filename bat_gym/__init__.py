@@ -28,9 +28,13 @@ _EXPORTS = {
     "register_benchmark": "bat_gym.registry",
     "get_benchmark": "bat_gym.registry",
     "list_benchmarks": "bat_gym.registry",
-    # the Stage Bank
+    # the Stage Bank and the curriculum
     "StageBank": "bat_gym.bank",
     "build_bank": "bat_gym.bank",
+    "RoundSpec": "bat_gym.rounds",
+    "RLRow": "bat_gym.rounds",
+    "build_round": "bat_gym.rounds",
+    "StageCurriculum": "bat_gym.curriculum",
     # sandboxes and tool calls
     "make_sandbox": "bat_gym.sandbox",
     "SandboxLimits": "bat_gym.sandbox",
