@@ -682,6 +682,21 @@ class LocalSandbox(Sandbox):
         os.set_blocking(self._bash_status, True)
         self._status_buf = b""
 
+    def freeze(self) -> Snapshot:
+        """Kill the agent's processes, then capture: nothing writes while it is read.
+
+        A background job left running by the last call could otherwise change a file
+        between its hash and its copy. The sandbox stays usable (the next call or
+        reset starts a fresh shell).
+        """
+        reply = self._call({"op": "kill"}, _REPLY_GRACE_S)
+        if reply is None or not reply.get("ok"):
+            self._restart()
+        else:
+            _supervisor._Capture(0).drain(self._bash_out)
+            self._drain_status()
+        return self.capture()
+
     def restore(self, snapshot: Snapshot) -> None:
         """Kill the agent's processes, clear its scratch space, restore the workspace in place.
 

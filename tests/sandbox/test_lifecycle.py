@@ -291,3 +291,16 @@ def test_unisolated_fallback_needs_an_explicit_opt_in(
         assert sb.isolation is Isolation.NONE
         assert sb.execute_code("bash", "echo ok").output == "ok\n"
     assert list(runtime.glob("slot-*/")) == []
+
+
+@pytest.mark.usefixtures("isolated")
+def test_freeze_stops_background_writers_before_capturing(runtime: Path) -> None:
+    with make_sandbox("local", limits=LIMITS) as sb:
+        start = "(while :; do date +%s%N > busy.txt; done) >/dev/null 2>&1 & until [ -s busy.txt ]; do :; done"
+        assert sb.execute_code("bash", start).exit_code == 0
+        frozen = sb.freeze()
+        time.sleep(0.2)
+        # The writer is gone: the workspace still equals what was frozen.
+        assert sb.digest() == frozen.digest
+        assert any(e.path == "busy.txt" for e in frozen.entries)
+        assert sb.execute_code("bash", "echo ok").output == "ok\n"
