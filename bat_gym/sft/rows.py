@@ -1,0 +1,156 @@
+"""SFT rows: a conversation prefix and exactly one target action, from the Stage Bank.
+
+A row holds a multi-turn context (system, user, earlier turns and their tool results)
+and ONE target assistant action, stored model-neutrally as ``content`` plus ``calls``
+(tool syntax is the tokenizer adapter's business, see :mod:`bat_gym.sft.render`).
+
+Rows come from the bank's E2E success states: each is replayed once through a real
+:class:`~bat_gym.env.StageEnv` with the teacher's turns (regenerated from the row's
+provenance seed), and the conversation before every step becomes a row's context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bat_gym.benchmark import Benchmark
+from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
+from bat_gym.spec import E2E, Outcome
+
+__all__ = [
+    "IGNORE_INDEX",
+    "SFTAction",
+    "SFTRow",
+    "SFTRejection",
+    "SFTRejected",
+    "SFTRenderError",
+    "sft_rows",
+]
+
+IGNORE_INDEX = -100
+"""Label of a token that carries no loss (the PyTorch cross-entropy default)."""
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class SFTAction(BaseModel):
+    """One assistant action, model-neutral: free text and the tool calls it makes."""
+
+    model_config = _STRICT
+
+    content: str = ""
+    calls: tuple[ToolCall, ...] = ()
+
+
+class SFTRow(BaseModel):
+    """One SFT example: a conversation prefix and the single action that follows it."""
+
+    model_config = _STRICT
+
+    row_id: str = Field(pattern=r"^[A-Za-z0-9_.:-]+$")
+    trajectory_id: str = Field(description="The source trajectory: the task id of its E2E row.")
+    source_state_id: str = Field(description="The bank state the trajectory was replayed from.")
+    benchmark: str
+    stage: str = Field(description="The stage the target action belongs to.")
+    track: str
+    outcome: Outcome
+    turn: int = Field(ge=0, description="Index of the target among the trajectory's turns.")
+    context: tuple[dict[str, Any], ...] = Field(
+        min_length=2, description="OpenAI chat messages before the target (system first)."
+    )
+    target: SFTAction
+
+
+class SFTRejection(BaseModel):
+    """A row left out of the export, and why."""
+
+    model_config = _STRICT
+
+    row_id: str
+    reason: str = Field(description="A short code, e.g. ``too_long``.")
+    detail: str
+
+
+class SFTRejected(ValueError):
+    """A row that cannot become a training example as it stands (e.g. it is too long)."""
+
+    def __init__(self, row_id: str, reason: str, detail: str) -> None:
+        super().__init__(f"SFT row {row_id} rejected ({reason}): {detail}")
+        self.rejection = SFTRejection(row_id=row_id, reason=reason, detail=detail)
+
+
+class SFTRenderError(RuntimeError):
+    """The chat template does not render a row consistently (a template bug, not a row's)."""
+
+
+def sft_rows(
+    bank: Any,
+    benchmark: Benchmark,
+    *,
+    protocol: str | ToolProtocol = "hermes",
+    backend: str = "local",
+) -> list[SFTRow]:
+    """One row per teacher turn of every E2E success trajectory in ``bank``.
+
+    Each E2E success state is replayed once in a real env: the teacher's turns are
+    regenerated from the state's provenance seed, and before every step the messages
+    so far (prompt plus earlier turns and their tool results) become the context of a
+    row whose target is that turn.
+
+    Args:
+        bank: a :class:`~bat_gym.bank.StageBank` (or any state source with ``select``,
+            ``get`` and ``store``).
+        benchmark: the benchmark the bank was built from.
+        protocol: the tool protocol the env parses the replayed turns with.
+        backend: sandbox backend for the replay.
+
+    Returns:
+        Rows ordered by trajectory (sorted state id), then turn.
+
+    Raises:
+        RuntimeError: a replayed turn was refused by the env, or the teacher did not
+            finish: the bank and the benchmark disagree.
+    """
+    from bat_gym.env import StageEnv
+
+    proto = get_protocol(protocol)
+    rows: list[SFTRow] = []
+    env = StageEnv(E2E, benchmark=benchmark, states=bank, backend=backend, protocol=proto)
+    try:
+        for state_id in bank.select(focus=E2E):
+            state = bank.get(state_id)
+            if state.outcome != "success":
+                continue  # recovery and failure trajectories are not imitation targets
+            task = benchmark.make_task(state.track, state.provenance["seed"], "train")
+            env.reset(options={"state_id": state_id})
+            terminated = False
+            for i, turn in enumerate(benchmark.teacher_turns(task)):
+                context = tuple(dict(m) for m in env.unwrapped.messages)
+                rows.append(
+                    SFTRow(
+                        row_id=f"{state.task_id}.t{i:03d}",
+                        trajectory_id=state.task_id,
+                        source_state_id=state_id,
+                        benchmark=benchmark.name,
+                        stage=turn.stage,
+                        track=state.track,
+                        outcome=state.outcome,
+                        turn=i,
+                        context=context,
+                        target=SFTAction(content=turn.content, calls=tuple(turn.calls)),
+                    )
+                )
+                obs, _, terminated, truncated, _ = env.step(
+                    proto.render(turn.content, list(turn.calls))
+                )
+                if obs.startswith("[tool call error]") or truncated:
+                    raise RuntimeError(
+                        f"replaying {state_id}: turn {i} was not accepted by the env: {obs[:200]}"
+                    )
+            if not terminated:
+                raise RuntimeError(f"replaying {state_id}: the teacher did not call finish")
+    finally:
+        env.close()
+    return rows
