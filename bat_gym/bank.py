@@ -2,14 +2,16 @@
 
 A bank is a directory::
 
-    rows.jsonl      one StageState per line
-    manifest.json   benchmark, version, row count, sha256 of rows.jsonl
-    store/          the blob store holding every workspace snapshot
+    rows.jsonl          one StageState per line
+    manifest.json       benchmark, version, outcomes, rejections, sha256 of rows.jsonl
+    store/              the blob store holding every workspace snapshot
+    rows.partial.jsonl  the build's journal: one fsynced line per finished task
 
 Building runs the benchmark's teacher through a real env episode (E2E focus) for each
 training task, and at every stage boundary stores the workspace snapshot and the
 conversation so far: the start state of that stage's envs. Only training seeds are
-used; held-out seeds never enter a bank.
+used; held-out seeds never enter a bank (:mod:`bat_gym.audit` checks this).
+:meth:`StageBank.verify` re-checks a bank's bytes and replays its boundaries.
 """
 
 from __future__ import annotations
@@ -19,18 +21,24 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
 
 from bat_gym.benchmark import Benchmark, Split
 from bat_gym.errors import BankError, StateNotFound
-from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
-from bat_gym.spec import E2E, StageState, load_model
+from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
+from bat_gym.spec import E2E, Outcome, StageState, load_model
 
 __all__ = [
+    "BankReport",
+    "OUTCOMES",
+    "SUCCESS_MIN_REWARD",
     "StateSource",
     "StageBank",
     "cache_dir",
@@ -40,7 +48,9 @@ __all__ = [
     "task_states",
 ]
 
-BANK_FORMAT = 4  # 3: rows carry contract refs; 4: history fitted to the prompt budget
+BANK_FORMAT = 5  # 3: contract refs; 4: history fitted to the prompt budget; 5: outcomes
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
+SUCCESS_MIN_REWARD = 0.95  # a success trajectory below this E2E reward is not a success
 
 
 class StateSource(Protocol):
@@ -116,18 +126,205 @@ class StageBank:
             if (focus is None or s.focus == focus) and (track is None or s.track == track)
         )
 
+    def verify(
+        self,
+        *,
+        sample: int | None = None,
+        seed: int = 0,
+        backend: str = "local",
+        bench: Benchmark | None = None,
+    ) -> BankReport:
+        """Re-check the bank's blobs, snapshot manifests and stage boundaries.
+
+        Every blob's sha256 is recomputed against its name; every snapshot manifest is
+        parsed, its digest recomputed against its name, and its files looked up; every
+        row's snapshot must exist. Then, for ``sample`` rows (default: all; a seeded,
+        deterministic choice), the teacher prefix is replayed in a fresh sandbox on a
+        private store and the workspace digest at the row's boundary must equal the
+        row's snapshot. The bank itself is only read.
+
+        Args:
+            sample: how many rows to replay (None: all).
+            seed: the seed of the sample's choice.
+            backend: the sandbox backend to replay in.
+            bench: the benchmark (default: the registered one the manifest names).
+        """
+        report = BankReport("verify")
+        bad = _verify_store(self.store, report)
+        for row in self:
+            if not (self.store.root / "snapshots" / f"{row.snapshot}.json").is_file():
+                report.find("rows", row.state_id, f"snapshot {row.snapshot} is not in the store")
+                continue
+            with contextlib.suppress(Exception):  # a broken manifest is reported above
+                for e in self.store.get_snapshot(row.snapshot).entries:
+                    if e.kind == "f" and e.digest in bad:
+                        path = self.store.blob_path(e.digest)
+                        report.find("rows", row.state_id, f"{e.path}: blob {path} is corrupted")
+        report.count("rows", len(self))
+        if bench is None:
+            from bat_gym.registry import get_benchmark
+
+            bench = get_benchmark(self.manifest["benchmark"])
+        rows = list(self)
+        if sample is not None and sample < len(rows):
+            rows = random.Random(seed).sample(rows, sample)
+        _verify_replays(self, bench, rows, backend, report)
+        return report
+
     @staticmethod
     def write(root: Path, states: Iterable[StageState], meta: dict[str, Any]) -> None:
         """Write rows and manifest into ``root`` (whose ``store/`` already holds the blobs)."""
         lines = "".join(s.model_dump_json() + "\n" for s in states).encode()
-        (root / "rows.jsonl").write_bytes(lines)
         manifest = {
             "format": BANK_FORMAT,
             **meta,
             "rows": lines.count(b"\n"),
             "rows_sha256": hashlib.sha256(lines).hexdigest(),
         }
-        (root / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        # Rows first, manifest last, each by rename: a reader sees the old bank, a
+        # digest mismatch (refused), or the new bank; never a half-written file.
+        _write_atomic(root / "rows.jsonl", lines)
+        _write_atomic(
+            root / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode()
+        )
+
+
+@dataclass
+class BankReport:
+    """What a bank check looked at and what it found.
+
+    Attributes:
+        title: the check's name (``verify``, ``audit``).
+        checked: per check, how many things were looked at.
+        findings: per check, ``(where, what)`` for each problem found.
+    """
+
+    title: str
+    checked: dict[str, int] = field(default_factory=dict)
+    findings: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was found."""
+        return not any(self.findings.values())
+
+    def count(self, check: str, n: int = 1) -> None:
+        """Record that ``n`` more things were looked at by ``check``."""
+        self.checked[check] = self.checked.get(check, 0) + n
+        self.findings.setdefault(check, [])
+
+    def find(self, check: str, where: str, what: str) -> None:
+        """Record a problem found by ``check`` at ``where``."""
+        self.findings.setdefault(check, []).append((where, what))
+        self.checked.setdefault(check, 0)
+
+    def table(self) -> str:
+        """A plain-text table: one line per check, then one per finding."""
+        width = max([len(c) for c in self.checked] + [5])
+        lines = [f"{'check':{width}}  {'checked':>8}  {'found':>6}"]
+        for check in self.checked:
+            lines.append(
+                f"{check:{width}}  {self.checked[check]:>8}  {len(self.findings[check]):>6}"
+            )
+        for check, found in self.findings.items():
+            lines += [f"  {check}: {where}: {what}" for where, what in found]
+        lines.append(f"{self.title}: {'OK' if self.ok else 'FAILED'}")
+        return "\n".join(lines)
+
+
+def _verify_store(store: BlobStore, report: BankReport) -> set[str]:
+    """Rehash every blob and reparse every snapshot manifest; return the bad blobs' names."""
+    bad: set[str] = set()
+    for path in sorted((store.root / "blobs").glob("*/*")):
+        name = path.parent.name + path.name
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        report.count("blobs")
+        if digest != name:
+            bad.add(name)
+            report.find("blobs", str(path), f"content sha256 is {digest}, not its name")
+    for path in sorted((store.root / "snapshots").glob("*.json")):
+        report.count("snapshots")
+        try:
+            snap = Snapshot.model_validate_json(path.read_text())
+        except ValueError as exc:
+            report.find("snapshots", str(path), f"not a valid snapshot manifest: {exc}")
+            continue
+        if snap.digest != path.stem:
+            report.find("snapshots", str(path), f"manifest digest is {snap.digest}, not its name")
+        for e in snap.entries:
+            if e.kind == "f" and not store.blob_path(e.digest).is_file():
+                report.find("snapshots", str(path), f"{e.path}: blob {e.digest} is missing")
+    return bad
+
+
+def _verify_replays(
+    bank: StageBank,
+    bench: Benchmark,
+    rows: list[StageState],
+    backend: str,
+    report: BankReport,
+) -> None:
+    """Replay each sampled row's trajectory once and compare boundary digests."""
+    protocol = bank.manifest.get("protocol", "hermes")
+    if bank.manifest.get("version") != bench.spec.version:
+        report.find(
+            "replay",
+            str(bank.root / "manifest.json"),
+            f"bank is of {bench.name} {bank.manifest.get('version')}, "
+            f"the installed benchmark is {bench.spec.version}",
+        )
+        return
+    groups: dict[tuple[str, str], list[StageState]] = {}
+    for row in rows:
+        groups.setdefault((row.task_id, row.outcome), []).append(row)
+    for group in groups.values():
+        first = group[0]
+        seed, split = first.provenance.get("seed"), first.provenance.get("split", "train")
+        with tempfile.TemporaryDirectory(prefix="bat-gym-verify-") as tmp:
+            # A private store: a replay must never write into the bank it checks.
+            store = BlobStore(Path(tmp) / "store")
+            start = _initial_state(
+                bench, seed, first.track, store, protocol, split, outcome=first.outcome
+            )
+            seen = {E2E: start.snapshot}
+            task = bench.make_task(first.track, seed, split)
+            if any(r.focus != E2E for r in group):
+                reason, _ = _replay(
+                    bench,
+                    task,
+                    first.outcome,
+                    start,
+                    store,
+                    backend=backend,
+                    protocol=protocol,
+                    on_boundary=lambda stage, env, seen=seen: seen.setdefault(
+                        stage, env.unwrapped.sandbox.capture().digest
+                    ),
+                    score=False,
+                )
+                if reason is not None:
+                    report.find("replay", first.task_id, f"replay failed: {reason}")
+        for row in group:
+            report.count("replay")
+            got = seen.get(row.focus)
+            if got is None:
+                report.find("replay", row.state_id, f"the replay never reached {row.focus}")
+            elif got != row.snapshot:
+                report.find(
+                    "replay",
+                    row.state_id,
+                    f"workspace digest at the {row.focus} boundary is {got}, row says {row.snapshot}",
+                )
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` by fsynced temporary file and rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 class _MemoryStates:
@@ -178,6 +375,8 @@ def _initial_state(
     store: BlobStore,
     protocol_name: str,
     split: Split = "train",
+    *,
+    outcome: str = "success",
 ) -> StageState:
     from bat_gym.protocol import get_protocol
 
@@ -191,12 +390,12 @@ def _initial_state(
         {"role": "user", "content": bench.user_prompt(task, E2E)},
     )
     return StageState(
-        state_id=f"{task.task_id}.{E2E}.success",
+        state_id=f"{task.task_id}.{E2E}.{outcome}",
         benchmark=bench.name,
         benchmark_version=bench.spec.version,
         focus=E2E,
         track=track,
-        outcome="success",
+        outcome=outcome,
         task_id=task.task_id,
         messages=messages,
         snapshot=snap.digest,
@@ -207,6 +406,125 @@ def _initial_state(
     )
 
 
+def _teacher(bench: Benchmark, task: Any, outcome: str) -> list[Any]:
+    """The teacher's turns for ``outcome``; a benchmark with only success is asked plainly."""
+    if tuple(bench.outcomes) == ("success",):
+        return bench.teacher_turns(task)
+    return bench.teacher_turns(task, outcome=outcome)  # type: ignore[call-arg]
+
+
+def _replay(
+    bench: Benchmark,
+    task: Any,
+    outcome: str,
+    start: StageState,
+    store: BlobStore,
+    *,
+    backend: str,
+    protocol: str,
+    on_boundary: Callable[[str, Any], None],
+    score: bool,
+) -> tuple[str | None, float | None]:
+    """Step the teacher through a real E2E env from ``start``, calling back at stage boundaries.
+
+    ``on_boundary(stage, env)`` runs before the first turn of each stage. Returns a
+    rejection reason (None when the trajectory ran to finish) and, when ``score``, the
+    E2E rubric reward of the finished episode (a null verdict counts as 0).
+    """
+    from bat_gym.env import StageEnv
+    from bat_gym.protocol import get_protocol
+    from bat_gym.rubrics.reward import RubricReward
+
+    proto = get_protocol(protocol)
+    base = StageEnv(
+        E2E,
+        benchmark=bench,
+        states=_MemoryStates(store, [start]),
+        backend=backend,
+        protocol=protocol,
+    )
+    env = RubricReward(base) if score else base
+    try:
+        env.reset(options={"state_id": start.state_id})
+        current = None
+        terminated = truncated = False
+        for turn in _teacher(bench, task, outcome):
+            if turn.stage != current and turn.stage != E2E:
+                current = turn.stage
+                on_boundary(current, env)
+            _, _, terminated, truncated, _ = env.step(proto.render(turn.content, list(turn.calls)))
+            if terminated or truncated:
+                break
+        if truncated:
+            return "teacher ran out of budget", None
+        if not terminated:
+            return "teacher did not call finish", None
+        if not score:
+            return None, None
+        verdict = env.last_verdict  # type: ignore[union-attr]
+        return None, float(verdict.reward or 0.0) if verdict is not None else 0.0
+    finally:
+        env.close()
+
+
+def _task_key(track: str, seed: int, outcome: str) -> str:
+    return f"{track}/{seed}/{outcome}"
+
+
+class _Journal:
+    """``rows.partial.jsonl``: one line per finished task, appended and fsynced.
+
+    The first line is a header naming the build; every later line is one task's
+    record (its rows, or why it was rejected). A task's rows share one line, so a
+    build killed mid-write leaves at most one torn last line, which is cut off on the
+    next open: a half-written task is never admitted, and a rerun redoes it.
+    """
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        self.done: dict[str, dict[str, Any]] = {}
+        good = 0
+        if path.exists():
+            data = path.read_bytes()
+            for line in data.split(b"\n")[:-1]:  # the part after the last newline is torn
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    break  # a torn line can only be the last written; stop at it
+                if good == 0:
+                    if record.get("header") != header:
+                        raise BankError(
+                            str(path),
+                            f"an unfinished build of another kind is here ({record.get('header')}, "
+                            f"this build is {header}); build into a fresh directory",
+                        )
+                else:
+                    self.done[record["key"]] = record
+                good += len(line) + 1
+            if good < len(data):
+                os.truncate(path, good)
+        self._fh = open(path, "ab")  # noqa: SIM115 - kept open for the whole build
+        if good == 0:
+            self._append({"header": header})
+
+    def _append(self, record: dict[str, Any]) -> bytes:
+        line = json.dumps(record, sort_keys=True).encode()
+        self._fh.write(line + b"\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        return line
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Append one finished task's record durably."""
+        # Keep what was written, not the object: a first build and a resumed one then
+        # read the very same record, so their rows.jsonl are byte-identical.
+        self.done[record["key"]] = json.loads(self._append(record))
+
+    def close(self) -> None:
+        """Close the file (the journal stays on disk: a rerun reuses it)."""
+        self._fh.close()
+
+
 def build_bank(
     bench: Benchmark,
     root: str | Path,
@@ -215,63 +533,118 @@ def build_bank(
     backend: str = "local",
     protocol: str = "hermes",
     tracks: Sequence[str] | None = None,
+    outcomes: Sequence[str] = ("success",),
 ) -> StageBank:
-    """Build a bank of every focus x track (success outcome) from training seeds.
+    """Build a bank of every focus x track x outcome from training seeds.
 
-    For each task the teacher's turns are stepped through a real E2E env; before the
-    first turn of each stage the workspace is captured as that stage's start state.
-    ``tracks`` limits the bank to those tracks (default: all of the spec's).
+    For each task and outcome the teacher's turns are stepped through a real E2E env;
+    before the first turn of each stage the workspace is captured as that stage's start
+    state. ``tracks`` limits the bank to those tracks (default: all of the spec's).
+
+    Outcomes the benchmark does not declare in :attr:`Benchmark.outcomes` are not
+    built (the teacher is never asked for them); the manifest lists them under
+    ``unsupported_outcomes``. Only trajectories the verifier agrees with are kept: a
+    success trajectory must reach an E2E rubric reward of at least
+    :data:`SUCCESS_MIN_REWARD`; recovery and failure trajectories are kept as
+    labelled. Rejections are counted by reason in the manifest's ``rejected``.
+
+    The build is resumable: each finished task is appended (fsynced) to
+    ``rows.partial.jsonl``, and a rerun into the same directory skips tasks already
+    there. ``rows.jsonl`` and then ``manifest.json`` are written last, each atomically.
+
+    Raises:
+        BankError: ``root`` holds an unfinished build with different settings.
     """
-    from bat_gym.env import StageEnv
-    from bat_gym.protocol import get_protocol
-
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     store = BlobStore(root / "store")
-    proto = get_protocol(protocol)
     seeds = list(bench.seeds("train"))[:tasks_per_track]
-    states: list[StageState] = []
-    for track in tracks or [t.name for t in bench.spec.tracks]:
+    track_names = list(tracks or [t.name for t in bench.spec.tracks])
+    for track in track_names:
         bench.spec.track(track)  # an unknown name fails here, naming the known ones
-        for seed in seeds:
-            start = _initial_state(bench, seed, track, store, protocol)
-            states.append(start)
-            task = bench.make_task(track, seed, "train")
-            env = StageEnv(
-                E2E,
-                benchmark=bench,
-                states=_MemoryStates(store, [start]),
-                backend=backend,
-                protocol=protocol,
-            )
-            try:
-                env.reset(options={"state_id": start.state_id})
-                current = None
-                for turn in bench.teacher_turns(task):
-                    if turn.stage != current and turn.stage != E2E:
-                        current = turn.stage
-                        states.append(_stage_state(bench, task, env, current, start, proto))
-                    _, _, terminated, truncated, info = env.step(
-                        proto.render(turn.content, list(turn.calls))
-                    )
-                    if truncated:
-                        raise RuntimeError(
-                            f"teacher ran out of budget on {task.task_id} at stage {current}"
-                        )
-                if not terminated:
-                    raise RuntimeError(f"teacher of {bench.name}/{track} did not call finish")
-            finally:
-                env.close()
+    wanted = list(dict.fromkeys(outcomes))
+    unknown = [o for o in wanted if o not in OUTCOMES]
+    if unknown:
+        raise ValueError(f"unknown outcome(s) {unknown}; choose from {list(OUTCOMES)}")
+    supported = [o for o in wanted if o in bench.outcomes]
+    header = {
+        "benchmark": bench.name,
+        "version": bench.spec.version,
+        "format": BANK_FORMAT,
+        "protocol": protocol,
+    }
+    journal = _Journal(root / "rows.partial.jsonl", header)
+    plan = [(t, s, o) for t in track_names for s in seeds for o in supported]
+    try:
+        for track, seed, outcome in plan:
+            key = _task_key(track, seed, outcome)
+            if key not in journal.done:
+                journal.add(_build_task(bench, track, seed, outcome, store, backend, protocol))
+    finally:
+        journal.close()
+    states: list[StageState] = []
+    rejected: Counter[str] = Counter()
+    for track, seed, outcome in plan:
+        record = journal.done[_task_key(track, seed, outcome)]
+        if record.get("rejected"):
+            rejected[record["rejected"]] += 1
+            continue
+        where = f"{journal.path}:{record['key']}"
+        states += [load_model(StageState, r, origin=where) for r in record["rows"]]
     StageBank.write(
         root,
         states,
         {
-            "benchmark": bench.name,
-            "version": bench.spec.version,
+            **header,
             "tasks_per_track": tasks_per_track,
+            "tracks": track_names,
+            "outcomes": supported,
+            "unsupported_outcomes": [o for o in wanted if o not in supported],
+            "trajectories": {"planned": len(plan), "kept": len(plan) - sum(rejected.values())},
+            "rejected": dict(sorted(rejected.items())),
+            "success_min_reward": SUCCESS_MIN_REWARD,
         },
     )
     return StageBank(root)
+
+
+def _build_task(
+    bench: Benchmark,
+    track: str,
+    seed: int,
+    outcome: str,
+    store: BlobStore,
+    backend: str,
+    protocol: str,
+) -> dict[str, Any]:
+    """One task's journal record: its stage rows, or the reason it was rejected."""
+    from bat_gym.protocol import get_protocol
+
+    proto = get_protocol(protocol)
+    key = _task_key(track, seed, outcome)
+    start = _initial_state(bench, seed, track, store, protocol, outcome=outcome)
+    task = bench.make_task(track, seed, "train")
+    states = [start]
+
+    def boundary(stage: str, env: Any) -> None:
+        states.append(_stage_state(bench, task, env, stage, start, proto))
+
+    reason, reward = _replay(
+        bench,
+        task,
+        outcome,
+        start,
+        store,
+        backend=backend,
+        protocol=protocol,
+        on_boundary=boundary,
+        score=True,
+    )
+    if reason is None and outcome == "success" and (reward or 0.0) < SUCCESS_MIN_REWARD:
+        reason = f"success below reward {SUCCESS_MIN_REWARD}"
+    if reason is not None:
+        return {"key": key, "rejected": reason, "reward": reward}
+    return {"key": key, "reward": reward, "rows": [s.model_dump(mode="json") for s in states]}
 
 
 def _stage_state(
@@ -287,7 +660,7 @@ def _stage_state(
     messages = (*head, *fit_history(env.unwrapped.messages[2:], room))
     return start.model_copy(
         update={
-            "state_id": f"{task.task_id}.{stage}.success",
+            "state_id": f"{task.task_id}.{stage}.{start.outcome}",
             "focus": stage,
             "messages": messages,
             "snapshot": snap.digest,

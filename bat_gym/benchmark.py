@@ -41,6 +41,10 @@ class Benchmark(ABC):
 
     spec: BenchmarkSpec
 
+    #: The teacher outcomes :meth:`teacher_turns` can produce. A benchmark that declares
+    #: more than ``success`` takes them as ``teacher_turns(task, outcome=...)``.
+    outcomes: tuple[str, ...] = ("success",)
+
     @property
     def name(self) -> str:
         """The benchmark's registered name."""

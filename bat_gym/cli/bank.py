@@ -25,16 +25,39 @@ def build(
     backend: Annotated[
         str, typer.Option("--backend", help="Sandbox backend: local or docker.")
     ] = "local",
+    outcome: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--outcome",
+            help="Teacher outcome to build (repeatable): success, recovery, failure. "
+            "Default: success.",
+        ),
+    ] = None,
 ) -> None:
-    """Run the teacher on training tasks and store every stage's start state."""
-    from bat_gym.bank import build_bank
+    """Run the teacher on training tasks and store every stage's start state.
+
+    Rerunning into the same directory resumes an interrupted build.
+    """
+    from bat_gym.bank import OUTCOMES, build_bank
     from bat_gym.registry import get_benchmark
 
+    unknown = sorted(set(outcome or ()) - set(OUTCOMES))
+    if unknown:
+        raise typer.BadParameter(f"{unknown}; choose from {list(OUTCOMES)}", param_hint="--outcome")
     start = time.perf_counter()
     bank = build_bank(
-        get_benchmark(benchmark), out, tasks_per_track=tasks_per_track, backend=backend
+        get_benchmark(benchmark),
+        out,
+        tasks_per_track=tasks_per_track,
+        backend=backend,
+        outcomes=tuple(outcome or ("success",)),
     )
     typer.echo(f"built {len(bank)} states in {time.perf_counter() - start:.1f} s -> {out}")
+    m = bank.manifest
+    if m.get("unsupported_outcomes"):
+        typer.echo(f"not built (the benchmark has no such teacher): {m['unsupported_outcomes']}")
+    if m.get("rejected"):
+        typer.echo(f"rejected trajectories: {m['rejected']}")
 
 
 @app.command("show")
@@ -46,6 +69,38 @@ def show(path: Annotated[Path, typer.Argument(help="A bank directory.")]) -> Non
     typer.echo(
         f"{path}: {len(bank)} states of {bank.manifest['benchmark']} {bank.manifest['version']}"
     )
-    counts = Counter((s.focus, s.track) for s in bank)
-    for (focus, track), n in sorted(counts.items()):
-        typer.echo(f"  {focus:4} {track:20} {n}")
+    counts = Counter((s.focus, s.track, s.outcome) for s in bank)
+    for (focus, track, outcome), n in sorted(counts.items()):
+        typer.echo(f"  {focus:4} {track:20} {outcome:9} {n}")
+
+
+@app.command("verify")
+def verify(
+    path: Annotated[Path, typer.Argument(help="A bank directory.")],
+    sample: Annotated[
+        int | None,
+        typer.Option("--sample", min=1, help="Rows to replay (default: all)."),
+    ] = None,
+    backend: Annotated[
+        str, typer.Option("--backend", help="Sandbox backend to replay in.")
+    ] = "local",
+) -> None:
+    """Re-check blobs, snapshot manifests and stage boundaries; exit 1 on any mismatch."""
+    from bat_gym.bank import StageBank
+
+    report = StageBank(path).verify(sample=sample, backend=backend)
+    typer.echo(report.table())
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command("audit")
+def audit(path: Annotated[Path, typer.Argument(help="A bank directory.")]) -> None:
+    """Look for held-out content in a bank; exit 1 on any finding."""
+    from bat_gym.audit import audit_bank
+    from bat_gym.bank import StageBank
+
+    report = audit_bank(StageBank(path))
+    typer.echo(report.table())
+    if not report.ok:
+        raise typer.Exit(1)

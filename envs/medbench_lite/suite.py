@@ -30,6 +30,7 @@ class MedBenchLite(Benchmark):
     """
 
     spec = SPEC
+    outcomes = ("success", "recovery", "failure")
 
     def __init__(self) -> None:
         self._draws: OrderedDict[tuple[str, int, str], Draw] = OrderedDict()

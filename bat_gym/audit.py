@@ -1,0 +1,209 @@
+"""Leakage audit: measure that no held-out content is in a Stage Bank.
+
+A bank is built from training seeds only; this module checks that claim against the
+bank's bytes rather than trusting the builder. It regenerates the benchmark's
+held-out tasks and looks for four kinds of leak:
+
+``task ids``
+    a held-out task id in a row (its ``task_id``, any message) or in any blob, and a
+    row whose provenance names a held-out split or seed.
+``public files``
+    a held-out task's public file stored byte for byte as a blob.
+``answers``
+    a held-out private answer (each array or value, and the whole answer dict) whose
+    canonical bytes (raw C-order array bytes, or canonical JSON) are stored as a blob.
+``8-grams``
+    a word 8-gram of a held-out task card (``task.card`` and its ``TASK.md``) that is
+    also in a bank prompt.
+
+Content that every task shares by design is not a leak and is excluded: public files
+that are byte-identical in the bank's own training tasks (a track's model code, for
+instance), and 8-grams that also occur in the benchmark's boilerplate (stage skills and
+system prompts, and the user prompts and ``TASK.md`` of the bank's training tasks). What
+is left is what the held-out tasks alone say. Answers shorter than
+:data:`MIN_ANSWER_BYTES` are not fingerprinted (a lone ``0`` matches too much to mean
+anything). Limits: answers are matched as whole blobs, so an answer embedded inside a
+larger file (an image format with a header) is not detected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bat_gym.bank import BankReport, StageBank
+from bat_gym.benchmark import Benchmark
+from bat_gym.spec import Task
+
+__all__ = ["MIN_ANSWER_BYTES", "NGRAM", "audit_bank", "answer_fingerprints", "word_ngrams"]
+
+NGRAM = 8
+MIN_ANSWER_BYTES = 16
+_MAX_ID_SEEDS = 10_000  # ids are cheap hashes; check this many held-out seeds per track
+_ID_PATTERN = re.compile(rb"[A-Za-z0-9_]+-[0-9a-f]{12}")
+_WORD = re.compile(r"[a-z0-9_]+")
+
+
+def word_ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
+    """The lower-cased word ``n``-grams of ``text``."""
+    words = _WORD.findall(text.lower())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def _canonical(value: Any) -> Iterator[bytes]:
+    """The canonical byte forms of an answer value, and of every value inside it."""
+    if isinstance(value, np.ndarray):
+        yield np.ascontiguousarray(value).tobytes()
+        return
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _canonical(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _canonical(v)
+    yield json.dumps(value, sort_keys=True, separators=(",", ":"), default=_jsonable).encode()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value)
+
+
+def answer_fingerprints(answers: dict[str, Any]) -> set[str]:
+    """sha256 of the canonical bytes of each answer value (nested) and of the whole dict.
+
+    Values whose bytes are shorter than :data:`MIN_ANSWER_BYTES` are left out.
+    """
+    return {
+        hashlib.sha256(b).hexdigest() for b in _canonical(answers) if len(b) >= MIN_ANSWER_BYTES
+    }
+
+
+def _public_files(bench: Benchmark, task: Task) -> dict[str, str]:
+    """``{path: sha256}`` of the task's public files."""
+    with tempfile.TemporaryDirectory(prefix="bat-gym-audit-") as tmp:
+        bench.write_public_files(task, Path(tmp))
+        return {
+            str(p.relative_to(tmp)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(tmp).rglob("*"))
+            if p.is_file()
+        }
+
+
+def _task_text(bench: Benchmark, task: Task) -> str:
+    """The task's card as the agent reads it: ``task.card`` and ``TASK.md``."""
+    with tempfile.TemporaryDirectory(prefix="bat-gym-audit-") as tmp:
+        bench.write_public_files(task, Path(tmp))
+        md = Path(tmp) / "TASK.md"
+        return task.card + "\n" + (md.read_text(errors="replace") if md.is_file() else "")
+
+
+def _prompt_text(bank: StageBank) -> Iterable[tuple[str, str]]:
+    for row in bank:
+        for i, m in enumerate(row.messages):
+            yield (
+                f"{row.state_id}/messages[{i}]",
+                f"{m.get('content') or ''} {m.get('tool_calls') or ''}",
+            )
+
+
+def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
+    """Audit ``bank`` for held-out content of ``bench`` (default: the one it names).
+
+    Returns:
+        A report with one line per check; ``report.ok`` is False on any finding.
+    """
+    if bench is None:
+        from bat_gym.registry import get_benchmark
+
+        bench = get_benchmark(bank.manifest["benchmark"])
+    report = BankReport("audit")
+    tracks = [t.name for t in bench.spec.tracks]
+    heldout_seeds = bench.seeds("heldout")
+    eval_seeds = list(heldout_seeds)[: bench.spec.splits.heldout_repeats]
+    heldout = [bench.make_task(t, s, "heldout") for t in tracks for s in eval_seeds]
+    train = {
+        (row.track, row.provenance["seed"])
+        for row in bank
+        if row.provenance.get("split") == "train" and "seed" in row.provenance
+    }
+    train_tasks = [bench.make_task(t, s, "train") for t, s in sorted(train)]
+    blobs = {p.parent.name + p.name: p for p in (bank.store.root / "blobs").glob("*/*")}
+
+    # -- task ids and seeds ----------------------------------------------------------
+    ids = {
+        bench.task_id(t, s, "heldout"): f"{t}/heldout seed {s}"
+        for t in tracks
+        for s in list(heldout_seeds)[:_MAX_ID_SEEDS]
+    }
+    for row in bank:
+        report.count("task ids")
+        if row.task_id in ids:
+            report.find("task ids", row.state_id, f"task_id is held-out task {ids[row.task_id]}")
+        split, seed = row.provenance.get("split"), row.provenance.get("seed")
+        if split != "train" or seed in heldout_seeds:
+            report.find("task ids", row.state_id, f"provenance names split {split} seed {seed}")
+    for where, text in _prompt_text(bank):
+        for found in set(_ID_PATTERN.findall(text.encode())):
+            if found.decode() in ids:
+                report.find("task ids", where, f"mentions held-out task id {found.decode()}")
+    for digest, path in sorted(blobs.items()):
+        report.count("task ids")
+        for found in set(_ID_PATTERN.findall(path.read_bytes())):
+            if found.decode() in ids:
+                report.find(
+                    "task ids", f"blob {digest}", f"holds held-out task id {found.decode()}"
+                )
+
+    # -- public files ----------------------------------------------------------------
+    shared = {d for task in train_tasks for d in _public_files(bench, task).values()}
+    for task in heldout:
+        for rel, digest in _public_files(bench, task).items():
+            if digest in shared:
+                continue  # byte-identical in training tasks: shared by design
+            report.count("public files")
+            if digest in blobs:
+                report.find("public files", f"blob {digest}", f"is held-out {task.task_id}:{rel}")
+
+    # -- private answers -------------------------------------------------------------
+    shared_answers = {
+        d for task in train_tasks for d in answer_fingerprints(bench.private_answers(task))
+    }
+    for task in heldout:
+        for digest in answer_fingerprints(bench.private_answers(task)) - shared_answers:
+            report.count("answers")
+            if digest in blobs:
+                report.find("answers", f"blob {digest}", f"is a private answer of {task.task_id}")
+
+    # -- 8-grams ---------------------------------------------------------------------
+    boiler: set[tuple[str, ...]] = set()
+    from bat_gym.protocol import get_protocol
+
+    proto = get_protocol(bank.manifest.get("protocol", "hermes"))
+    for focus in bench.spec.focuses:
+        boiler |= word_ngrams(bench.system_prompt(focus, proto))
+        for task in train_tasks:
+            boiler |= word_ngrams(bench.user_prompt(task, focus))
+    for task in train_tasks:
+        boiler |= word_ngrams(_task_text(bench, task))
+    for stage in bench.spec.stages:
+        boiler |= word_ngrams(stage.skill)
+    held: dict[tuple[str, ...], str] = {}
+    for task in heldout:
+        for gram in word_ngrams(_task_text(bench, task)) - boiler:
+            held.setdefault(gram, task.task_id)
+    report.count("8-grams", len(held))
+    for where, text in _prompt_text(bank):
+        for gram in word_ngrams(text) & held.keys():
+            report.find("8-grams", where, f"shares {' '.join(gram)!r} with {held[gram]}")
+    return report

@@ -1,0 +1,157 @@
+"""Building banks: outcomes, verifier agreement, resumable builds, and verify()."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from bat_gym.bank import StageBank, build_bank
+from bat_gym.cli import app
+from bat_gym.errors import BankError
+
+runner = CliRunner()
+
+
+def toy_with(turns_for):
+    """A toy benchmark declaring success and failure, with a teacher of our own."""
+    from bat_gym.envs.toy_pipeline.suite import ToyPipeline
+
+    class Toy(ToyPipeline):
+        outcomes = ("success", "failure")
+
+        def teacher_turns(self, task, outcome="success"):
+            return turns_for(super().teacher_turns(task), outcome)
+
+    return Toy()
+
+
+def test_rows_of_every_focus_track_and_outcome_carry_their_outcome(tmp_path):
+    from bat_gym.registry import get_benchmark
+
+    med = get_benchmark("medbench_lite")
+    assert med.outcomes == ("success", "recovery", "failure")
+    outcomes = ("success", "recovery", "failure")
+    bank = build_bank(med, tmp_path / "b", tracks=["classification"], outcomes=outcomes)
+    assert {(s.focus, s.outcome) for s in bank} == {
+        (f, o) for f in med.spec.focuses for o in outcomes
+    }
+    assert all(s.state_id.endswith(f".{s.focus}.{s.outcome}") for s in bank)
+    assert bank.manifest["outcomes"] == list(outcomes) and bank.manifest["rejected"] == {}
+
+
+def test_an_outcome_the_benchmark_lacks_is_not_asked_for(toy, tmp_path):
+    bank = build_bank(toy, tmp_path / "b", outcomes=("success", "recovery"))
+    assert {s.outcome for s in bank} == {"success"}
+    assert bank.manifest["unsupported_outcomes"] == ["recovery"]
+    with pytest.raises(ValueError, match="unknown outcome"):
+        build_bank(toy, tmp_path / "c", outcomes=("sucess",))
+
+
+def test_a_success_the_verifier_disagrees_with_is_rejected_and_counted(tmp_path):
+    # Without the submit turn the episode cannot reach the success reward; labelled as a
+    # failure the same trajectory is kept.
+    bench = toy_with(lambda turns, outcome: [t for i, t in enumerate(turns) if i != 4])
+    bank = build_bank(bench, tmp_path / "b", outcomes=("success", "failure"))
+    assert {s.outcome for s in bank} == {"failure"}
+    assert bank.manifest["rejected"] == {"success below reward 0.95": 2}
+    assert bank.manifest["trajectories"] == {"planned": 4, "kept": 2}
+
+
+_KILLED_BUILD = """
+import sys
+from bat_gym.bank import build_bank
+from bat_gym.registry import get_benchmark
+build_bank(get_benchmark("toy_pipeline"), sys.argv[1], tasks_per_track=6)
+"""
+
+
+def journal_keys(root):
+    lines = (root / "rows.partial.jsonl").read_text().splitlines()
+    return [json.loads(line)["key"] for line in lines[1:]]
+
+
+def test_a_killed_build_resumes_without_duplicates_or_torn_rows(toy, tmp_path):
+    root = tmp_path / "b"
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_KILLED_BUILD), str(root)])
+    journal = root / "rows.partial.jsonl"
+    try:
+        deadline = time.monotonic() + 60
+        while not (journal.exists() and journal.read_text().count("\n") >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "build ended early"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert not (root / "manifest.json").exists(), "the build finished before it was killed"
+    done = journal_keys(root)
+    assert 1 <= len(done) < 12
+    # A torn last line, as a kill in the middle of a write leaves it, is never admitted.
+    with journal.open("a") as fh:
+        fh.write('{"key": "lookup/5/success", "rows": [{"state_')
+    bank = build_bank(toy, root, tasks_per_track=6)
+    ids = [s.state_id for s in bank]
+    assert len(ids) == len(set(ids)) == 6 * 2 * 6
+    keys = journal_keys(root)
+    assert keys[: len(done)] == done and len(keys) == len(set(keys)) == 12
+    fresh = build_bank(toy, tmp_path / "fresh", tasks_per_track=6)
+    # Same rows in the same order; tool output carries wall times, so compare workspaces.
+    assert [(s.state_id, s.snapshot) for s in bank] == [(s.state_id, s.snapshot) for s in fresh]
+
+
+def test_a_rerun_is_idempotent_and_another_build_is_refused(toy, tmp_path):
+    root = tmp_path / "b"
+    build_bank(toy, root)
+    before = {p: (root / p).read_bytes() for p in ("rows.jsonl", "manifest.json")}
+    build_bank(toy, root)
+    assert before == {p: (root / p).read_bytes() for p in before}
+    lines = (root / "rows.partial.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    header["header"]["protocol"] = "other"
+    (root / "rows.partial.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    with pytest.raises(BankError, match="unfinished build of another kind"):
+        build_bank(toy, root)
+
+
+def test_verify_passes_a_sound_bank(toy_bank):
+    report = toy_bank.verify()
+    assert report.ok, report.table()
+    assert report.checked["replay"] == len(toy_bank)
+    assert toy_bank.verify(sample=3).checked["replay"] == 3
+
+
+def test_verify_names_a_corrupted_blob_and_the_rows_using_it(toy_bank, tmp_path):
+    copy = tmp_path / "bank"
+    shutil.copytree(toy_bank.root, copy)
+    bank = StageBank(copy)
+    state = bank.get(bank.select(focus="S3")[0])
+    entry = next(
+        e for e in bank.store.get_snapshot(state.snapshot).entries if e.path == "plan/plan.md"
+    )
+    blob = bank.store.blob_path(entry.digest)
+    blob.chmod(0o644)
+    blob.write_bytes(blob.read_bytes() + b"tampered")
+    report = bank.verify()
+    assert not report.ok
+    assert [w for w, _ in report.findings["blobs"]] == [str(blob)]
+    assert state.state_id in {w for w, _ in report.findings["rows"]}
+    assert report.findings["replay"] == []  # replays run on a private store
+    result = runner.invoke(app, ["bank", "verify", str(copy)])
+    assert result.exit_code == 1
+    assert str(blob) in result.output and state.state_id in result.output
+
+
+def test_cli_builds_outcomes_and_verifies(tmp_path):
+    out = tmp_path / "b"
+    args = ["bank", "build", "--out", str(out), "--benchmark", "toy_pipeline"]
+    result = runner.invoke(app, [*args, "--outcome", "success", "--outcome", "failure"])
+    assert result.exit_code == 0, result.output
+    assert "not built (the benchmark has no such teacher): ['failure']" in result.output
+    assert runner.invoke(app, [*args, "--outcome", "nope"]).exit_code != 0
+    result = runner.invoke(app, ["bank", "verify", str(out)])
+    assert result.exit_code == 0 and "verify: OK" in result.output
