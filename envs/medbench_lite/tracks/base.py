@@ -26,6 +26,7 @@ __all__ = [
     "read_submission",
     "read_rows",
     "resolve_output",
+    "read_output_volume",
     "uniform",
     "case_ids",
     "STAGE_ARTIFACTS",
@@ -206,3 +207,24 @@ def resolve_output(workspace: Path, relpath: str) -> Path | None:
     except (OSError, RuntimeError):
         return None
     return p if p.is_relative_to(base) and p.is_file() else None
+
+
+def read_output_volume(
+    path: Path | None, shape: tuple[int, ...], affine: np.ndarray
+) -> np.ndarray | None:
+    """The voxels (scaled, float64) of an output NIfTI on the input's grid, else None.
+
+    None when the file is missing, unreadable, or not on the grid (shape and affine to
+    1e-3): a wrong case, never a crash of the scorer.
+    """
+    if path is None:
+        return None
+    import nibabel as nib
+
+    try:
+        img = nib.load(str(path))
+        if img.shape != tuple(shape) or not np.allclose(img.affine, affine, atol=1e-3):
+            return None
+        return np.asarray(img.dataobj, dtype=np.float64)
+    except Exception:  # any decoding error of agent output
+        return None

@@ -27,6 +27,7 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
+    read_output_volume,
     resolve_output,
     uniform,
 )
@@ -303,22 +304,13 @@ class Enhancement(TrackBase):
         rows: Mapping[str, Mapping[str, str]],
         ids: Sequence[str],
     ) -> float:
-        import nibabel as nib
 
         per_case = []
         for cid in ids:
             clean = draw.answers["clean"][cid]
             path = resolve_output(workspace, rows[cid].get("output_file", ""))
-            try:
-                img = nib.load(str(path)) if path else None
-                ok = (
-                    img is not None
-                    and img.shape == clean.shape
-                    and np.allclose(img.affine, draw.answers["affines"][cid], atol=1e-3)
-                )
-                s = _ssim(np.asarray(img.get_fdata()), clean) if ok else None
-            except Exception:  # an unreadable output is a wrong case, never a crash
-                s = None
+            out = read_output_volume(path, clean.shape, draw.answers["affines"][cid])
+            s = None if out is None else _ssim(out, clean)
             if s is None or not np.isfinite(s):
                 per_case.append(0.0)
                 continue

@@ -27,6 +27,7 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
+    read_output_volume,
     resolve_output,
     uniform,
 )
@@ -357,22 +358,17 @@ class Segmentation(TrackBase):
         rows: Mapping[str, Mapping[str, str]],
         ids: Sequence[str],
     ) -> float:
-        import nibabel as nib
 
         per_case = []
         for cid in ids:
             truth = draw.answers["labels"][cid]
             path = resolve_output(workspace, rows[cid].get("mask_file", ""))
-            try:
-                img = nib.load(str(path)) if path else None
-                ok = (
-                    img is not None
-                    and img.shape == truth.shape
-                    and np.allclose(img.affine, draw.answers["affines"][cid], atol=1e-3)
-                )
-                pred = np.rint(np.asarray(img.dataobj)).astype(np.int64) if ok else None
-            except Exception:  # any unreadable file is a wrong case, never a crash
-                pred = None
+            out = read_output_volume(path, truth.shape, draw.answers["affines"][cid])
+            pred = (
+                None
+                if out is None or not np.all(np.isfinite(out))
+                else np.rint(out).astype(np.int64)
+            )
             if pred is None:
                 per_case.append(0.0)
                 continue

@@ -28,6 +28,7 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
+    read_output_volume,
     resolve_output,
     uniform,
 )
@@ -385,23 +386,13 @@ class Synthesis(TrackBase):
         rows: Mapping[str, Mapping[str, str]],
         ids: Sequence[str],
     ) -> float:
-        import nibabel as nib
 
         per_case = []
         for cid in ids:
             known = draw.answers if cid in draw.answers["b"] else draw.answers["worked"]
             truth, mask = known["b"][cid], known["mask"][cid]
             path = resolve_output(workspace, rows[cid].get("output_file", ""))
-            try:
-                img = nib.load(str(path)) if path else None
-                ok = (
-                    img is not None
-                    and img.shape == truth.shape
-                    and np.allclose(img.affine, known["affines"][cid], atol=1e-3)
-                )
-                pred = np.asarray(img.get_fdata(), dtype=np.float64) if ok else None
-            except Exception:  # an unreadable output is a wrong case, never a crash
-                pred = None
+            pred = read_output_volume(path, truth.shape, known["affines"][cid])
             if pred is None or not np.all(np.isfinite(pred[mask])) or pred[mask].mean() <= 0:
                 per_case.append(0.0)
                 continue
