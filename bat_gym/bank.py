@@ -51,6 +51,7 @@ __all__ = [
 BANK_FORMAT = 5  # 3: contract refs; 4: history fitted to the prompt budget; 5: outcomes
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 SUCCESS_MIN_REWARD = 0.95  # a success trajectory below this E2E reward is not a success
+SURROGATE = "surrogate"  # the state id suffix of an E2E surrogate row
 
 
 class StateSource(Protocol):
@@ -283,11 +284,23 @@ def _verify_replays(
         with tempfile.TemporaryDirectory(prefix="bat-gym-verify-") as tmp:
             # A private store: a replay must never write into the bank it checks.
             store = BlobStore(Path(tmp) / "store")
-            start = _initial_state(
-                bench, seed, first.track, store, protocol, split, outcome=first.outcome
-            )
+            reduction = first.provenance.get("reduction")
+            try:
+                start = _initial_state(
+                    bench,
+                    seed,
+                    first.track,
+                    store,
+                    protocol,
+                    split,
+                    outcome=first.outcome,
+                    reduction=reduction,
+                )
+            except ValueError as exc:
+                report.find("replay", first.task_id, f"cannot regenerate the task: {exc}")
+                continue
             seen = {E2E: start.snapshot}
-            task = bench.make_task(first.track, seed, split)
+            task = bench.task_of(first.track, seed, split, reduction)
             if any(r.focus != E2E for r in group):
                 reason, _ = _replay(
                     bench,
@@ -377,10 +390,18 @@ def _initial_state(
     split: Split = "train",
     *,
     outcome: str = "success",
+    reduction: dict[str, Any] | None = None,
 ) -> StageState:
+    """The E2E start state of a task (reduced as ``reduction`` says, for a surrogate).
+
+    Raises:
+        ValueError: a reduction is asked for and the benchmark has no reduced form.
+    """
     from bat_gym.protocol import get_protocol
 
-    task = bench.make_task(track, task_seed, split)
+    task = bench.task_of(track, task_seed, split, reduction)
+    if task is None:
+        raise ValueError(f"{bench.name} has no reduced form of its tasks")
     with tempfile.TemporaryDirectory(prefix="bat-gym-task-") as tmp:
         bench.write_public_files(task, Path(tmp))
         snap = WorkspaceIndex(tmp).capture(store)
@@ -389,8 +410,18 @@ def _initial_state(
         {"role": "system", "content": bench.system_prompt(E2E, protocol)},
         {"role": "user", "content": bench.user_prompt(task, E2E)},
     )
+    provenance: dict[str, Any] = {
+        "split": split,
+        "seed": task_seed,
+        "teacher": "scripted",
+        "tier": task.tier,
+    }
+    state_id = f"{task.task_id}.{E2E}.{outcome}"
+    if reduction:
+        provenance["reduction"] = dict(reduction)
+        state_id += f".{SURROGATE}"
     return StageState(
-        state_id=f"{task.task_id}.{E2E}.{outcome}",
+        state_id=state_id,
         benchmark=bench.name,
         benchmark_version=bench.spec.version,
         focus=E2E,
@@ -402,7 +433,7 @@ def _initial_state(
         contract=bench.contract_ref(E2E),
         # Training seeds are not secret; held-out seeds never reach a bank (only the
         # in-memory states of task_states, for evaluation).
-        provenance={"split": split, "seed": task_seed, "teacher": "scripted", "tier": task.tier},
+        provenance=provenance,
     )
 
 
@@ -471,6 +502,10 @@ def _task_key(track: str, seed: int, outcome: str) -> str:
     return f"{track}/{seed}/{outcome}"
 
 
+def _surrogate_key(track: str, seed: int, max_cases: int) -> str:
+    return f"{track}/{seed}/{SURROGATE}/{max_cases}"
+
+
 class _Journal:
     """``rows.partial.jsonl``: one line per finished task, appended and fsynced.
 
@@ -534,6 +569,8 @@ def build_bank(
     protocol: str = "hermes",
     tracks: Sequence[str] | None = None,
     outcomes: Sequence[str] = ("success",),
+    surrogates: int = 0,
+    surrogate_cases: int = 1,
 ) -> StageBank:
     """Build a bank of every focus x track x outcome from training seeds.
 
@@ -552,9 +589,31 @@ def build_bank(
     ``rows.partial.jsonl``, and a rerun into the same directory skips tasks already
     there. ``rows.jsonl`` and then ``manifest.json`` are written last, each atomically.
 
+    Args:
+        bench: the benchmark.
+        root: the bank directory.
+        tasks_per_track: training tasks per track.
+        backend: the sandbox backend.
+        protocol: the tool protocol of the stored conversations.
+        tracks: the tracks to build (default: all).
+        outcomes: the teacher outcomes to build.
+        surrogates: per track, how many extra E2E surrogate rows to build: the
+            first training seeds' tasks reduced with :meth:`Benchmark.reduce_task`
+            to ``surrogate_cases`` cases, replayed by the success teacher and kept
+            only at an E2E reward of at least :data:`SUCCESS_MIN_REWARD`. Their state
+            ids end in ``.surrogate`` and their provenance records the reduction;
+            the manifest's ``surrogates`` counts planned, kept and rejected ones.
+        surrogate_cases: the cases a surrogate task keeps.
+
     Raises:
         BankError: ``root`` holds an unfinished build with different settings.
+        ValueError: an unknown outcome, or a negative ``surrogates`` or a
+            ``surrogate_cases`` below 1.
     """
+    if surrogates < 0 or surrogate_cases < 1:
+        raise ValueError(
+            f"surrogates must be >= 0 and surrogate_cases >= 1, got {surrogates}, {surrogate_cases}"
+        )
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     store = BlobStore(root / "store")
@@ -575,11 +634,21 @@ def build_bank(
     }
     journal = _Journal(root / "rows.partial.jsonl", header)
     plan = [(t, s, o) for t in track_names for s in seeds for o in supported]
+    surrogate_seeds = list(bench.seeds("train"))[:surrogates]
+    surrogate_plan = [(t, s) for t in track_names for s in surrogate_seeds]
+    reduction = {"max_cases": surrogate_cases}
     try:
         for track, seed, outcome in plan:
             key = _task_key(track, seed, outcome)
             if key not in journal.done:
                 journal.add(_build_task(bench, track, seed, outcome, store, backend, protocol))
+        for track, seed in surrogate_plan:
+            key = _surrogate_key(track, seed, surrogate_cases)
+            if key not in journal.done:
+                record = _build_task(
+                    bench, track, seed, "success", store, backend, protocol, reduction=reduction
+                )
+                journal.add({**record, "key": key})
     finally:
         journal.close()
     states: list[StageState] = []
@@ -591,6 +660,23 @@ def build_bank(
             continue
         where = f"{journal.path}:{record['key']}"
         states += [load_model(StageState, r, origin=where) for r in record["rows"]]
+    extra: dict[str, Any] = {}
+    if surrogate_plan:
+        surrogate_rejected: Counter[str] = Counter()
+        for track, seed in surrogate_plan:
+            record = journal.done[_surrogate_key(track, seed, surrogate_cases)]
+            if record.get("rejected"):
+                surrogate_rejected[record["rejected"]] += 1
+                continue
+            where = f"{journal.path}:{record['key']}"
+            states += [load_model(StageState, r, origin=where) for r in record["rows"]]
+        extra["surrogates"] = {
+            "per_track": surrogates,
+            "reduction": reduction,
+            "planned": len(surrogate_plan),
+            "kept": len(surrogate_plan) - sum(surrogate_rejected.values()),
+            "rejected": dict(sorted(surrogate_rejected.items())),
+        }
     StageBank.write(
         root,
         states,
@@ -603,6 +689,7 @@ def build_bank(
             "trajectories": {"planned": len(plan), "kept": len(plan) - sum(rejected.values())},
             "rejected": dict(sorted(rejected.items())),
             "success_min_reward": SUCCESS_MIN_REWARD,
+            **extra,
         },
     )
     return StageBank(root)
@@ -616,18 +703,30 @@ def _build_task(
     store: BlobStore,
     backend: str,
     protocol: str,
+    *,
+    reduction: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One task's journal record: its stage rows, or the reason it was rejected."""
+    """One task's journal record: its stage rows, or the reason it was rejected.
+
+    With ``reduction`` the task is the reduced one and only its E2E row is kept (an
+    E2E surrogate); the teacher still runs the whole episode, which is scored.
+    """
     from bat_gym.protocol import get_protocol
 
     proto = get_protocol(protocol)
     key = _task_key(track, seed, outcome)
-    start = _initial_state(bench, seed, track, store, protocol, outcome=outcome)
-    task = bench.make_task(track, seed, "train")
+    try:
+        start = _initial_state(
+            bench, seed, track, store, protocol, outcome=outcome, reduction=reduction
+        )
+    except ValueError:
+        return {"key": key, "rejected": "no reduced form", "reward": None}
+    task = bench.task_of(track, seed, "train", reduction)
     states = [start]
 
     def boundary(stage: str, env: Any) -> None:
-        states.append(_stage_state(bench, task, env, stage, start, proto))
+        if not reduction:
+            states.append(_stage_state(bench, task, env, stage, start, proto))
 
     reason, reward = _replay(
         bench,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from bat_gym.protocol import ToolCall, ToolProtocol
-from bat_gym.spec import E2E, BenchmarkSpec, ContractRef, Task
+from bat_gym.spec import E2E, BenchmarkSpec, ContractRef, StageState, Task
 
 if TYPE_CHECKING:
     from bat_gym.rubrics.contract import ContractLibrary
@@ -67,6 +67,53 @@ class Benchmark(ABC):
     @abstractmethod
     def teacher_turns(self, task: Task) -> list[TeacherTurn]:
         """A careful engineer's full workflow for ``task``, stage by stage, ending in finish."""
+
+    def reduce_task(self, task: Task, *, max_cases: int) -> Task | None:
+        """A reduced form of ``task`` for E2E surrogate rows, or None if there is none.
+
+        A reduced task keeps the seed, generator, stage order, semantics and output
+        schema, but has only its first ``max_cases`` cases; its files, answers and
+        score must agree on them. Implementations record the reduction in
+        ``task.params["reduction"]`` (``{"max_cases": k}``), so that
+        :meth:`task_of` can regenerate it, and give it a task id of its own.
+        Default: None (the benchmark has no reduced form).
+
+        Args:
+            task: a task from :meth:`make_task`.
+            max_cases: how many cases to keep (at least 1).
+        """
+        return None
+
+    def task_of(
+        self, track: str, seed: int, split: Split, reduction: dict[str, Any] | None = None
+    ) -> Task | None:
+        """Regenerate a task, reduced as recorded in a row's provenance.
+
+        Args:
+            track: the track.
+            seed: the generator seed.
+            split: the split.
+            reduction: ``{"max_cases": k}`` for a reduced task, or None.
+
+        Returns:
+            The task, or None when a reduction is asked for and there is no reduced form.
+        """
+        task = self.make_task(track, seed, split)
+        if not reduction:
+            return task
+        return self.reduce_task(task, max_cases=int(reduction["max_cases"]))
+
+    def task_of_state(self, state: StageState) -> Task | None:
+        """The task a bank row was built from, regenerated from its provenance.
+
+        None when the provenance names no seed, or the regenerated task's id differs
+        from the row's, so a row is never paired with another task's answers.
+        """
+        seed, split = state.provenance.get("seed"), state.provenance.get("split", "train")
+        if not isinstance(seed, int) or split not in ("train", "heldout"):
+            return None
+        task = self.task_of(state.track, seed, split, state.provenance.get("reduction"))
+        return task if task is not None and task.task_id == state.task_id else None
 
     def task_id(self, track: str, seed: int, split: Split) -> str:
         """An opaque, stable id that reveals neither seed nor split."""

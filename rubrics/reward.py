@@ -16,29 +16,14 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
-from bat_gym.benchmark import Benchmark
 from bat_gym.env import StageEnv
 from bat_gym.errors import RubricContractError
 from bat_gym.rubrics.context import CheckContext, TaskOracle
 from bat_gym.rubrics.contract import ContractLibrary
 from bat_gym.rubrics.verifier import Verdict, verify
 from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.spec import StageState, Task
 
 __all__ = ["RubricReward", "make_env"]
-
-
-def _task_of(benchmark: Benchmark, state: StageState) -> Task | None:
-    """Regenerate the state's task from its provenance, or None if that is impossible.
-
-    The task id must come out equal to the state's, so a state is never scored
-    against another task's answers.
-    """
-    seed, split = state.provenance.get("seed"), state.provenance.get("split", "train")
-    if not isinstance(seed, int) or split not in ("train", "heldout"):
-        return None
-    task = benchmark.make_task(state.track, seed, split)
-    return task if task.task_id == state.task_id else None
 
 
 class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
@@ -102,7 +87,7 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
                 f"for focus {state.focus}; add one to the benchmark's contract library",
             )
         contract = library.get(ref)
-        task = _task_of(base.benchmark, state)
+        task = base.benchmark.task_of_state(state)
         ctx = CheckContext(
             workspace=FrozenWorkspace(final, sandbox.store),
             start=FrozenWorkspace.load(base.states.store, state.snapshot),

@@ -33,6 +33,15 @@ def build(
             "Default: success.",
         ),
     ] = None,
+    surrogates: Annotated[
+        int,
+        typer.Option(
+            "--surrogates",
+            min=0,
+            help="Extra E2E surrogate rows per track: reduced training tasks (one case), "
+            "kept only when the teacher's E2E reward reaches the success threshold.",
+        ),
+    ] = 0,
 ) -> None:
     """Run the teacher on training tasks and store every stage's start state.
 
@@ -51,6 +60,7 @@ def build(
         tasks_per_track=tasks_per_track,
         backend=backend,
         outcomes=tuple(outcome or ("success",)),
+        surrogates=surrogates,
     )
     typer.echo(f"built {len(bank)} states in {time.perf_counter() - start:.1f} s -> {out}")
     m = bank.manifest
@@ -58,6 +68,11 @@ def build(
         typer.echo(f"not built (the benchmark has no such teacher): {m['unsupported_outcomes']}")
     if m.get("rejected"):
         typer.echo(f"rejected trajectories: {m['rejected']}")
+    if m.get("surrogates"):
+        sur = m["surrogates"]
+        typer.echo(
+            f"surrogates: {sur['kept']} of {sur['planned']} kept; rejected: {sur['rejected']}"
+        )
 
 
 @app.command("show")

@@ -18,6 +18,7 @@ def demo(
     """Make an env, let the scripted teacher play one episode through reset/step, print it."""
     import gymnasium as gym
 
+    from bat_gym.errors import BankError
     from bat_gym.protocol import get_protocol
 
     start = time.perf_counter()
@@ -31,7 +32,12 @@ def demo(
         )
         state = base.state
         bench = base.benchmark
-        task = bench.make_task(state.track, state.provenance["seed"], "train")
+        task = bench.task_of_state(state)
+        if task is None:
+            raise BankError(
+                state.state_id,
+                "the teacher needs the row's task, and its provenance cannot regenerate it",
+            )
         proto = get_protocol("hermes")
         turns = [
             t

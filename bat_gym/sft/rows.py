@@ -123,7 +123,9 @@ def sft_rows(
             state = bank.get(state_id)
             if state.outcome != "success":
                 continue  # recovery and failure trajectories are not imitation targets
-            task = benchmark.make_task(state.track, state.provenance["seed"], "train")
+            task = benchmark.task_of_state(state)
+            if task is None:
+                raise ValueError(f"cannot regenerate the task of {state_id} from its provenance")
             env.reset(options={"state_id": state_id})
             terminated = False
             for i, turn in enumerate(benchmark.teacher_turns(task)):

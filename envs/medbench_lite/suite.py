@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
 from pathlib import Path
@@ -33,22 +34,34 @@ class MedBenchLite(Benchmark):
     outcomes = ("success", "recovery", "failure")
 
     def __init__(self) -> None:
-        self._draws: OrderedDict[tuple[str, int, str], Draw] = OrderedDict()
+        self._draws: OrderedDict[tuple[str, int, str, int | None], Draw] = OrderedDict()
 
-    def draw(self, track: str, seed: int, split: Split) -> Draw:
-        """The generated task (files and answers) for ``(track, seed, split)``."""
-        key = (track, seed, split)
+    def draw(self, track: str, seed: int, split: Split, max_cases: int | None = None) -> Draw:
+        """The generated task (files and answers) for ``(track, seed, split)``.
+
+        Args:
+            track: the track name.
+            seed: the generator seed.
+            split: ``train`` or ``heldout``.
+            max_cases: keep only the first this many cases (an E2E surrogate); None:
+                the full task.
+        """
+        key = (track, seed, split, max_cases)
         if key in self._draws:
             self._draws.move_to_end(key)
             return self._draws[key]
-        d = get_track(track).draw(seed, split)
+        if max_cases is None:
+            d = get_track(track).draw(seed, split)
+        else:
+            d = get_track(track).reduce(self.draw(track, seed, split), max_cases)
         self._draws[key] = d
         while len(self._draws) > _CACHE_SIZE:
             self._draws.popitem(last=False)
         return d
 
     def _task_draw(self, task: Task) -> Draw:
-        return self.draw(task.track, task.seed, task.split)
+        reduction = task.params.get("reduction") or {}
+        return self.draw(task.track, task.seed, task.split, reduction.get("max_cases"))
 
     # -- Benchmark API ----------------------------------------------------------------
 
@@ -67,6 +80,31 @@ class MedBenchLite(Benchmark):
             tier=0 if split == "train" else 1,
             card=get_track(track).card(),
             params=dict(d.params),
+        )
+
+    def reduce_task(self, task: Task, *, max_cases: int) -> Task | None:
+        """``task`` with only its first ``max_cases`` cases: an E2E surrogate.
+
+        Same seed and generator; the public files, ``task.json`` case ids, private
+        answers and score all see the same cases. The reduction is recorded in
+        ``params["reduction"]``, the tier is 1 and the task id differs from the full
+        task's.
+
+        Raises:
+            ValueError: ``max_cases`` is below 1, or ``task`` is already reduced.
+        """
+        if task.params.get("reduction"):
+            raise ValueError(f"task {task.task_id} is already reduced")
+        if max_cases < 1:
+            raise ValueError(f"max_cases must be at least 1, got {max_cases}")
+        d = self.draw(task.track, task.seed, task.split, max_cases)
+        raw = f"{self.task_id(task.track, task.seed, task.split)}/reduced/{max_cases}"
+        return task.model_copy(
+            update={
+                "task_id": f"{task.track}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}",
+                "tier": 1,
+                "params": {**d.params, "reduction": {"max_cases": max_cases}},
+            }
         )
 
     def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102

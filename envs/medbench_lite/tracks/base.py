@@ -9,9 +9,11 @@ the teacher its :class:`~bat_gym.envs.medbench_lite.teacher.Recipe`.
 from __future__ import annotations
 
 import csv
+import io
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -113,6 +115,59 @@ class TrackBase(ABC):
             ids: cases whose truth is known (:meth:`known_ids`).
         """
 
+    def reduce(self, draw: Draw, max_cases: int) -> Draw:
+        """The same task cut down to its first ``max_cases`` cases (an E2E surrogate).
+
+        Generic over the tracks: the kept cases are ``draw.case_ids[:max_cases]``, and
+        every trace of the others is removed consistently. Files named after a dropped
+        id (``<id>.<ext>``, ``<id>_<suffix>``) are left out; JSON objects keyed by
+        case id, JSONL records and CSV rows that name a dropped id lose those entries;
+        ``task.json`` lists and private answers lose the dropped ids. Worked examples
+        (training pairs, dev questions) and the model are kept. Ids named by
+        :meth:`reduce_extra_drops` (inputs only the dropped cases use) go too.
+
+        Args:
+            draw: the full task.
+            max_cases: how many cases to keep (at least 1; more than there are keeps all).
+
+        Returns:
+            The reduced draw; ``params["cases"]`` is the new case count.
+
+        Raises:
+            ValueError: ``max_cases`` is below 1.
+        """
+        if max_cases < 1:
+            raise ValueError(f"max_cases must be at least 1, got {max_cases}")
+        keep = tuple(draw.case_ids[:max_cases])
+        drop = (set(draw.case_ids) - set(keep)) | set(self.reduce_extra_drops(draw, keep))
+        if not drop:
+            return draw
+        files = {}
+        for rel, data in draw.files.items():
+            name = rel.rsplit("/", 1)[-1]
+            if any(name.startswith((f"{d}.", f"{d}_")) for d in drop):
+                continue
+            files[rel] = _filter_file(name, data, drop)
+        params = dict(draw.params)
+        if "cases" in params:
+            params["cases"] = len(keep)
+        return replace(
+            draw,
+            case_ids=keep,
+            params=params,
+            files=files,
+            task_json=_without(draw.task_json, drop),
+            answers=_without(draw.answers, drop),
+        )
+
+    def reduce_extra_drops(self, draw: Draw, keep: Sequence[str]) -> frozenset[str]:
+        """Ids of inputs, other than case ids, that a reduction to ``keep`` drops.
+
+        Default: none. A track whose cases share inputs (VQA questions on images)
+        names the inputs only dropped cases use.
+        """
+        return frozenset()
+
     def known_ids(self, draw: Draw) -> frozenset[str]:
         """Ids whose truth the metric can use: the test cases, plus worked examples."""
         return frozenset(draw.case_ids)
@@ -150,6 +205,50 @@ class TrackBase(ABC):
             "infer, submit), writing each stage's artifacts, and submit outputs/submission.csv. "
             "Read TASK.md first."
         )
+
+
+def _without(value: Any, drop: set[str]) -> Any:
+    """``value`` with dict keys and list items that are dropped ids removed, recursively."""
+    if isinstance(value, dict):
+        return {k: _without(v, drop) for k, v in value.items() if k not in drop}
+    if isinstance(value, list):
+        return [_without(v, drop) for v in value if not (isinstance(v, str) and v in drop)]
+    if isinstance(value, tuple):
+        return tuple(_without(v, drop) for v in value if not (isinstance(v, str) and v in drop))
+    return value
+
+
+def _names(value: Any, drop: set[str]) -> bool:
+    """Whether a decoded JSON value holds a dropped id as a string anywhere."""
+    if isinstance(value, str):
+        return value in drop
+    if isinstance(value, dict):
+        return any(k in drop or _names(v, drop) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_names(v, drop) for v in value)
+    return False
+
+
+def _filter_file(name: str, data: bytes, drop: set[str]) -> bytes:
+    """A shared public file with the dropped ids' entries removed (bytes as written)."""
+    if name.endswith(".jsonl"):
+        lines = data.decode("utf-8").splitlines(keepends=True)
+        return "".join(ln for ln in lines if not _names(json.loads(ln), drop)).encode()
+    if name.endswith(".json"):
+        obj = json.loads(data)
+        if not _names(obj, drop):
+            return data
+        return (json.dumps(_without(obj, drop), indent=2, sort_keys=True) + "\n").encode()
+    if name.endswith(".csv"):
+        reader = csv.reader(io.StringIO(data.decode("utf-8")))
+        rows = list(reader)
+        kept = rows[:1] + [r for r in rows[1:] if not set(r) & drop]
+        if len(kept) == len(rows):
+            return data
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(kept)
+        return buf.getvalue().encode()
+    return data
 
 
 def uniform(rng: np.random.Generator, bounds: tuple[float, float]) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -346,6 +347,20 @@ class Vqa(TrackBase):
                 "worked": {q["qid"]: q["answer"] for q in dev_questions},
             },
         )
+
+    def reduce_extra_drops(self, draw: Draw, keep: Sequence[str]) -> frozenset[str]:
+        """The test images that none of the kept questions is about."""
+        questions = [json.loads(ln) for ln in draw.files["data/questions.jsonl"].splitlines()]
+        used = {q["image_id"] for q in questions if q["qid"] in set(keep)}
+        return frozenset(q["image_id"] for q in questions) - used
+
+    def reduce(self, draw: Draw, max_cases: int) -> Draw:
+        """As :meth:`TrackBase.reduce`, with ``params["images"]`` the kept image count."""
+        out = super().reduce(draw, max_cases)
+        if out is draw:
+            return draw
+        images = sum(1 for p in out.files if p.startswith("data/images/"))
+        return replace(out, params={**out.params, "images": images})
 
     def known_ids(self, draw: Draw) -> frozenset[str]:
         """The test questions and the worked examples of data/dev."""
