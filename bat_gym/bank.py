@@ -66,7 +66,28 @@ class StateSource(Protocol):
         """Ids of the states matching the filters, in a stable order."""
 
 
-class StageBank:
+class _StateLookup:
+    """``get`` and ``select`` over ``self._rows`` (state id -> StageState)."""
+
+    _rows: dict[str, StageState]
+
+    def get(self, state_id: str) -> StageState:
+        """The state with this id."""
+        try:
+            return self._rows[state_id]
+        except KeyError:
+            raise StateNotFound(state_id, list(self._rows)[:50]) from None
+
+    def select(self, focus: str | None = None, track: str | None = None) -> list[str]:
+        """Ids of states with this focus and track (None matches any), sorted."""
+        return sorted(
+            s.state_id
+            for s in self._rows.values()
+            if (focus is None or s.focus == focus) and (track is None or s.track == track)
+        )
+
+
+class StageBank(_StateLookup):
     """A directory of stage states and their snapshots.
 
     Args:
@@ -111,21 +132,6 @@ class StageBank:
 
     def __iter__(self) -> Iterator[StageState]:
         return iter(self._rows.values())
-
-    def get(self, state_id: str) -> StageState:
-        """The state with this id."""
-        try:
-            return self._rows[state_id]
-        except KeyError:
-            raise StateNotFound(state_id, list(self._rows)[:50]) from None
-
-    def select(self, focus: str | None = None, track: str | None = None) -> list[str]:
-        """Ids of states with this focus and track (None matches any), sorted."""
-        return sorted(
-            s.state_id
-            for s in self._rows.values()
-            if (focus is None or s.focus == focus) and (track is None or s.track == track)
-        )
 
     def verify(
         self,
@@ -340,25 +346,12 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class _MemoryStates:
+class _MemoryStates(_StateLookup):
     """A StateSource over states held in memory (while building, and for evaluation)."""
 
     def __init__(self, store: BlobStore, states: list[StageState]) -> None:
         self.store = store
         self._rows = {s.state_id: s for s in states}
-
-    def get(self, state_id: str) -> StageState:
-        try:
-            return self._rows[state_id]
-        except KeyError:
-            raise StateNotFound(state_id, list(self._rows)[:50]) from None
-
-    def select(self, focus: str | None = None, track: str | None = None) -> list[str]:
-        return sorted(
-            s.state_id
-            for s in self._rows.values()
-            if (focus is None or s.focus == focus) and (track is None or s.track == track)
-        )
 
 
 def task_states(

@@ -9,10 +9,11 @@ Each is registered under its function's name.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NoReturn
 
 from pydantic import Field
 
+from bat_gym.record import ToolCallRecord
 from bat_gym.rubrics.checks import register_check
 from bat_gym.rubrics.context import (
     CheckContext,
@@ -62,22 +63,7 @@ def command_ran(
         return CheckResult.ok(
             f"call #{call.index} ({what}) exited 0", (Evidence.execution(call.index),)
         )
-    restarted = [c.index for c in matching if c.restarted]
-    if restarted:
-        raise CheckUnscorable(f"{what} was cut short by a sandbox restart (call #{restarted[-1]})")
-    if not matching:
-        raise CheckFailed(f"no {what}")
-    last = matching[-1]
-    why = (
-        "timed out"
-        if last.timed_out
-        else f"exited {last.exit_code}"
-        if not last.succeeded
-        else "did not change the workspace"
-    )
-    raise CheckFailed(
-        f"{what} never succeeded: call #{last.index} {why}", (Evidence.execution(last.index),)
-    )
+    _explain_no_success(matching, what, what)
 
 
 @register_check("pipeline_ran")
@@ -117,24 +103,7 @@ def pipeline_ran(
             e for p in writes for e in ctx.artifact(p) if e.kind == "artifact"
         )
         return CheckResult.ok(f"call #{call.index} ({what}) exited 0 and wrote them", evidence)
-    restarted = [c.index for c in matching if c.restarted]
-    if restarted:
-        raise CheckUnscorable(
-            f"a {what} was cut short by a sandbox restart (call #{restarted[-1]})"
-        )
-    if not matching:
-        raise CheckFailed(f"no {what}")
-    last = matching[-1]
-    why = (
-        "timed out"
-        if last.timed_out
-        else f"exited {last.exit_code}"
-        if not last.succeeded
-        else "did not change the workspace"
-    )
-    raise CheckFailed(
-        f"a {what} never succeeded: call #{last.index} {why}", (Evidence.execution(last.index),)
-    )
+    _explain_no_success(matching, f"a {what}", what)
 
 
 @register_check("written_by_tool")
@@ -277,3 +246,29 @@ def matches_answers(
             evidence,
         )
     return CheckResult.ok(f"{path}: all {len(rows)} rows agree with the private answers", evidence)
+
+
+def _explain_no_success(matching: list[ToolCallRecord], subject: str, what: str) -> NoReturn:
+    """Raise why none of the ``matching`` calls counts: null after a restart, else failed.
+
+    ``subject`` opens the sentences about a call ("a call running ..."); ``what`` follows
+    "no" when there was no such call at all.
+    """
+    restarted = [c.index for c in matching if c.restarted]
+    if restarted:
+        raise CheckUnscorable(
+            f"{subject} was cut short by a sandbox restart (call #{restarted[-1]})"
+        )
+    if not matching:
+        raise CheckFailed(f"no {what}")
+    last = matching[-1]
+    why = (
+        "timed out"
+        if last.timed_out
+        else f"exited {last.exit_code}"
+        if not last.succeeded
+        else "did not change the workspace"
+    )
+    raise CheckFailed(
+        f"{subject} never succeeded: call #{last.index} {why}", (Evidence.execution(last.index),)
+    )
