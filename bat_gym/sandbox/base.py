@@ -17,10 +17,30 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
 
-__all__ = ["Language", "LANGUAGES", "Isolation", "SandboxLimits", "ExecResult", "Sandbox"]
+__all__ = [
+    "AGENT_ENV",
+    "Language",
+    "LANGUAGES",
+    "Isolation",
+    "SandboxLimits",
+    "ExecResult",
+    "Sandbox",
+]
 
 Language = Literal["python", "bash"]
 LANGUAGES: tuple[str, ...] = ("python", "bash")
+
+AGENT_ENV: dict[str, str] = {
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    # One thread per library: many sandboxes share few cores, and results stay repeatable.
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MPLBACKEND": "Agg",
+}
+"""Environment every backend gives agent code, besides PATH, HOME and TMPDIR."""
 
 
 class Isolation(enum.StrEnum):

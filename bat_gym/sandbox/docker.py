@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import SandboxCrashed, SandboxUnavailable
 from bat_gym.sandbox._supervisor import _Capture
-from bat_gym.sandbox.base import ExecResult, Isolation, Language, Sandbox, SandboxLimits
+from bat_gym.sandbox.base import (
+    AGENT_ENV,
+    ExecResult,
+    Isolation,
+    Language,
+    Sandbox,
+    SandboxLimits,
+)
 from bat_gym.sandbox.docker_image import ensure_image
 from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
@@ -355,13 +362,7 @@ class DockerSandbox(Sandbox):
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": "/tmp",
             "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "OMP_NUM_THREADS": "1",
-            "MPLBACKEND": "Agg",
+            **AGENT_ENV,
         }
         try:
             created = self._api.create_container(

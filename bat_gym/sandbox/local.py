@@ -41,7 +41,14 @@ from typing import ClassVar
 
 from bat_gym.errors import SandboxCrashed, SandboxUnavailable
 from bat_gym.sandbox import _supervisor
-from bat_gym.sandbox.base import ExecResult, Isolation, Language, Sandbox, SandboxLimits
+from bat_gym.sandbox.base import (
+    AGENT_ENV,
+    ExecResult,
+    Isolation,
+    Language,
+    Sandbox,
+    SandboxLimits,
+)
 from bat_gym.sandbox.seccomp import filter_fd
 from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
@@ -343,13 +350,7 @@ class LocalSandbox(Sandbox):
             "PATH": f"{bindir}:{_SANDBOX_PATH}",
             "HOME": f"{tmp}/home",
             "TMPDIR": tmp,
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "OMP_NUM_THREADS": "1",
-            "MPLBACKEND": "Agg",
+            **AGENT_ENV,
         }
 
     def _bwrap_argv(self, seccomp_fd: int, supervisor_fd: int) -> list[str]:
