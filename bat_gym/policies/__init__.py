@@ -1,0 +1,60 @@
+"""Policies: every agent that plays bat_gym episodes, behind one protocol.
+
+``make_policy(spec)`` builds one from the spec string the command line takes:
+
+==========================  =====================================================
+``teacher`` / ``naive``     the benchmark's scripted teacher / naive baseline
+``teacher:recovery``        a teacher outcome the benchmark declares
+``hf:PATH``                 a local Hugging Face causal LM (transformers)
+``vllm:PATH``               the same through vLLM's offline engine (extra ``vllm``)
+``openai:URL#MODEL``        an OpenAI-compatible chat-completions server
+==========================  =====================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bat_gym.policies.base import EpisodeContext, Policy, PolicyError, PolicyOutput, PolicyRequest
+from bat_gym.policies.scripted import ScriptedPolicy
+
+__all__ = [
+    "EpisodeContext",
+    "Policy",
+    "PolicyError",
+    "PolicyOutput",
+    "PolicyRequest",
+    "ScriptedPolicy",
+    "make_policy",
+]
+
+SPEC_FORMS = ("teacher", "naive", "teacher:OUTCOME", "hf:PATH", "vllm:PATH", "openai:URL#MODEL")
+
+
+def make_policy(spec: str, **options: Any) -> Policy:
+    """Build a policy from a spec string (see the module doc); ``options`` go to its class.
+
+    Raises:
+        ValueError: the spec has none of the known forms; the message lists them.
+    """
+    kind, _, rest = spec.partition(":")
+    if kind in ("teacher", "naive"):
+        return ScriptedPolicy(kind, outcome=rest or "success", **options)  # type: ignore[arg-type]
+    if kind == "hf" and rest:
+        from bat_gym.policies.transformers_policy import TransformersPolicy
+
+        return TransformersPolicy(rest, **options)
+    if kind == "vllm" and rest:
+        from bat_gym.policies.vllm_policy import VLLMPolicy
+
+        return VLLMPolicy(rest, **options)
+    if kind == "openai" and rest:
+        url, sep, model = rest.partition("#")
+        if not sep or not model:
+            raise ValueError(
+                f"policy spec {spec!r}: write openai:URL#MODEL, e.g. openai:http://127.0.0.1:8000/v1#qwen"
+            )
+        from bat_gym.policies.openai_policy import OpenAIPolicy
+
+        return OpenAIPolicy(url, model, **options)
+    raise ValueError(f"unknown policy spec {spec!r}; use one of: {', '.join(SPEC_FORMS)}")

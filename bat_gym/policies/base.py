@@ -1,0 +1,140 @@
+"""The Policy protocol: a conversation and its tools in, one assistant message out.
+
+Every agent that plays a bat_gym episode, scripted or learned, local or behind a server,
+is a :class:`Policy`. The evaluation harness, the GRPO trainer and the Stage Bank's
+teacher all drive envs through it, so a new backend works everywhere at once.
+
+A request carries what the env shows (``info["messages"]``, ``info["tools"]``) and,
+separately, an :class:`EpisodeContext`: the benchmark and the state being played.
+Only scripted policies (the benchmark's own teacher and baselines) may read the
+context; learned policies must ignore it, since it names the task.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bat_gym.env import Completion
+
+if TYPE_CHECKING:
+    from bat_gym.benchmark import Benchmark
+    from bat_gym.spec import StageState
+
+__all__ = ["EpisodeContext", "Policy", "PolicyOutput", "PolicyRequest", "PolicyError"]
+
+
+class PolicyError(RuntimeError):
+    """The policy could not produce a message (server down, bad reply, engine crash).
+
+    An infrastructure failure, not a model failure: the evaluation marks the cell
+    invalid and retries it instead of scoring it.
+    """
+
+
+@dataclass(frozen=True)
+class EpisodeContext:
+    """Privileged facts about the episode, for scripted policies only.
+
+    Attributes:
+        benchmark: the benchmark being played.
+        state: the Stage Bank state the episode started from.
+        turn: assistant turns already taken in this episode (0 at the first call).
+    """
+
+    benchmark: Benchmark
+    state: StageState
+    turn: int
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    """One call to a policy.
+
+    Attributes:
+        messages: the conversation so far, OpenAI chat format (``info["messages"]``).
+        tools: the OpenAI tool schemas the env accepts (``info["tools"]``).
+        context: privileged episode facts; learned policies must not read them.
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    context: EpisodeContext | None = None
+
+
+@dataclass
+class PolicyOutput:
+    """One assistant message, with the tokens behind it when the backend has them.
+
+    Attributes:
+        text: the message written in the env's tool protocol: pass :meth:`action` to
+            ``env.step``.
+        prompt_token_ids: the tokens the model was conditioned on, shape ``(P,)``.
+        token_ids: the sampled tokens, shape ``(T,)``; None for scripted policies and
+            servers that do not return them.
+        logprobs: log-probability of each sampled token under the sampling policy,
+            shape ``(T,)``, natural log.
+        finish_reason: ``"stop"``, ``"length"``, ... as the backend reports it.
+        usage: backend-reported counts (e.g. ``{"completion_tokens": 57}``).
+    """
+
+    text: str
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int | None:
+        """Generated tokens, for the env's response-token budget (None: unknown)."""
+        if self.token_ids is not None:
+            return len(self.token_ids)
+        return self.usage.get("completion_tokens")
+
+    def action(self) -> Completion:
+        """The message as an env action that counts its own tokens."""
+        return Completion(self.text, self.num_tokens)
+
+
+class Policy(ABC):
+    """Maps conversations to assistant messages.
+
+    Subclasses implement :meth:`act_batch`; :meth:`act` is one request of it.
+    Implementations must be safe to call from several threads at once (the evaluation
+    harness and the GRPO rollouts play episodes concurrently); a backend that batches
+    on its own gathers concurrent calls into one batch.
+    """
+
+    #: Short label used in reports, e.g. ``"teacher"`` or ``"hf:tiny-qwen"``.
+    name: str = "policy"
+
+    @abstractmethod
+    def act_batch(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]:
+        """One assistant message for each request, in order.
+
+        Raises:
+            PolicyError: the backend failed; nothing is known about the model's answer.
+        """
+
+    def act(self, request: PolicyRequest) -> PolicyOutput:
+        """One assistant message for one request."""
+        return self.act_batch([request])[0]
+
+    def identity(self) -> dict[str, Any]:
+        """What reproduces this policy, for run manifests: kind, model digest or server+model.
+
+        Must hold no secrets (API keys) and enough to tell two policies apart.
+        """
+        return {"kind": type(self).__name__, "name": self.name}
+
+    def close(self) -> None:
+        """Release engines, threads and connections."""
+
+    def __enter__(self) -> Policy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,93 @@
+"""Scripted policies: a benchmark's own teacher and naive baseline, turn by turn.
+
+They read the privileged :class:`~bat_gym.policies.base.EpisodeContext` to regenerate
+the episode's task, then replay the script from the current turn. They are the
+reference points of every evaluation (the teacher is the ceiling a learned policy is
+compared with, the naive baseline the floor) and the Stage Bank's default teacher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from bat_gym.benchmark import TeacherTurn
+from bat_gym.errors import BatGymError
+from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest
+from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
+
+__all__ = ["ScriptedPolicy"]
+
+Script = Literal["teacher", "naive"]
+
+
+class ScriptedPolicy(Policy):
+    """Replays ``benchmark.teacher_turns(task)`` (or ``naive_turns``) one turn per call.
+
+    Args:
+        script: ``"teacher"`` or ``"naive"``.
+        outcome: the teacher outcome to play (``"success"``, or another the benchmark
+            declares in ``Benchmark.outcomes``).
+        protocol: the tool protocol the env reads (the env's ``protocol`` argument).
+
+    A script covers a whole E2E episode; started from a later stage's state it resumes
+    at that stage's first turn. Past its end it calls ``finish``.
+    """
+
+    def __init__(
+        self, script: Script = "teacher", *, outcome: str = "success", protocol: str = "hermes"
+    ) -> None:
+        if script not in ("teacher", "naive"):
+            raise ValueError(f"script must be 'teacher' or 'naive', got {script!r}")
+        self.script = script
+        self.outcome = outcome
+        self.protocol: ToolProtocol = get_protocol(protocol)
+        self.name = script if outcome == "success" else f"{script}:{outcome}"
+
+    def identity(self) -> dict[str, Any]:  # noqa: D102
+        return {"kind": "scripted", "script": self.script, "outcome": self.outcome}
+
+    def act_batch(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]:  # noqa: D102
+        return [self._one(r) for r in requests]
+
+    def _turns(self, request: PolicyRequest) -> list[TeacherTurn]:
+        ctx = request.context
+        if ctx is None:
+            raise BatGymError(
+                f"the {self.name} policy replays a script and needs the episode context; "
+                "drive it through bat_gym.evaluation or pass PolicyRequest(context=...)"
+            )
+        bench, state = ctx.benchmark, ctx.state
+        task = bench.task_of_state(state)
+        if task is None:
+            raise BatGymError(
+                f"state {state.state_id}: its task cannot be regenerated from provenance, "
+                "so there is no script to replay"
+            )
+        if self.script == "naive":
+            naive = getattr(bench, "naive_turns", None)
+            if naive is None:
+                raise BatGymError(f"{bench.name} defines no naive baseline (Benchmark.naive_turns)")
+            turns = list(naive(task))
+        elif self.outcome == "success":
+            turns = list(bench.teacher_turns(task))
+        elif self.outcome in bench.outcomes:
+            turns = list(bench.teacher_turns(task, outcome=self.outcome))  # type: ignore[call-arg]
+        else:
+            raise BatGymError(
+                f"{bench.name} has no teacher outcome {self.outcome!r}; it declares {bench.outcomes}"
+            )
+        if state.focus != "E2E":
+            # A stage state starts at its stage: skip the earlier stages' turns.
+            first = next((i for i, t in enumerate(turns) if t.stage == state.focus), len(turns))
+            turns = turns[first:]
+        return turns
+
+    def _one(self, request: PolicyRequest) -> PolicyOutput:
+        turns = self._turns(request)
+        turn = request.context.turn if request.context else 0
+        if turn < len(turns):
+            t = turns[turn]
+            return PolicyOutput(self.protocol.render(t.content, list(t.calls)))
+        done = ToolCall(name="finish", arguments={"summary": "The script is complete."})
+        return PolicyOutput(self.protocol.render("Done.", [done]))
