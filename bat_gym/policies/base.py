@@ -131,7 +131,8 @@ class Policy(ABC):
         return {"kind": type(self).__name__, "name": self.name}
 
     def close(self) -> None:
-        """Release engines, threads and connections."""
+        """Release engines, threads and connections (nothing to release by default)."""
+        return None
 
     def __enter__(self) -> Policy:
         return self
