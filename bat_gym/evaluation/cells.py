@@ -21,8 +21,8 @@ FailureCategory = Literal[
     "token_budget",  # ran out of response tokens
     "malformed_calls",  # at least half the turns held no readable tool call
     "no_successful_change",  # the reward gate: no tool call succeeded and changed the workspace
-    "missing_submission",  # finished without a scorable submission (task score 0)
-    "low_task_score",  # a submission, scored below 0.5
+    "task_zero",  # task score 0: no submission, a malformed one, or a wrong one
+    "low_task_score",  # task score above 0 and below 0.5
     "stage_incomplete",  # some stage's credit below 1
     "infrastructure",  # sandbox crash or policy/server failure: the cell is invalid
 ]

@@ -1,0 +1,89 @@
+"""``bat-gym eval``: evaluate a policy on a benchmark's held-out cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def evaluate(
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy",
+            help="teacher | naive | teacher:OUTCOME | hf:PATH | vllm:PATH | openai:URL#MODEL",
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Results directory; rerun into it to resume.")
+    ],
+    benchmark: Annotated[
+        str | None,
+        typer.Option("--benchmark", help="Benchmark name (default: the default benchmark)."),
+    ] = None,
+    repeats: Annotated[
+        int, typer.Option("--repeats", min=1, help="Held-out tasks per track (reference: 10).")
+    ] = 10,
+    track: Annotated[
+        list[str] | None,
+        typer.Option("--track", help="Evaluate only this track (repeatable). Default: all."),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Episodes played at once, one sandbox each.")
+    ] = 2,
+    backend: Annotated[
+        str, typer.Option("--backend", help="Sandbox backend: local or docker.")
+    ] = "local",
+    max_attempts: Annotated[
+        int,
+        typer.Option("--max-attempts", min=1, help="Tries per cell on infrastructure failure."),
+    ] = 2,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No per-cell progress lines.")] = False,
+) -> None:
+    """Play the policy on every held-out cell as an E2E episode and write the reports.
+
+    OUT gets report.md, report.json, stages.png and manifest.json (evaluation side), and
+    aggregates.json, the only file a training loop may read.
+    """
+    from bat_gym.evaluation import EvalConfig
+    from bat_gym.evaluation import evaluate as run_evaluation
+    from bat_gym.policies import make_policy
+
+    cfg = EvalConfig(
+        repeats=repeats,
+        tracks=tuple(track or ()),
+        workers=workers,
+        backend=backend,
+        max_attempts=max_attempts,
+        progress=not quiet,
+    )
+    try:
+        agent = make_policy(policy)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
+    with agent:
+        report = run_evaluation(benchmark, agent, out, cfg)
+    agg = report.aggregates
+
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    ci = report.intervals["overall"]
+    typer.echo(
+        f"overall {fmt(agg.overall)} [95% CI {fmt(ci.low)}, {fmt(ci.high)}]  task {fmt(agg.task)}  "
+        + "  ".join(f"{s} {fmt(v)}" for s, v in agg.stages.items())
+    )
+    typer.echo(
+        f"{agg.completion.valid}/{agg.completion.runs} valid cells, "
+        f"{report.manifest['timing']['wall_s']:.1f} s -> {out}/report.md, {out}/aggregates.json"
+    )
+    if agg.completion.invalid:
+        typer.secho(
+            f"{agg.completion.invalid} invalid cell(s) (infrastructure): rerun the same command "
+            "to retry them; a run with invalid cells cannot feed the gate",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+        raise typer.Exit(2)

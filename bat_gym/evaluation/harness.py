@@ -1,0 +1,354 @@
+"""The evaluation harness: a policy over a benchmark's held-out cells, as E2E episodes.
+
+A cell is one ``(track, held-out seed, repeat)``. Its episode starts from the task's
+own start state (held-out tasks never enter a bank: :func:`bat_gym.bank.task_states`
+builds them in memory), runs the policy through the rubric-wrapped E2E env until it
+finishes or a budget runs out, and keeps the verdict's scores.
+
+Runs are concurrent (one env per worker thread: tool calls and model calls release the
+GIL) and resumable: each finished cell is written to ``OUT/cells/<key>.json`` at once,
+and a rerun skips every cell already there. An infrastructure failure (a sandbox that
+crashed, a policy backend that raised :class:`~bat_gym.policies.PolicyError`, an env
+error) is retried up to ``max_attempts`` times and, if it persists, recorded as an
+*invalid* cell: never scored as a model failure, and it keeps the run from the gate.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bat_gym.benchmark import Benchmark
+from bat_gym.evaluation.cells import Cell, CellResult, FailureCategory
+from bat_gym.policies.base import EpisodeContext, Policy, PolicyError, PolicyRequest
+from bat_gym.spec import Budgets, StageState
+
+__all__ = ["EvalConfig", "held_out_cells", "run_cells", "play_episode"]
+
+CELLS_DIR = "cells"
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate and how.
+
+    Attributes:
+        repeats: cells per track; repeat ``r`` plays held-out seed number ``r`` of the
+            track, so every repeat is a different task (10 in the reference protocol).
+        tracks: tracks to evaluate; empty means every track of the benchmark.
+        workers: episodes played at once (one env and sandbox each).
+        backend: sandbox backend, ``"local"`` or ``"docker"``.
+        protocol: the tool protocol the policy writes (``"hermes"``).
+        max_attempts: tries per cell before an infrastructure failure is recorded as
+            an invalid cell.
+        budgets: episode limits; default: the benchmark's.
+        progress: print one line per finished cell to stderr.
+    """
+
+    repeats: int = 10
+    tracks: Sequence[str] = ()
+    workers: int = 2
+    backend: str = "local"
+    protocol: str = "hermes"
+    max_attempts: int = 2
+    budgets: Budgets | None = None
+    progress: bool = True
+    sandbox_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+
+
+def held_out_cells(bench: Benchmark, cfg: EvalConfig) -> list[Cell]:
+    """The cells of an evaluation, in a fixed order: track by track, repeat by repeat.
+
+    Raises:
+        ValueError: an unknown track, or more repeats than the held-out split has seeds.
+    """
+    tracks = [bench.spec.track(t).name for t in cfg.tracks] or [t.name for t in bench.spec.tracks]
+    seeds = list(bench.seeds("heldout"))
+    if cfg.repeats > len(seeds):
+        raise ValueError(
+            f"{bench.name} has {len(seeds)} held-out seeds per track; ask for at most that many "
+            f"repeats (got {cfg.repeats})"
+        )
+    return [Cell(track=t, seed=seeds[r], repeat=r) for t in tracks for r in range(cfg.repeats)]
+
+
+class _Infrastructure(Exception):
+    """The episode could not be played for a reason that is not the policy's answer."""
+
+
+def play_episode(
+    env: Any, policy: Policy, state: StageState, bench: Benchmark
+) -> tuple[dict[str, Any], bool]:
+    """Play one episode from ``state`` to its end.
+
+    Returns:
+        The final step's ``info`` and whether the policy finished (``terminated``).
+
+    Raises:
+        _Infrastructure: the policy backend failed or the sandbox crashed mid-episode.
+    """
+    _, info = env.reset(options={"state_id": state.state_id})
+    while True:
+        request = PolicyRequest(
+            messages=info["messages"],
+            tools=info["tools"],
+            context=EpisodeContext(benchmark=bench, state=state, turn=info["turns"]),
+        )
+        try:
+            output = policy.act(request)
+        except PolicyError as exc:
+            raise _Infrastructure(f"policy failed: {exc}") from exc
+        _, _, terminated, truncated, info = env.step(output.action())
+        record = info["record"]
+        if record is not None and any(c.restarted for c in record.calls):
+            raise _Infrastructure("the sandbox crashed during a tool call and was restarted")
+        if terminated or truncated:
+            return info, bool(terminated)
+
+
+def _failures(
+    info: dict[str, Any], budgets: Budgets, result: dict[str, Any]
+) -> list[FailureCategory]:
+    """The closed-set failure categories of a scored episode."""
+    out: list[FailureCategory] = []
+    verdict = info["verdict"]
+    if not result["finished"]:
+        if info["tool_calls"] >= budgets.max_tool_calls:
+            out.append("tool_call_budget")
+        elif info["response_tokens"] >= budgets.max_response_tokens:
+            out.append("token_budget")
+        else:
+            out.append("turn_budget")
+    errors = sum(
+        1
+        for m in info["messages"]
+        if m["role"] == "user" and str(m.get("content", "")).startswith("[tool call error]")
+    )
+    if info["turns"] and errors * 2 >= info["turns"]:
+        out.append("malformed_calls")
+    if any(g.gate == "successful_change" and not g.passed for g in verdict.gates):
+        out.append("no_successful_change")
+    task = result["task"]
+    if task is not None and task == 0.0:
+        out.append("task_zero")
+    elif task is not None and task < 0.5:
+        out.append("low_task_score")
+    if any(c is not None and c < 1.0 for c in result["stages"].values()):
+        out.append("stage_incomplete")
+    return out
+
+
+def _score(
+    info: dict[str, Any], finished: bool, bench: Benchmark, budgets: Budgets
+) -> dict[str, Any]:
+    from bat_gym.rubrics.scoring import overall_score
+
+    verdict = info["verdict"]
+    result: dict[str, Any] = {
+        "overall": overall_score(verdict.task_score, verdict.stage_score, bench.spec),
+        "task": verdict.task_score,
+        "agentic": verdict.stage_score,
+        "reward": verdict.reward,
+        "stages": {s.stage: s.credit for s in verdict.stages},
+        "finished": finished,
+        "turns": info["turns"],
+        "tool_calls": info["tool_calls"],
+        "response_tokens": info["response_tokens"],
+        "notes": tuple(verdict.notes),
+    }
+    result["failures"] = tuple(_failures(info, budgets, result))
+    return result
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def load_finished(out_dir: Path) -> dict[str, CellResult]:
+    """Cells already finished in ``out_dir`` (valid ones only: invalid cells are redone).
+
+    A file that does not parse (a torn write from another tool, an edit) is reported
+    on stderr and redone, never trusted.
+    """
+    done: dict[str, CellResult] = {}
+    for path in sorted((out_dir / CELLS_DIR).glob("*.json")):
+        try:
+            result = CellResult.model_validate_json(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            print(f"bat-gym eval: {path} is unreadable and will be redone ({exc})", file=sys.stderr)
+            continue
+        if result.valid and path.stem == result.cell.key:
+            done[result.cell.key] = result
+    return done
+
+
+def run_cells(
+    bench: Benchmark,
+    policy: Policy,
+    cells: Sequence[Cell],
+    out_dir: str | Path,
+    cfg: EvalConfig,
+    *,
+    make_env: Callable[[Any], Any] | None = None,
+) -> list[CellResult]:
+    """Play every cell not finished yet in ``out_dir`` and return all cells' results.
+
+    Args:
+        bench: the benchmark.
+        policy: the policy under evaluation.
+        cells: the cells, e.g. :func:`held_out_cells`.
+        out_dir: the results directory; ``cells/`` in it holds one JSON per cell.
+        cfg: the evaluation settings.
+        make_env: builds one env over a state source (default: a rubric-wrapped E2E
+            StageEnv with ``cfg``'s backend, protocol and budgets).
+
+    Returns:
+        One result per cell, in the order of ``cells``.
+    """
+    from bat_gym.bank import task_states
+    from bat_gym.env import StageEnv
+    from bat_gym.rubrics.reward import RubricReward
+    from bat_gym.sandbox.snapshot import BlobStore
+
+    out = Path(out_dir)
+    (out / CELLS_DIR).mkdir(parents=True, exist_ok=True)
+    done = load_finished(out)
+    todo = [c for c in cells if c.key not in done]
+    budgets = cfg.budgets or bench.spec.budgets
+    if todo:
+        store = BlobStore(out / ".store")
+        tasks = sorted({(c.track, c.seed) for c in todo})
+        source = task_states(bench, tasks, "heldout", store, protocol=cfg.protocol)
+        states = {
+            (s.track, s.provenance["seed"]): s for s in (source.get(i) for i in source.select())
+        }
+
+        def default_env(states_source: Any) -> Any:
+            return RubricReward(
+                StageEnv(
+                    "E2E",
+                    benchmark=bench,
+                    states=states_source,
+                    backend=cfg.backend,
+                    protocol=cfg.protocol,
+                    budgets=budgets,
+                    sandbox_options=cfg.sandbox_options,
+                )
+            )
+
+        build = make_env or default_env
+        local = threading.local()
+        envs: list[Any] = []
+        lock = threading.Lock()
+        progress = _Progress(len(cells), len(done), enabled=cfg.progress)
+
+        def env_of_thread() -> Any:
+            if not hasattr(local, "env"):
+                local.env = build(source)
+                with lock:
+                    envs.append(local.env)
+            return local.env
+
+        def run_one(cell: Cell) -> CellResult:
+            state = states[(cell.track, cell.seed)]
+            error = ""
+            for attempt in range(1, cfg.max_attempts + 1):
+                start = time.perf_counter()
+                try:
+                    info, finished = play_episode(env_of_thread(), policy, state, bench)
+                    scored = _score(info, finished, bench, budgets)
+                    result = CellResult(
+                        cell=cell,
+                        task_id=state.task_id,
+                        valid=True,
+                        attempts=attempt,
+                        wall_s=time.perf_counter() - start,
+                        **scored,
+                    )
+                    break
+                except _Infrastructure as exc:
+                    error = str(exc)
+                except Exception as exc:  # noqa: BLE001 - any env failure is infrastructure
+                    error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+                    # A broken env is rebuilt for the next attempt.
+                    _drop_env(local)
+            else:
+                result = CellResult(
+                    cell=cell,
+                    task_id=state.task_id,
+                    valid=False,
+                    error=error,
+                    attempts=cfg.max_attempts,
+                    failures=("infrastructure",),
+                )
+            if result.valid:
+                _write_atomic(
+                    out / CELLS_DIR / f"{cell.key}.json", result.model_dump_json(indent=1)
+                )
+            progress.update(result)
+            return result
+
+        try:
+            with ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="bat-eval") as pool:
+                fresh = {r.cell.key: r for r in pool.map(run_one, todo)}
+        finally:
+            for env in envs:
+                env.close()
+        done.update(fresh)
+    return [done[c.key] for c in cells if c.key in done]
+
+
+def _drop_env(local: threading.local) -> None:
+    env = getattr(local, "env", None)
+    if env is not None:
+        try:
+            env.close()
+        finally:
+            del local.env
+
+
+class _Progress:
+    """One line per finished cell on stderr: count, cell, overall and time."""
+
+    def __init__(self, total: int, already: int, *, enabled: bool) -> None:
+        self.total, self.count, self.enabled = total, already, enabled
+        self.lock = threading.Lock()
+        self.start = time.perf_counter()
+        if enabled and already:
+            print(f"[{already}/{total}] already finished, resuming", file=sys.stderr)
+
+    def update(self, result: CellResult) -> None:
+        with self.lock:
+            self.count += 1
+            if not self.enabled:
+                return
+            score = (
+                "INVALID"
+                if not result.valid
+                else ("overall -" if result.overall is None else f"overall {result.overall:.3f}")
+            )
+            elapsed = time.perf_counter() - self.start
+            print(
+                f"[{self.count}/{self.total}] {result.cell.key:32s} {score:14s} "
+                f"{result.wall_s:5.1f} s  (elapsed {elapsed:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
