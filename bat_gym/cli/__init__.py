@@ -16,11 +16,13 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from bat_gym.cli import bank, demo, envs
+    from bat_gym.cli import bank, demo, envs, evaluate, gate
 
     app.command("demo")(demo.demo)
     app.command("envs")(envs.envs)
     app.add_typer(bank.app, name="bank")
+    app.command("eval")(evaluate.evaluate)
+    app.command("gate")(gate.gate)
 
 
 _register_commands()
