@@ -16,9 +16,7 @@ def evaluate(
             help="teacher | naive | teacher:OUTCOME | hf:PATH | vllm:PATH | openai:URL#MODEL",
         ),
     ],
-    out: Annotated[
-        Path, typer.Option("--out", help="Results directory; rerun into it to resume.")
-    ],
+    out: Annotated[Path, typer.Option("--out", help="Results directory; rerun into it to resume.")],
     benchmark: Annotated[
         str | None,
         typer.Option("--benchmark", help="Benchmark name (default: the default benchmark)."),
@@ -40,6 +38,19 @@ def evaluate(
         int,
         typer.Option("--max-attempts", min=1, help="Tries per cell on infrastructure failure."),
     ] = 2,
+    max_turns: Annotated[
+        int | None,
+        typer.Option("--max-turns", min=1, help="Override the benchmark's turn budget."),
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option("--max-new-tokens", min=1, help="Tokens per turn (hf, vllm, openai)."),
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option("--temperature", min=0.0, help="Sampling temperature (hf, vllm, openai)."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed (hf, vllm).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-cell progress lines.")] = False,
 ) -> None:
     """Play the policy on every held-out cell as an E2E episode and write the reports.
@@ -50,21 +61,41 @@ def evaluate(
     from bat_gym.evaluation import EvalConfig
     from bat_gym.evaluation import evaluate as run_evaluation
     from bat_gym.policies import make_policy
+    from bat_gym.registry import get_benchmark
 
+    bench = get_benchmark(benchmark)
+    budgets = None
+    if max_turns is not None:
+        budgets = bench.spec.budgets.model_copy(update={"max_turns": max_turns})
+    options = {
+        k: v
+        for k, v in {
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "seed": seed,
+        }.items()
+        if v is not None
+    }
+    if options and policy.split(":")[0] in ("teacher", "naive"):
+        raise typer.BadParameter(
+            f"{sorted(options)} apply to model policies, not the scripted {policy!r}",
+            param_hint="--policy",
+        )
     cfg = EvalConfig(
         repeats=repeats,
         tracks=tuple(track or ()),
         workers=workers,
         backend=backend,
         max_attempts=max_attempts,
+        budgets=budgets,
         progress=not quiet,
     )
     try:
-        agent = make_policy(policy)
+        agent = make_policy(policy, **options)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--policy") from exc
     with agent:
-        report = run_evaluation(benchmark, agent, out, cfg)
+        report = run_evaluation(bench, agent, out, cfg)
     agg = report.aggregates
 
     def fmt(x: float | None) -> str:

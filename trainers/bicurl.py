@@ -1,0 +1,280 @@
+"""BiCuRL: the outer loop that lets a benchmark's held-out evaluation steer training.
+
+One round::
+
+    target    <- select(last gate decision)           weakest stage, or the regressed one
+    candidate <- GRPO(incumbent, StageCurriculum(target), steps_per_round)
+    A_cand    <- evaluate(candidate)                   aggregates.json only (the firewall)
+    decision  <- gate(A_incumbent, A_cand)             paired cells
+    if promote: incumbent, A_incumbent <- candidate, A_cand   (best eligible is kept)
+
+Round 0 starts by evaluating the starting checkpoint; its own scores pick the first
+target (a self-paired decision: the lowest stage).
+
+The firewall is a process boundary: each evaluation runs as ``bat-gym eval`` in a
+child process and the loop reads back nothing but the ``aggregates.json`` it wrote
+(:meth:`~bat_gym.evaluation.Aggregates.read`, a type that can hold no task text).
+
+Every phase ends by writing ``loop_state.json`` atomically, so a loop killed at any
+point resumes without redoing finished work (a killed GRPO block resumes from its own
+checkpoint, a killed evaluation from its finished cells).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bat_gym.evaluation.aggregates import Aggregates
+from bat_gym.gate import GateThresholds, gate
+from bat_gym.selection import make_selector
+
+__all__ = ["BiCuRLConfig", "run_loop", "LoopState", "write_loop_report"]
+
+STATE_FILE = "loop_state.json"
+
+
+@dataclass
+class BiCuRLConfig:
+    """Settings of a BiCuRL run."""
+
+    model: str
+    """The starting checkpoint (typically after cold-start SFT)."""
+    output_dir: str
+    benchmark: str | None = None
+    bank: str | None = None
+    """Stage Bank directory the rounds are drawn from (default: the benchmark's default)."""
+    rounds: int = 10
+    """Rounds (BaT: up to 10)."""
+    steps_per_round: int = 50
+    """GRPO steps per round (BaT: 50)."""
+    eval_repeats: int = 10
+    """Held-out tasks per track in each evaluation (BaT: 10)."""
+    eval_tracks: tuple[str, ...] = ()
+    eval_workers: int = 2
+    eval_max_turns: int | None = None
+    """Turn budget of evaluation episodes (None: the benchmark's)."""
+    eval_max_new_tokens: int | None = None
+    """Tokens per turn in evaluation (None: the policy's default)."""
+    eval_temperature: float | None = None
+    """Sampling temperature in evaluation (None: the policy's default)."""
+    selector: str = "paper"
+    """Target selector: ``paper`` (BaT), ``deficit`` or ``progress``."""
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the promotion gate's thresholds (:class:`~bat_gym.gate.GateThresholds`)."""
+    grpo: dict[str, Any] = field(default_factory=dict)
+    """Overrides of :class:`~bat_gym.trainers.grpo.GRPOConfig` fields for every round."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.steps_per_round < 1 or self.eval_repeats < 1:
+            raise ValueError("rounds, steps_per_round and eval_repeats must be >= 1")
+        GateThresholds(**self.thresholds)  # fail now, not after the first GRPO block
+
+
+@dataclass
+class LoopState:
+    """Where the loop stands; written after every phase."""
+
+    round: int = 0
+    phase: str = "evaluate_start"
+    incumbent: str = ""
+    incumbent_eval: str = ""
+    target: str | None = None
+    selector: dict[str, Any] = field(default_factory=dict)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+
+    def save(self, path: Path) -> None:
+        """Write atomically."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> LoopState:
+        """Read a state file."""
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
+
+
+def evaluate_checkpoint(model_dir: str, out_dir: Path, cfg: BiCuRLConfig) -> Aggregates:
+    """Evaluate a checkpoint in a child process; return only its aggregates.
+
+    Raises:
+        RuntimeError: the evaluation failed or left invalid cells (its own report says
+            which; the loop does not read it).
+    """
+    cmd = [
+        sys.executable, "-m", "bat_gym.cli", "eval",
+        "--policy", f"hf:{model_dir}",
+        "--out", str(out_dir),
+        "--repeats", str(cfg.eval_repeats),
+        "--workers", str(cfg.eval_workers),
+        "--quiet",
+    ]  # fmt: skip
+    if cfg.benchmark:
+        cmd += ["--benchmark", cfg.benchmark]
+    for track in cfg.eval_tracks:
+        cmd += ["--track", track]
+    for flag, value in (
+        ("--max-turns", cfg.eval_max_turns),
+        ("--max-new-tokens", cfg.eval_max_new_tokens),
+        ("--temperature", cfg.eval_temperature),
+    ):
+        if value is not None:
+            cmd += [flag, str(value)]
+    cmd += ["--seed", str(cfg.seed)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    if done.returncode != 0:
+        # Only the exit status crosses: the child's output may name tasks.
+        raise RuntimeError(
+            f"the evaluation of {model_dir} exited with status {done.returncode}; see "
+            f"{out_dir}/report.md on the evaluation side (status 2: invalid cells, rerun)"
+        )
+    return Aggregates.read(out_dir / "aggregates.json")
+
+
+def _grpo_block(incumbent: str, target: str, out_dir: Path, cfg: BiCuRLConfig) -> str:
+    from bat_gym.trainers.grpo import GRPOConfig, train
+
+    settings: dict[str, Any] = {
+        "model": incumbent,
+        "output_dir": str(out_dir),
+        "benchmark": cfg.benchmark,
+        "bank": cfg.bank,
+        "target": target,
+        "steps": cfg.steps_per_round,
+        "seed": cfg.seed,
+        **cfg.grpo,
+    }
+    return train(GRPOConfig(**settings))["final"]
+
+
+def run_loop(cfg: BiCuRLConfig) -> LoopState:
+    """Run (or resume) the loop; returns the final state. See the module docstring."""
+    from bat_gym.registry import get_benchmark
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / STATE_FILE
+    spec = get_benchmark(cfg.benchmark).spec
+    selector = make_selector(cfg.selector, spec=spec, seed=cfg.seed)
+    thresholds = GateThresholds(**cfg.thresholds)
+    if state_path.exists():
+        state = LoopState.load(state_path)
+        selector.load_state_dict(state.selector)
+    else:
+        state = LoopState(incumbent=cfg.model, incumbent_eval=str(out / "evals" / "start"))
+        state.save(state_path)
+
+    def save() -> None:
+        state.selector = selector.state_dict()
+        state.save(state_path)
+
+    if state.phase == "evaluate_start":
+        start = evaluate_checkpoint(state.incumbent, Path(state.incumbent_eval), cfg)
+        # The starting scores paired with themselves: the paper rule picks the lowest stage.
+        state.target = selector.select(gate(start, start, thresholds))
+        state.phase = "train"
+        save()
+
+    while state.round < cfg.rounds:
+        r = state.round
+        round_dir = out / "rounds" / f"round-{r:02d}"
+        if state.phase == "train":
+            candidate = _grpo_block(state.incumbent, state.target or "E2E", round_dir / "grpo", cfg)
+            state.rounds.append({"round": r, "target": state.target, "candidate": candidate})
+            state.phase = "evaluate"
+            save()
+        if state.phase == "evaluate":
+            record = state.rounds[-1]
+            eval_dir = out / "evals" / f"round-{r:02d}"
+            cand = evaluate_checkpoint(record["candidate"], eval_dir, cfg)
+            base = Aggregates.read(Path(state.incumbent_eval) / "aggregates.json")
+            decision = gate(base, cand, thresholds)
+            record.update(
+                {
+                    "eval": str(eval_dir),
+                    "decision": decision.decision,
+                    "failed_checks": [c.name for c in decision.failed],
+                    "candidate_overall": cand.overall,
+                    "incumbent_overall": base.overall,
+                    "candidate_stages": cand.stages,
+                    "gate": json.loads(decision.model_dump_json()),
+                }
+            )
+            if decision.promoted:
+                state.incumbent, state.incumbent_eval = record["candidate"], str(eval_dir)
+            record["best_overall"] = cand.overall if decision.promoted else base.overall
+            state.target = selector.select(decision)
+            record["next_target"] = state.target
+            state.round += 1
+            state.phase = "train"
+            save()
+    state.phase = "done"
+    save()
+    write_loop_report(state, out)
+    return state
+
+
+def write_loop_report(state: LoopState, out: Path) -> None:
+    """``report.md`` (each round's target, decision and reasons) and ``rounds.png``."""
+    lines = [
+        "# BiCuRL run",
+        "",
+        f"Best eligible checkpoint: `{state.incumbent}`",
+        "",
+        "| round | target | candidate overall | best so far | decision | failed checks | next |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for rec in state.rounds:
+        if "decision" not in rec:
+            continue
+        lines.append(
+            f"| {rec['round']} | {rec['target']} | {_fmt(rec['candidate_overall'])} | "
+            f"{_fmt(rec['best_overall'])} | {rec['decision']} | "
+            f"{', '.join(rec['failed_checks']) or '-'} | {rec['next_target']} |"
+        )
+    (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    scored = [r for r in state.rounds if "decision" in r]
+    _round_curve(
+        [r["candidate_overall"] for r in scored],
+        [r["best_overall"] for r in scored],
+        out / "rounds.png",
+    )
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _round_curve(raw: Sequence[float | None], best: Sequence[float | None], path: Path) -> None:
+    """Raw candidate overall per round (blue) and best-so-far (orange), 0..1."""
+    from PIL import Image, ImageDraw
+
+    width, height, margin = 120 + 60 * max(1, len(raw)), 300, 40
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+
+    def xy(i: int, v: float) -> tuple[float, float]:
+        return margin + 30 + 60 * i, height - margin - v * (height - 2 * margin)
+
+    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
+        y = xy(0, tick)[1]
+        draw.line([(margin, y), (width - 10, y)], fill=(225, 225, 225))
+        draw.text((4, y - 6), f"{tick:.2f}", fill="black")
+    for series, colour in ((raw, (70, 110, 180)), (best, (200, 120, 50))):
+        points = [xy(i, v) for i, v in enumerate(series) if v is not None]
+        if len(points) > 1:
+            draw.line(points, fill=colour, width=2)
+        for x, y in points:
+            draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
+    for i in range(len(raw)):
+        draw.text((xy(i, 0)[0] - 4, height - margin + 6), str(i), fill="black")
+    draw.text((margin, 8), "candidate (blue), best so far (orange)", fill="black")
+    img.save(path)

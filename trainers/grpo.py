@@ -1,0 +1,559 @@
+"""Multi-turn GRPO over bat_gym environments, readable top to bottom.
+
+One optimizer step::
+
+    states   <- next B states (a StageCurriculum round, or fixed state ids)
+    rollouts <- G token-level episodes per state, played concurrently     (B*G,)
+    r_i      <- rubric reward of episode i                                 (B*G,)
+    A_i      <- r_i - mean_{j in group(i)} r_j    [/ std, off by default]  (B*G,)
+    loss     <- clipped-ratio objective on every sampled token with A_i,
+                + beta * k3(pi, pi_ref), aggregated seq-mean then token-mean
+    theta    <- AdamW(theta, grad loss)
+
+Episodes reach the model only through ``env.reset(options={"state_id": ...})`` and
+``env.step``; the model sees and is trained on the exact token ids it sampled
+(:mod:`bat_gym.trainers.rollout`), with tool observations at loss mask 0.
+
+Defaults follow the BaT reference (G=4, 8 groups per step, T=0.7, lr 2.5e-7, k3 KL
+0.006, no std normalisation, seq-mean-token-mean); a tiny model learning a toy task
+wants a larger learning rate (3e-4).
+
+Scale-out: launched with ``torchrun --nproc-per-node N``, every rank plays its share
+of the groups and the model is sharded with FSDP2 (``fully_shard``); gradients are
+reduced by FSDP, metrics by ``all_reduce``. One process on CPU is the tested path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from bat_gym.trainers.checkpoints import (
+    CheckpointDir,
+    resolve_bf16,
+    resolve_device,
+    rng_state,
+    set_rng_state,
+)
+from bat_gym.trainers.grpo_loss import (
+    Aggregation,
+    entropy_from_logits,
+    filter_uniform_groups,
+    group_advantages,
+    grpo_loss,
+    masked_mean,
+    token_logprobs,
+)
+from bat_gym.trainers.rollout import Rollout, RolloutWorkers, TemplateDelta
+
+__all__ = ["GRPOConfig", "train", "StateSampler", "FixedStates", "CurriculumStates"]
+
+_STATE = "trainer_state.pt"
+
+
+# ============================================================================ config
+
+
+@dataclass
+class GRPOConfig:
+    """Settings of a GRPO run; every field is a plain type, so a CLI maps onto it."""
+
+    model: str
+    """Directory of the starting Hugging Face causal LM (with its tokenizer)."""
+    output_dir: str
+    """Checkpoints, ``metrics.jsonl`` and ``final/`` go here; rerunning resumes."""
+    benchmark: str | None = None
+    """Registered benchmark name (default: the installed default benchmark)."""
+    bank: str | None = None
+    """Stage Bank directory (default: the benchmark's default bank, built on first use)."""
+    target: str | None = None
+    """Target stage of a StageCurriculum round (``S3`` / ``Validate`` / ``E2E``); the
+    states of each step are the round's next rows. None: use ``state_ids``."""
+    state_ids: tuple[str, ...] = ()
+    """Fixed states, cycled in order, when there is no ``target``."""
+    steps: int = 50
+    """Optimizer steps (BaT: 50 per round)."""
+    groups_per_step: int = 8
+    """States per step, B (BaT: 8)."""
+    group_size: int = 4
+    """Rollouts per state, G (BaT: 4); advantages are relative within a group."""
+    temperature: float = 0.7
+    """Sampling temperature; log-probabilities are taken under the same scaling."""
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    """Tokens per assistant turn."""
+    max_turns: int | None = None
+    """Override of the benchmark's turn budget (None: keep it)."""
+    lr: float = 2.5e-7
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    """Upper clip width; raise it (e.g. 0.28) to keep low-probability tokens exploring."""
+    kl_coef: float = 0.006
+    """beta of the k3 KL term to the starting model (0 turns the reference model off)."""
+    aggregation: Aggregation = "seq_mean_token_mean"
+    max_len_norm: int | None = None
+    """Length divisor of ``seq_mean_token_sum_norm`` (default: the longest completion)."""
+    normalize_std: bool = False
+    """Divide advantages by the group's reward std (off in BaT, as in Dr. GRPO)."""
+    filter_uniform_groups: bool = False
+    """Drop groups whose rewards are all equal (they carry no policy gradient)."""
+    updates_per_batch: int = 1
+    """Optimizer passes over one batch of rollouts (1: on-policy, ratio = 1 at start)."""
+    micro_batch_size: int = 8
+    """Rollouts per forward/backward pass (gradient accumulation over the batch)."""
+    num_envs: int = 8
+    """Episodes played at once (one sandbox each)."""
+    backend: str = "local"
+    """Sandbox backend."""
+    device: str = "auto"
+    bf16: Literal["auto", "on", "off"] = "auto"
+    seed: int = 0
+    save_every: int = 10
+    """Checkpoint every this many steps (and at the end)."""
+    keep_last: int = 2
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the env (``gym.make`` / StageEnv)."""
+
+    def __post_init__(self) -> None:
+        if self.target is None and not self.state_ids:
+            raise ValueError("give a curriculum target (target='S3') or fixed state_ids")
+        for name in ("steps", "groups_per_step", "group_size", "micro_batch_size", "num_envs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        # A group of one has zero advantage by construction: nothing to learn from.
+        if self.group_size < 2:
+            raise ValueError(
+                f"group_size must be >= 2 for group-relative advantages, got {self.group_size}"
+            )
+        if not 0 <= self.clip_eps_low < 1 or self.clip_eps_high < 0:
+            raise ValueError(
+                f"clip widths must satisfy 0 <= low < 1 and high >= 0, got "
+                f"{self.clip_eps_low}, {self.clip_eps_high}"
+            )
+
+
+# ============================================================================ states
+
+
+class StateSampler:
+    """Where each step's states come from; resumable through its state dict."""
+
+    def next(self, n: int) -> list[str]:  # noqa: D102
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
+        return None
+
+    def close(self) -> None:  # noqa: D102
+        return None
+
+
+class FixedStates(StateSampler):
+    """Cycle through a fixed list of state ids."""
+
+    def __init__(self, state_ids: Sequence[str]) -> None:
+        self.state_ids, self.cursor = list(state_ids), 0
+
+    def next(self, n: int) -> list[str]:  # noqa: D102
+        out = [self.state_ids[(self.cursor + i) % len(self.state_ids)] for i in range(n)]
+        self.cursor += n
+        return out
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {"cursor": self.cursor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
+        self.cursor = int(state["cursor"])
+
+
+class CurriculumStates(StateSampler):
+    """The next rows of a :class:`~bat_gym.curriculum.StageCurriculum`, one reset each.
+
+    The curriculum drives its own env: each ``reset()`` advances the round and reports
+    the chosen ``state_id``, which the rollout envs then reset to, G times.
+    """
+
+    def __init__(self, curriculum: Any) -> None:
+        self.curriculum = curriculum
+
+    def next(self, n: int) -> list[str]:  # noqa: D102
+        return [self.curriculum.reset()[1]["state_id"] for _ in range(n)]
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        return self.curriculum.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
+        self.curriculum.load_state_dict(state)
+
+    def close(self) -> None:  # noqa: D102
+        self.curriculum.close()
+
+
+# ============================================================================ distributed
+
+
+@dataclass(frozen=True)
+class _Dist:
+    rank: int = 0
+    world: int = 1
+
+    def all_sum(self, values: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            torch.distributed.all_reduce(values)
+        return values
+
+
+def _init_distributed(device: torch.device) -> _Dist:
+    """Torchrun sets WORLD_SIZE/RANK; one process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return _Dist()
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return _Dist(rank=torch.distributed.get_rank(), world=world)
+
+
+def _shard(model: Any, dist: _Dist) -> Any:
+    if dist.world == 1:
+        return model
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+# ============================================================================ batch
+
+
+def _batch_tensors(
+    rollouts: Sequence[Rollout], pad_id: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Right-padded token batch; mask/logprob positions aligned with next-token targets.
+
+    Returns ``input_ids`` (B, L), ``attention_mask`` (B, L), and for the L-1 predicted
+    positions ``loss_mask`` and ``sample_logprobs`` (B, L-1): position t predicts
+    token t+1.
+    """
+    length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
+    ids = torch.full((len(rollouts), length), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rollouts), length), dtype=torch.long)
+    mask = torch.zeros((len(rollouts), length - 1))
+    sample_lp = torch.zeros((len(rollouts), length - 1))
+    for i, r in enumerate(rollouts):
+        seq = r.prompt_ids + r.completion_ids
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        # Completion token k sits at position p+k and is predicted at position p+k-1.
+        mask[i, p - 1 : p - 1 + c] = torch.tensor(r.loss_mask, dtype=torch.float)
+        sample_lp[i, p - 1 : p - 1 + c] = torch.tensor(r.sample_logprobs)
+    return {
+        "input_ids": ids.to(device),
+        "attention_mask": attn.to(device),
+        "loss_mask": mask.to(device),
+        "sample_logprobs": sample_lp.to(device),
+    }
+
+
+def _logprobs(
+    model: Any, batch: dict[str, torch.Tensor], temperature: float, ctx: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probabilities of the batch's own next tokens, and entropies (B, L-1)."""
+    with ctx:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = logits[:, :-1].float()
+    targets = batch["input_ids"][:, 1:]
+    return (
+        token_logprobs(logits, targets, temperature=temperature),
+        entropy_from_logits(logits.detach(), temperature=temperature),
+    )
+
+
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+# ============================================================================ train
+
+
+def train(
+    cfg: GRPOConfig,
+    *,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run GRPO as configured; resume from the newest checkpoint in ``output_dir``.
+
+    Args:
+        cfg: the run's settings.
+        on_step: called with each step's metrics (after they are logged).
+
+    Returns:
+        A summary: steps done, the final model directory, the metrics history.
+    """
+    import gymnasium as gym
+    from transformers import AutoModelForCausalLM
+
+    from bat_gym.policies.transformers_policy import TransformersPolicy
+    from bat_gym.spec import Budgets
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(cfg.device)
+    dist = _init_distributed(device)
+    torch.manual_seed(cfg.seed + dist.rank)
+    bf16 = resolve_bf16(cfg.bf16, device)
+    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    checkpoints = CheckpointDir(out, marker=_STATE, keep_last=cfg.keep_last)
+    checkpoints.clean_partial()
+    latest = checkpoints.latest()
+
+    # ---- policy (sampler) and the model it trains: one set of weights -------------
+    policy = TransformersPolicy(
+        latest or cfg.model,
+        device=str(device),
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed + dist.rank,
+        max_batch_size=cfg.num_envs,
+    )
+    model, tokenizer = policy.model, policy.tokenizer
+    ref = None
+    if cfg.kl_coef > 0:
+        # The reference is always the starting model, also after a resume.
+        ref = AutoModelForCausalLM.from_pretrained(cfg.model).to(device).eval()
+        ref.requires_grad_(False)
+    model = _shard(model, dist)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    # ---- envs --------------------------------------------------------------------
+    env_kwargs: dict[str, Any] = {"backend": cfg.backend, **cfg.env_kwargs}
+    if cfg.benchmark:
+        env_kwargs["benchmark"] = cfg.benchmark
+    if cfg.bank:
+        env_kwargs["states"] = cfg.bank
+    if cfg.max_turns is not None:
+        from bat_gym.registry import get_benchmark
+
+        base = get_benchmark(cfg.benchmark).spec.budgets
+        env_kwargs["budgets"] = Budgets(**{**base.model_dump(), "max_turns": cfg.max_turns})
+
+    def make_env() -> Any:
+        return gym.make("bat/E2E-v0", **env_kwargs)
+
+    if cfg.target is not None:
+        from bat_gym.curriculum import StageCurriculum
+
+        sampler: StateSampler = CurriculumStates(
+            StageCurriculum(make_env(), target=cfg.target, seed=cfg.seed)
+        )
+    else:
+        sampler = FixedStates(cfg.state_ids)
+    probe = make_env()
+    try:
+        _, info = probe.reset(options={"state_id": _first_state(sampler, cfg)})
+        tools = info["tools"]
+    finally:
+        probe.close()
+    delta = TemplateDelta(tokenizer, tools)
+
+    def generate_batch(prompts: list[list[int]]) -> list[Any]:
+        return policy.generate_tokens(prompts)
+
+    workers = RolloutWorkers(
+        make_env, generate_batch, delta, num_envs=cfg.num_envs, max_batch_size=cfg.num_envs
+    )
+
+    # ---- resume -------------------------------------------------------------------
+    step, history = 0, []
+    if latest is not None:
+        saved = torch.load(latest / _STATE, weights_only=False)
+        opt.load_state_dict(saved["optimizer"])
+        sampler.load_state_dict(saved["sampler"])
+        set_rng_state(saved["rng"])
+        step, history = saved["step"], saved["history"]
+
+    metrics_path = out / "metrics.jsonl"
+    try:
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            # ---- rollouts: this rank's share of B groups, G episodes each ---------
+            states = sampler.next(cfg.groups_per_step)[dist.rank :: dist.world]
+            model.eval()
+            rollouts = workers.play([s for s in states for _ in range(cfg.group_size)])
+            t_rollout = time.perf_counter() - t0
+
+            # ---- rewards and advantages ------------------------------------------
+            scored = [r for r in rollouts if r.reward is not None]  # null verdicts dropped
+            rewards = torch.tensor([r.reward for r in scored], dtype=torch.float)  # (N,)
+            groups = [r.state_id for r in scored]
+            # A_i = r_i - mean_{j in g(i)} r_j   (/ std_g + eps when normalize_std)  -> (N,)
+            adv = group_advantages(rewards, groups, normalize_std=cfg.normalize_std)
+            keep, zero_share = filter_uniform_groups(rewards, groups)
+            if cfg.filter_uniform_groups:
+                scored = [r for r, k in zip(scored, keep.tolist(), strict=True) if k]
+                adv = adv[keep]
+
+            # ---- policy update -------------------------------------------------------
+            t1 = time.perf_counter()
+            stats = _update(model, ref, opt, scored, adv, cfg, device, tokenizer, ctx, dist)
+            t_update = time.perf_counter() - t1
+            step += 1
+            record = {
+                "step": step,
+                "reward": float(torch.tensor([r.reward or 0.0 for r in rollouts]).mean()),
+                "scored_rollouts": len(scored),
+                "zero_advantage_groups": zero_share,
+                "response_tokens": sum(r.generated_tokens for r in rollouts)
+                / max(1, len(rollouts)),
+                "turns": sum(r.turns for r in rollouts) / max(1, len(rollouts)),
+                "finished": sum(r.finished for r in rollouts) / max(1, len(rollouts)),
+                **stats,
+                "rollout_s": t_rollout,
+                "update_s": t_update,
+            }
+            history.append(record)
+            if dist.rank == 0:
+                with metrics_path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+            if on_step is not None:
+                on_step(record)
+            if dist.rank == 0 and (step % cfg.save_every == 0 or step == cfg.steps):
+                _save(checkpoints, step, model, tokenizer, opt, sampler, history, cfg)
+    finally:
+        workers.close()
+        sampler.close()
+        policy.close()
+
+    final = out / "final"
+    if dist.rank == 0:
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+    return {"steps": step, "final": str(final), "history": history}
+
+
+def _first_state(sampler: StateSampler, cfg: GRPOConfig) -> str:
+    """A state id to read the tool schemas from, without advancing the sampler."""
+    if isinstance(sampler, CurriculumStates):
+        return sampler.curriculum.upcoming(1)[0]
+    return cfg.state_ids[0]
+
+
+def _update(
+    model: Any,
+    ref: Any,
+    opt: torch.optim.Optimizer,
+    rollouts: Sequence[Rollout],
+    adv: torch.Tensor,
+    cfg: GRPOConfig,
+    device: torch.device,
+    tokenizer: Any,
+    ctx: Any,
+    dist: _Dist,
+) -> dict[str, float]:
+    """``updates_per_batch`` optimizer steps over the rollouts, micro-batch by micro-batch."""
+    if not rollouts:
+        return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batches = [
+        _batch_tensors(rollouts[s], pad, device) | {"adv": adv[s].to(device)}
+        for s in _chunks(len(rollouts), cfg.micro_batch_size)
+    ]
+    # old log-probs: the policy that sampled (this model, before the update); ref: pi_ref.
+    with torch.no_grad():
+        for b in batches:
+            b["old"], _ = _logprobs(model, b, cfg.temperature, ctx)
+            b["ref"] = _logprobs(ref, b, cfg.temperature, ctx)[0] if ref is not None else None
+    # The outer denominator spans the whole accumulated batch (and every rank), so
+    # micro-batching does not change the loss: sequences, or masked tokens for token_mean.
+    local = float(
+        sum(b["loss_mask"].sum() for b in batches)
+        if cfg.aggregation == "token_mean"
+        else len(rollouts)
+    )
+    normalizer = float(dist.all_sum(torch.tensor(local, device=device)).item())
+    max_len = cfg.max_len_norm or max(len(r.completion_ids) for r in rollouts)
+    model.train()
+    totals: dict[str, float] = {}
+    for _ in range(cfg.updates_per_batch):
+        opt.zero_grad(set_to_none=True)
+        for b in batches:
+            logp, entropy = _logprobs(model, b, cfg.temperature, ctx)
+            loss, stats = grpo_loss(
+                logp,
+                b["old"],
+                b["ref"],
+                b["adv"],
+                b["loss_mask"],
+                clip_eps_low=cfg.clip_eps_low,
+                clip_eps_high=cfg.clip_eps_high,
+                kl_coef=cfg.kl_coef,
+                aggregation=cfg.aggregation,
+                max_len_norm=max_len,
+                normalizer=normalizer,
+            )
+            loss.backward()
+            weight = b["loss_mask"].sum().item()
+            totals["loss"] = totals.get("loss", 0.0) + loss.item()
+            totals["entropy_sum"] = totals.get("entropy_sum", 0.0) + float(
+                masked_mean(entropy, b["loss_mask"]) * weight
+            )
+            for k in ("kl", "clip_fraction"):
+                if k in stats:
+                    totals[f"{k}_sum"] = totals.get(f"{k}_sum", 0.0) + float(stats[k]) * weight
+            totals["tokens"] = totals.get("tokens", 0.0) + weight
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        opt.step()
+    tokens = max(totals.pop("tokens"), 1.0)
+    n = cfg.updates_per_batch
+    return {
+        "loss": totals["loss"] / n,
+        "kl": totals.get("kl_sum", 0.0) / tokens,
+        "clip_fraction": totals.get("clip_fraction_sum", 0.0) / tokens,
+        "entropy": totals["entropy_sum"] / tokens,
+        "grad_norm": float(grad_norm),
+    }
+
+
+def _save(
+    checkpoints: CheckpointDir,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    opt: torch.optim.Optimizer,
+    sampler: StateSampler,
+    history: list[dict[str, Any]],
+    cfg: GRPOConfig,
+) -> Path:
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(
+            {
+                "optimizer": opt.state_dict(),
+                "sampler": sampler.state_dict(),
+                "rng": rng_state(),
+                "step": step,
+                "history": history,
+                "config": asdict(cfg),
+            },
+            tmp / _STATE,
+        )
+
+    return checkpoints.save(step, write)
