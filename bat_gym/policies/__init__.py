@@ -38,6 +38,9 @@ def make_policy(spec: str, **options: Any) -> Policy:
         ValueError: the spec has none of the known forms; the message lists them.
     """
     kind, _, rest = spec.partition(":")
+    if kind in ("vllm", "openai") and "max_new_tokens" in options:
+        # One name on the command line; the server-style backends call it max_tokens.
+        options["max_tokens"] = options.pop("max_new_tokens")
     if kind in ("teacher", "naive"):
         return ScriptedPolicy(kind, outcome=rest or "success", **options)  # type: ignore[arg-type]
     if kind == "hf" and rest:
