@@ -1,12 +1,13 @@
-"""Tiny Qwen3-style causal LMs built on the spot: a BPE tokenizer and a random-init model.
+r"""Tiny Qwen3-style causal LMs built on the spot: a BPE tokenizer and a random-init model.
 
 For tests, examples and learnability runs that must not download anything. The model is
 saved with ``save_pretrained`` and loaded back through ``AutoModelForCausalLM`` /
 ``AutoTokenizer``, so everything downstream goes through the real loading code.
 
 The chat template is Qwen-style ChatML: the tool schemas go into the system turn, the
-assistant writes Hermes ``<tool_call>{...}</tool_call>`` blocks, and tool results come
-back as ``<tool_response>`` blocks in a user turn. The head size is 64, which every
+assistant writes Hermes ``<tool_call>\n{...}\n</tool_call>`` blocks (exactly as
+:class:`bat_gym.protocol.HermesProtocol` renders them), and tool results come back as
+``<tool_response>`` blocks in a user turn. The head size is 64, which every
 attention backend (vLLM's included) supports.
 """
 
@@ -45,9 +46,9 @@ CHAT_TEMPLATE = (
     "{%- for tc in message.tool_calls %}"
     "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
     "{%- set args = tc.function.arguments %}"
-    '{{- \'<tool_call>{"name": "\' + tc.function.name + \'", "arguments": \' }}'
+    "{{- '<tool_call>\\n{\"name\": \"' + tc.function.name + '\", \"arguments\": ' }}"
     "{%- if args is string %}{{- args }}{%- else %}{{- args | tojson }}{%- endif %}"
-    "{{- '}</tool_call>' }}"
+    "{{- '}\\n</tool_call>' }}"
     "{%- endfor %}{%- endif %}"
     "{{- '<|im_end|>\\n' }}"
     "{%- endif %}"

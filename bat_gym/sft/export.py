@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bat_gym.benchmark import Benchmark
-from bat_gym.protocol import ToolProtocol, get_protocol
+from bat_gym.protocol import TOOLS, ToolProtocol, get_protocol
 from bat_gym.sft.render import render_rows
 from bat_gym.sft.rows import IGNORE_INDEX, SFTRejection, SFTRow, sft_rows
 
@@ -113,7 +113,7 @@ def export_sft(
     }
     rejected_all: list[SFTRejection] = []
     for name, part in (("train", train), ("validation", validation)):
-        rendered, rejected = render_rows(part, tokenizer, max_length, protocol)
+        rendered, rejected = render_rows(part, tokenizer, max_length, protocol, tools=TOOLS)
         (out / f"{name}.jsonl").write_text("".join(_line(r, e) for r, e in rendered))
         rejected_all += rejected
         manifest["splits"][name] = {
