@@ -29,6 +29,8 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "CheckpointDir",
+    "publish",
+    "remove",
 ]
 
 _STEP = re.compile(r"^step-(\d{8})$")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from importlib.metadata import entry_points
 
 import typer
 
@@ -23,6 +24,17 @@ def _register_commands() -> None:
     app.add_typer(bank.app, name="bank")
     app.command("eval")(evaluate.evaluate)
     app.command("gate")(gate.gate)
+    # Commands of other packages (the trainers among them) arrive as entry points, so
+    # the core names none of them.
+    for ep in entry_points(group="bat_gym.commands"):
+        try:
+            command = ep.load()
+        except ImportError:
+            continue  # an extra that is not installed: its command is absent
+        if isinstance(command, typer.Typer):
+            app.add_typer(command, name=ep.name)
+        else:
+            app.command(ep.name)(command)
 
 
 _register_commands()
