@@ -1,0 +1,38 @@
+"""Adapters that plug bat_gym envs into third-party RL trainers.
+
+Each adapter is thin: the env stays the single source of prompts, tool semantics and
+rewards, and the token bookkeeping (prompt ids, sampled tokens with mask 1, env
+replies with mask 0, the rubric reward) is one shared class, :class:`TokenEpisode`.
+
+* :mod:`bat_gym.integrations.trl`: TRL ``GRPOTrainer`` (``rollout_func`` plus
+  ``environment_factory``), ``bat_dataset`` and the ``rubric_reward`` function.
+* :mod:`bat_gym.integrations.verl`: a verl agent loop, ``BatAgentLoop``.
+* :mod:`bat_gym.integrations.skyrl`: a SkyRL-Gym text env, ``BatTextEnv``.
+
+Importing this package imports no trainer framework; each submodule imports its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["ChatTemplateError", "EpisodeResult", "TokenEpisode", "make_env", "state_rows"]
+
+_EXPORTS = {
+    "ChatTemplateError": "bat_gym.integrations._episode",
+    "EpisodeResult": "bat_gym.integrations._episode",
+    "TokenEpisode": "bat_gym.integrations._episode",
+    "make_env": "bat_gym.integrations._states",
+    "state_rows": "bat_gym.integrations._states",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'bat_gym.integrations' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
