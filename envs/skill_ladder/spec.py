@@ -1,0 +1,97 @@
+"""The skill_ladder spec: five stages with one-command skills, three tracks, small budgets."""
+
+from __future__ import annotations
+
+from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Track
+
+__all__ = ["SPEC", "SKILLS", "TRACKS"]
+
+TRACKS = ("units", "cases", "codes")
+
+# Each skill names the exact command: what is learned is which command, and which flag
+# value to copy from the task card or from the tool's own output.
+SKILLS = {
+    "S1": "python tool/pipe.py plan",
+    "S2": "python tool/pipe.py setup",
+    "S3": (
+        "python pipeline/infer.py validation/pilot.csv FLAG, where FLAG is --unit U (the unit "
+        "TASK.md states), --case ID (the phantom TASK.md names) or --codes FIX (the fix "
+        "`python pipeline/infer.py check` prints). On CHECK FAILED, fix FLAG and rerun."
+    ),
+    "S4": "python pipeline/infer.py outputs/predictions.csv",
+    "S5": "python pipeline/infer.py outputs/submission.csv",
+}
+
+SPEC = BenchmarkSpec(
+    name="skill_ladder",
+    version="1.0",
+    description=(
+        "Five stages, each one short command of a shipped tool; per task one flag to copy "
+        "from the card (unit, phantom id) or from the tool's check (code fix)."
+    ),
+    stages=(
+        Stage(id="S1", name="Plan", weight=0.25, skill=SKILLS["S1"], artifacts=("plan/plan.md",)),
+        Stage(
+            id="S2",
+            name="Setup",
+            weight=0.15,
+            skill=SKILLS["S2"],
+            artifacts=("setup/environment.json", "pipeline/infer.py"),
+        ),
+        Stage(
+            id="S3",
+            name="Validate",
+            weight=0.35,
+            skill=SKILLS["S3"],
+            artifacts=(
+                "validation/pilot.csv",
+                "validation/s3_validation.json",
+                "validation/settings.json",
+            ),
+        ),
+        Stage(
+            id="S4",
+            name="Infer",
+            weight=0.15,
+            skill=SKILLS["S4"],
+            artifacts=("outputs/predictions.csv", "validation/s4_completion.json"),
+        ),
+        Stage(
+            id="S5",
+            name="Submit",
+            weight=0.10,
+            skill=SKILLS["S5"],
+            artifacts=("outputs/submission.csv", "validation/s5_submission.json"),
+        ),
+    ),
+    tracks=(
+        Track(
+            name="units",
+            metric="accuracy",
+            description="Threshold sizes recorded in the unit the card states (--unit).",
+        ),
+        Track(
+            name="cases",
+            metric="accuracy",
+            description="Threshold sizes after calibrating on the phantom the card names (--case).",
+        ),
+        Track(
+            name="codes",
+            metric="accuracy",
+            description="Look codes up after the fix the tool's check names (--codes).",
+        ),
+    ),
+    # Small budgets: the teacher needs at most 7 turns, and tiny policies train on
+    # short episodes.
+    budgets=Budgets(
+        max_turns=12,
+        max_tool_calls=12,
+        max_response_tokens=4096,
+        max_observation_chars=1024,
+        tool_timeout_s=30.0,
+        max_prompt_chars=4096,
+    ),
+    splits=Splits(
+        train=SeedRange(start=0, stop=10_000), heldout=SeedRange(start=1_000_000, stop=1_000_100)
+    ),
+)

@@ -1,0 +1,172 @@
+"""SkillLadder: the :class:`~bat_gym.benchmark.Benchmark` over the three tracks."""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bat_gym.benchmark import Benchmark, Split, TeacherTurn
+from bat_gym.envs.skill_ladder import teacher
+from bat_gym.envs.skill_ladder.spec import SPEC
+from bat_gym.envs.skill_ladder.tasks import Draw, draw, label_accuracy, public_files, reduce_draw
+from bat_gym.protocol import ToolProtocol
+from bat_gym.spec import E2E, Task
+
+if TYPE_CHECKING:
+    from bat_gym.rubrics.workspace import FrozenWorkspace
+
+__all__ = ["SkillLadder", "SUBMISSION", "PILOT"]
+
+SUBMISSION = "outputs/submission.csv"
+PILOT = "validation/pilot.csv"
+_TOOL = Path(__file__).with_name("pipe.py")
+
+
+@cache
+def _tool_source() -> str:
+    return _TOOL.read_text(encoding="utf-8")
+
+
+class SkillLadder(Benchmark):
+    """skill_ladder: five one-command stages and one flag per task, for tiny policies.
+
+    Prompts are kept short on purpose (the E2E start prompt is about 1,100 characters
+    before tool schemas): the system text names each stage's command, the user text is
+    the two-sentence task card.
+    """
+
+    spec = SPEC
+    outcomes = teacher.OUTCOMES
+
+    # -- tasks ------------------------------------------------------------------------
+
+    def _draw(self, task: Task) -> Draw:
+        d = draw(task.track, task.seed)
+        reduction = task.params.get("reduction")
+        return reduce_draw(d, int(reduction["max_cases"])) if reduction else d
+
+    def make_task(self, track: str, seed: int, split: Split) -> Task:  # noqa: D102
+        self.spec.track(track)
+        seeds = self.spec.splits.train if split == "train" else self.spec.splits.heldout
+        if seed not in seeds:
+            raise ValueError(
+                f"seed {seed} is not in the {split} range {seeds.start}..{seeds.stop - 1}"
+            )
+        d = draw(track, seed)
+        return Task(
+            task_id=self.task_id(track, seed, split),
+            benchmark=self.spec.name,
+            track=track,
+            seed=seed,
+            split=split,
+            card=d.card,
+            params={"cases": len(d.case_ids)},
+        )
+
+    def reduce_task(self, task: Task, *, max_cases: int) -> Task | None:
+        """``task`` with only its first ``max_cases`` cases: an E2E surrogate.
+
+        The card, flag and pilot case are unchanged (the first case is kept, and so is
+        the phantom of ``cases``); files, answers and score see the same cases.
+
+        Raises:
+            ValueError: ``max_cases`` is below 1, or ``task`` is already reduced.
+        """
+        if task.params.get("reduction"):
+            raise ValueError(f"task {task.task_id} is already reduced")
+        if max_cases < 1:
+            raise ValueError(f"max_cases must be at least 1, got {max_cases}")
+        raw = f"{task.task_id}/reduced/{max_cases}"
+        kept = min(max_cases, len(draw(task.track, task.seed).case_ids))
+        return task.model_copy(
+            update={
+                "task_id": f"{task.track}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}",
+                "tier": 1,
+                "params": {"cases": kept, "reduction": {"max_cases": max_cases}},
+            }
+        )
+
+    def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102
+        for rel, text in public_files(self._draw(task), _tool_source()).items():
+            path = Path(dest) / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+
+    def private_answers(self, task: Task) -> dict[str, Any]:
+        """``labels`` of the submission cases, and ``examples``: labels a pilot may also name."""
+        d = self._draw(task)
+        return {"labels": dict(d.labels), "examples": dict(d.examples)}
+
+    # -- teacher ----------------------------------------------------------------------
+
+    def teacher_turns(self, task: Task, outcome: str = "success") -> list[TeacherTurn]:
+        """The scripted careful engineer (see :mod:`~bat_gym.envs.skill_ladder.teacher`).
+
+        Args:
+            task: the task.
+            outcome: ``success``, ``recovery`` (a mistaken pilot, caught by its check and
+                redone) or ``failure`` (the mistaken pilot kept).
+        """
+        return teacher.teacher_turns(self._draw(task), outcome)
+
+    def naive_turns(self, task: Task) -> list[TeacherTurn]:
+        """A naive baseline: no plan, no pilot, the pipeline's default flags."""
+        return teacher.naive_turns(self._draw(task))
+
+    # -- metrics ----------------------------------------------------------------------
+
+    def task_score(self, task: Task, workspace: FrozenWorkspace) -> float:
+        """Accuracy of ``outputs/submission.csv`` over every case of the task.
+
+        0 when the file is missing or garbled, when its header is not exactly
+        ``id,label`` (the task.json schema), and when any case is missing.
+        """
+        truth = self._draw(task).labels
+        return label_accuracy(
+            workspace, SUBMISSION, truth, scored=list(truth), columns=["id", "label"]
+        )
+
+    def pilot_score(self, task: Task, workspace: FrozenWorkspace, pilot_path: str) -> float:
+        """Accuracy of the pilot's rows, which must include the task's pilot case.
+
+        Rows may name submission cases and the phantom (a worked example). In ``cases``
+        the pilot is the calibration run, so a pilot that does not name the phantom with
+        its right label is off-task and scores 0; in the other tracks any submission case
+        will do. 0 for a missing or garbled pilot (see :func:`label_accuracy`).
+        """
+        d = self._draw(task)
+        truth = {**d.labels, **d.examples}
+        score = label_accuracy(workspace, pilot_path, truth, scored=None)
+        if d.track != "cases":
+            return score
+        # The calibration run: off-task unless it names the phantom, rightly labelled.
+        named = label_accuracy(workspace, pilot_path, truth, scored=[d.pilot_case])
+        return score if named == 1.0 else 0.0
+
+    # -- prompts ----------------------------------------------------------------------
+
+    def system_prompt(self, focus: str, protocol: ToolProtocol) -> str:
+        """A short system text: the tool call format, then each stage's command."""
+        if focus == E2E:
+            stages = self.spec.stages
+            work = "Do the stages in order, one command per turn, then call finish."
+        else:
+            s = self.spec.stage(focus)
+            stages = (s,)
+            work = f"Do stage {s.id} {s.name} only, then call finish."
+        lines = "\n".join(f"{s.id} {s.name}: {s.skill}" for s in stages)
+        return (
+            "You work on a skill_ladder task in /workspace. Run bash with execute_code:\n"
+            f"{protocol.example}\n{work}\n{lines}"
+        )
+
+    def user_prompt(self, task: Task, focus: str) -> str:
+        """The task card; for a stage row, which stages are done and which one is asked."""
+        if focus == E2E:
+            return task.card
+        s = self.spec.stage(focus)
+        index = self.spec.stages.index(s)
+        done = f"S1-S{index} are done. " if index > 1 else ("S1 is done. " if index == 1 else "")
+        return f"{task.card}\n{done}Now do {s.id} {s.name}, then call finish."
