@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import torch
 
+from bat_gym.integrations._episode import EpisodeResult
 from bat_gym.trainers.checkpoints import (
     CheckpointDir,
     resolve_bf16,
@@ -52,7 +53,7 @@ from bat_gym.trainers.grpo_loss import (
     masked_mean,
     token_logprobs,
 )
-from bat_gym.trainers.rollout import Rollout, RolloutWorkers, TemplateDelta
+from bat_gym.trainers.rollout import RolloutWorkers
 
 __all__ = ["GRPOConfig", "train", "StateSampler", "FixedStates", "CurriculumStates"]
 
@@ -241,7 +242,7 @@ def _shard(model: Any, dist: _Dist) -> Any:
 
 
 def _batch_tensors(
-    rollouts: Sequence[Rollout], pad_id: int, device: torch.device
+    rollouts: Sequence[EpisodeResult], pad_id: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """Right-padded token batch; mask/logprob positions aligned with next-token targets.
 
@@ -249,19 +250,20 @@ def _batch_tensors(
     positions ``loss_mask`` and ``sample_logprobs`` (B, L-1): position t predicts
     token t+1.
     """
-    length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
+    length = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
     ids = torch.full((len(rollouts), length), pad_id, dtype=torch.long)
     attn = torch.zeros((len(rollouts), length), dtype=torch.long)
     mask = torch.zeros((len(rollouts), length - 1))
     sample_lp = torch.zeros((len(rollouts), length - 1))
     for i, r in enumerate(rollouts):
-        seq = r.prompt_ids + r.completion_ids
-        p, c = len(r.prompt_ids), len(r.completion_ids)
+        seq = r.prompt_ids + r.response_ids
+        p, c = len(r.prompt_ids), len(r.response_ids)
         ids[i, : len(seq)] = torch.tensor(seq)
         attn[i, : len(seq)] = 1
-        # Completion token k sits at position p+k and is predicted at position p+k-1.
-        mask[i, p - 1 : p - 1 + c] = torch.tensor(r.loss_mask, dtype=torch.float)
-        sample_lp[i, p - 1 : p - 1 + c] = torch.tensor(r.sample_logprobs)
+        # Response token k sits at position p+k and is predicted at position p+k-1.
+        mask[i, p - 1 : p - 1 + c] = torch.tensor(r.response_mask, dtype=torch.float)
+        if r.response_logprobs is not None:
+            sample_lp[i, p - 1 : p - 1 + c] = torch.tensor(r.response_logprobs)
     return {
         "input_ids": ids.to(device),
         "attention_mask": attn.to(device),
@@ -365,19 +367,13 @@ def train(
         )
     else:
         sampler = FixedStates(cfg.state_ids)
-    probe = make_env()
-    try:
-        _, info = probe.reset(options={"state_id": _first_state(sampler, cfg)})
-        tools = info["tools"]
-    finally:
-        probe.close()
-    delta = TemplateDelta(tokenizer, tools)
-
-    def generate_batch(prompts: list[list[int]]) -> list[Any]:
-        return policy.generate_tokens(prompts)
-
     workers = RolloutWorkers(
-        make_env, generate_batch, delta, num_envs=cfg.num_envs, max_batch_size=cfg.num_envs
+        make_env,
+        lambda prompts, n: policy.generate_tokens(prompts, max_new_tokens=n),
+        tokenizer,
+        max_new_tokens=cfg.max_new_tokens,
+        num_envs=cfg.num_envs,
+        max_batch_size=cfg.num_envs,
     )
 
     # ---- resume -------------------------------------------------------------------
@@ -400,7 +396,7 @@ def train(
             t_rollout = time.perf_counter() - t0
 
             # ---- rewards and advantages ------------------------------------------
-            scored = [r for r in rollouts if r.reward is not None]  # null verdicts dropped
+            scored = [r for r in rollouts if r.reward_or_none is not None]  # null verdicts dropped
             rewards = torch.tensor([r.reward for r in scored], dtype=torch.float)  # (N,)
             groups = [r.state_id for r in scored]
             # A_i = r_i - mean_{j in g(i)} r_j   (/ std_g + eps when normalize_std)  -> (N,)
@@ -417,13 +413,12 @@ def train(
             step += 1
             record = {
                 "step": step,
-                "reward": float(torch.tensor([r.reward or 0.0 for r in rollouts]).mean()),
+                "reward": sum(r.reward for r in rollouts) / len(rollouts),
                 "scored_rollouts": len(scored),
                 "zero_advantage_groups": zero_share,
-                "response_tokens": sum(r.generated_tokens for r in rollouts)
-                / max(1, len(rollouts)),
-                "turns": sum(r.turns for r in rollouts) / max(1, len(rollouts)),
-                "finished": sum(r.finished for r in rollouts) / max(1, len(rollouts)),
+                "response_tokens": sum(sum(r.response_mask) for r in rollouts) / len(rollouts),
+                "turns": sum(r.num_turns for r in rollouts) / len(rollouts),
+                "finished": sum(r.stop_reason == "terminated" for r in rollouts) / len(rollouts),
                 **stats,
                 "rollout_s": t_rollout,
                 "update_s": t_update,
@@ -448,18 +443,11 @@ def train(
     return {"steps": step, "final": str(final), "history": history}
 
 
-def _first_state(sampler: StateSampler, cfg: GRPOConfig) -> str:
-    """A state id to read the tool schemas from, without advancing the sampler."""
-    if isinstance(sampler, CurriculumStates):
-        return sampler.curriculum.upcoming(1)[0]
-    return cfg.state_ids[0]
-
-
 def _update(
     model: Any,
     ref: Any,
     opt: torch.optim.Optimizer,
-    rollouts: Sequence[Rollout],
+    rollouts: Sequence[EpisodeResult],
     adv: torch.Tensor,
     cfg: GRPOConfig,
     device: torch.device,
@@ -488,7 +476,7 @@ def _update(
         else len(rollouts)
     )
     normalizer = float(dist.all_sum(torch.tensor(local, device=device)).item())
-    max_len = cfg.max_len_norm or max(len(r.completion_ids) for r in rollouts)
+    max_len = cfg.max_len_norm or max(len(r.response_ids) for r in rollouts)
     model.train()
     totals: dict[str, float] = {}
     for _ in range(cfg.updates_per_batch):

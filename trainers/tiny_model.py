@@ -46,7 +46,7 @@ CHAT_TEMPLATE = (
     "{%- for tc in message.tool_calls %}"
     "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
     "{%- set args = tc.function.arguments %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + tc.function.name + '\", \"arguments\": ' }}"
+    '{{- \'<tool_call>\\n{"name": "\' + tc.function.name + \'", "arguments": \' }}'
     "{%- if args is string %}{{- args }}{%- else %}{{- args | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}"
     "{%- endfor %}{%- endif %}"

@@ -1,5 +1,6 @@
-"""Token-in/token-out rollouts: training sees exactly the ids the policy saw and sampled."""
+"""GRPO rollouts: concurrent token-level episodes, trained on exactly what was sampled."""
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -8,12 +9,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from bat_gym.env import StageEnv  # noqa: E402
-from bat_gym.policies import make_policy  # noqa: E402
+from bat_gym.policies import EpisodeContext, PolicyRequest, make_policy  # noqa: E402
 from bat_gym.policies.transformers_policy import TokenGeneration  # noqa: E402
 from bat_gym.protocol import get_protocol  # noqa: E402
 from bat_gym.rubrics.reward import RubricReward  # noqa: E402
-from bat_gym.trainers.rollout import RolloutWorkers, TemplateDelta, play_token_episode  # noqa: E402
-from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
+from bat_gym.trainers.rollout import RolloutWorkers  # noqa: E402
+from bat_gym.trainers.tiny_model import build_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 HERMES = get_protocol("hermes")
@@ -21,127 +22,92 @@ HERMES = get_protocol("hermes")
 
 @pytest.fixture(scope="module")
 def tokenizer(toy_bank, tmp_path_factory):
-    from transformers import AutoTokenizer
-
     texts = [m.get("content") or "" for i in toy_bank.select() for m in toy_bank.get(i).messages]
     texts += (ROOT / "README.md").read_text().splitlines()
-    path = build_tiny_model(tmp_path_factory.mktemp("m"), texts, vocab_size=700, hidden_size=64)
-    return AutoTokenizer.from_pretrained(path)
+    return build_tokenizer(texts, tmp_path_factory.mktemp("tok"), vocab_size=700)
 
 
 class TeacherTokens:
-    """Emits the teacher's next turn as tokens, recording every prompt it is given."""
+    """A batch generator that emits each episode's next teacher turn, recording prompts."""
 
-    def __init__(self, bench, state, tokenizer, *, cut_at: int | None = None) -> None:
-        self.turns = list(make_policy("teacher")._turns(_request(bench, state)))
-        self.tokenizer = tokenizer
+    def __init__(self, toy, toy_bank, tokenizer) -> None:
+        self.toy, self.bank, self.tokenizer = toy, toy_bank, tokenizer
         self.prompts: list[list[int]] = []
-        self.samples: list[list[int]] = []
-        self.cut_at = cut_at
+        self.batches: list[int] = []
+        self.sampled: list[list[int]] = []
+        self.turn_of: dict[tuple[int, ...], int] = {}
+        self.lock = threading.Lock()
 
-    def __call__(self, prompt: list[int]) -> TokenGeneration:
-        self.prompts.append(list(prompt))
-        turn = self.turns[len(self.samples)]
-        text = HERMES.render(turn.content, list(turn.calls))
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if self.cut_at is not None and len(self.samples) == 0:
-            # A turn cut by the length limit: no end-of-turn token sampled.
-            ids, reason = ids, "length"
-        else:
-            ids, reason = ids + [self.tokenizer.eos_token_id], "stop"
-        self.samples.append(ids)
-        return TokenGeneration(ids, [-0.5] * len(ids), reason)
+    def turns(self, state_id):
+        state = self.bank.get(state_id)
+        ctx = EpisodeContext(benchmark=self.toy, state=state, turn=0)
+        return make_policy("teacher")._turns(PolicyRequest([], [], ctx))
+
+    def __call__(self, prompts, max_new_tokens):
+        out = []
+        with self.lock:
+            self.batches.append(len(prompts))
+            for prompt in prompts:
+                self.prompts.append(list(prompt))
+                # Each earlier turn left two end-of-turn tokens: its own and its reply's.
+                k = (prompt.count(self.tokenizer.eos_token_id) - self.prompt_turns) // 2
+                turn = self.script[k]
+                ids = self.tokenizer.encode(HERMES.render(turn.content, list(turn.calls)))
+                ids = ids + [self.tokenizer.eos_token_id]
+                self.sampled.append(ids)
+                out.append(TokenGeneration(ids, [-0.25] * len(ids), "stop"))
+        return out
 
 
-def _request(bench, state):
-    from bat_gym.policies import EpisodeContext, PolicyRequest
-
-    return PolicyRequest([], [], EpisodeContext(benchmark=bench, state=state, turn=0))
+def make_env(toy, toy_bank):
+    return RubricReward(StageEnv("E2E", benchmark=toy, states=toy_bank))
 
 
-@pytest.fixture
-def env(toy, toy_bank):
-    env = RubricReward(StageEnv("E2E", benchmark=toy, states=toy_bank))
-    yield env
+def test_every_turn_is_trained_on_exactly_the_ids_that_were_sampled(toy, toy_bank, tokenizer):
+    state_id = toy_bank.select(focus="E2E")[0]
+    gen = TeacherTokens(toy, toy_bank, tokenizer)
+    gen.script = gen.turns(state_id)
+    # The prompt's own end-of-turn tokens (system, user) precede the first turn.
+    workers = RolloutWorkers(lambda: make_env(toy, toy_bank), gen, tokenizer, max_new_tokens=512)
+    env = make_env(toy, toy_bank)
+    _, info = env.reset(options={"state_id": state_id})
     env.close()
+    from bat_gym.integrations._episode import render_ids
 
-
-def test_no_retokenization_drift_across_turns(toy, toy_bank, tokenizer, env):
-    state = toy_bank.get(toy_bank.select(focus="E2E")[0])
-    gen = TeacherTokens(toy, state, tokenizer)
-    _, info = env.reset(options={"state_id": state.state_id})
-    delta = TemplateDelta(tokenizer, info["tools"])
-    rollout = play_token_episode(env, gen, delta, state_id=state.state_id)
-    assert rollout.finished and rollout.reward == pytest.approx(1.0)
-    sequence = rollout.prompt_ids + rollout.completion_ids
-    # Every generation was conditioned on a prefix of the training sequence...
-    for prompt in gen.prompts:
-        assert sequence[: len(prompt)] == prompt
-    # ...and the sampled ids sit in it unchanged, each followed by its observation.
-    sampled = [t for t, m in zip(rollout.completion_ids, rollout.loss_mask, strict=True) if m]
-    assert sampled == [t for s in gen.samples for t in s]
-    starts = [len(p) - len(rollout.prompt_ids) for p in gen.prompts[1:]]
-    for start, sample in zip([0, *starts], gen.samples, strict=False):
-        assert rollout.completion_ids[start : start + len(sample)] == sample
-        assert all(rollout.loss_mask[start : start + len(sample)])
-    assert rollout.sample_logprobs.count(-0.5) == len(sampled)
-
-
-def test_observations_are_the_templates_rendering_of_tool_results(toy, toy_bank, tokenizer, env):
-    state = toy_bank.get(toy_bank.select(focus="E2E")[0])
-    gen = TeacherTokens(toy, state, tokenizer)
-    _, info = env.reset(options={"state_id": state.state_id})
-    rollout = play_token_episode(
-        env, gen, TemplateDelta(tokenizer, info["tools"]), state_id=state.state_id
-    )
-    obs = [t for t, m in zip(rollout.completion_ids, rollout.loss_mask, strict=True) if not m]
-    text = tokenizer.decode(obs)
-    tool_results = [m["content"] for m in env.unwrapped.messages if m["role"] == "tool"]
-    for result in tool_results[:-1]:  # the last (finish) ends the episode: no observation
-        assert result in text
-    assert text.count("<tool_response>") == len(tool_results) - 1
-    # Each observation ends with the next generation prompt.
-    assert text.count("<|im_start|>assistant\n") == rollout.turns - 1
-
-
-def test_a_length_cut_turn_is_closed_by_an_observation_token(toy, toy_bank, tokenizer, env):
-    state = toy_bank.get(toy_bank.select(focus="E2E")[0])
-    gen = TeacherTokens(toy, state, tokenizer, cut_at=0)
-    _, info = env.reset(options={"state_id": state.state_id})
-    rollout = play_token_episode(
-        env, gen, TemplateDelta(tokenizer, info["tools"]), state_id=state.state_id
-    )
-    first = len(gen.samples[0])
-    assert rollout.completion_ids[first] == tokenizer.eos_token_id  # added, not sampled
-    assert rollout.loss_mask[first] == 0
-
-
-def test_worker_pool_plays_groups_concurrently(toy, toy_bank, tokenizer):
-    state = toy_bank.get(toy_bank.select(focus="S1")[0])
-    turns = TeacherTokens(toy, state, tokenizer).turns
-    text = HERMES.render(turns[0].content, list(turns[0].calls))
-    ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-    calls = []
-
-    def generate_batch(prompts):
-        calls.append(len(prompts))
-        return [TokenGeneration(ids, [0.0] * len(ids), "stop") for _ in prompts]
-
-    env0 = RubricReward(StageEnv("E2E", benchmark=toy, states=toy_bank))
-    _, info = env0.reset(options={"state_id": state.state_id})
-    env0.close()
-    workers = RolloutWorkers(
-        lambda: RubricReward(StageEnv("E2E", benchmark=toy, states=toy_bank)),
-        generate_batch,
-        TemplateDelta(tokenizer, info["tools"]),
-        num_envs=4,
-        wait_s=0.05,
-    )
+    prompt = render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
+    gen.prompt_turns = prompt.count(tokenizer.eos_token_id)
     try:
-        rollouts = workers.play([state.state_id] * 4)
+        (result,) = workers.play([state_id])
     finally:
         workers.close()
-    assert [r.state_id for r in rollouts] == [state.state_id] * 4
-    for r in rollouts:  # observations differ (they report durations); samples do not
-        assert r.completion_ids[: len(ids)] == ids and r.reward is not None
-    assert max(calls) > 1  # episodes met in one generation batch
+    assert result.stop_reason == "terminated" and result.reward == pytest.approx(1.0)
+    sequence = result.prompt_ids + result.response_ids
+    for seen in gen.prompts:  # every turn was conditioned on a prefix of the sequence
+        assert sequence[: len(seen)] == seen
+    sampled = [t for t, m in zip(result.response_ids, result.response_mask, strict=True) if m]
+    assert sampled == [t for s in gen.sampled for t in s]
+    assert result.response_logprobs.count(-0.25) == len(sampled)
+
+
+def test_group_episodes_meet_in_one_generation_batch(toy, toy_bank, tokenizer):
+    state_id = toy_bank.select(focus="S1")[0]
+    gen = TeacherTokens(toy, toy_bank, tokenizer)
+    gen.script = gen.turns(state_id)
+    env = make_env(toy, toy_bank)
+    _, info = env.reset(options={"state_id": state_id})
+    env.close()
+    from bat_gym.integrations._episode import render_ids
+
+    prompt = render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
+    gen.prompt_turns = prompt.count(tokenizer.eos_token_id)
+    workers = RolloutWorkers(
+        lambda: make_env(toy, toy_bank), gen, tokenizer, max_new_tokens=512, num_envs=4, wait_s=0.05
+    )
+    try:
+        results = workers.play([state_id] * 4)
+    finally:
+        workers.close()
+    assert [r.state_id for r in results] == [state_id] * 4
+    assert all(r.reward == pytest.approx(1.0) for r in results)
+    assert max(gen.batches) > 1  # concurrent episodes were decoded together
+    assert len(workers._all) <= 4
