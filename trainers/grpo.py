@@ -80,6 +80,10 @@ class GRPOConfig:
     states of each step are the round's next rows. None: use ``state_ids``."""
     state_ids: tuple[str, ...] = ()
     """Fixed states, cycled in order, when there is no ``target``."""
+    curriculum: dict[str, int] = field(default_factory=dict)
+    """StageCurriculum composition overrides, e.g. ``{"target_per_batch": 0,
+    "mix_per_batch": 0, "e2e_per_batch": 8}`` for an E2E-only pool (the pool ablation);
+    default: the reference 4 S-target / 2 S-mix / 2 E2E per batch of 8."""
     steps: int = 50
     """Optimizer steps (BaT: 50 per round)."""
     groups_per_step: int = 8
@@ -363,7 +367,7 @@ def train(
         from bat_gym.curriculum import StageCurriculum
 
         sampler: StateSampler = CurriculumStates(
-            StageCurriculum(make_env(), target=cfg.target, seed=cfg.seed)
+            StageCurriculum(make_env(), target=cfg.target, seed=cfg.seed, **cfg.curriculum)
         )
     else:
         sampler = FixedStates(cfg.state_ids)
