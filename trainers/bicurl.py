@@ -89,6 +89,7 @@ class LoopState:
     target: str | None = None
     selector: dict[str, Any] = field(default_factory=dict)
     rounds: list[dict[str, Any]] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
         """Write atomically."""
@@ -165,11 +166,24 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
     spec = get_benchmark(cfg.benchmark).spec
     selector = make_selector(cfg.selector, spec=spec, seed=cfg.seed)
     thresholds = GateThresholds(**cfg.thresholds)
+    # Everything but the number of rounds must match to resume: a loop may be extended.
+    settings = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k != "rounds"}))
     if state_path.exists():
         state = LoopState.load(state_path)
+        changed = sorted(k for k in settings if state.settings.get(k) != settings[k])
+        if changed:
+            raise ValueError(
+                f"{out} holds a loop run with other {', '.join(changed)}; rerun with the same "
+                "settings to resume it (only --rounds may change), or use a new output directory"
+            )
         selector.load_state_dict(state.selector)
     else:
-        state = LoopState(incumbent=cfg.model, incumbent_eval=str(out / "evals" / "start"))
+        state = LoopState(
+            incumbent=cfg.model,
+            incumbent_eval=str(out / "evals" / "start"),
+            selector=selector.state_dict(),
+            settings=settings,
+        )
         state.save(state_path)
 
     def save() -> None:
@@ -183,6 +197,8 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
         state.phase = "train"
         save()
 
+    if state.phase == "done" and state.round < cfg.rounds:
+        state.phase = "train"  # the loop was extended with more rounds
     while state.round < cfg.rounds:
         r = state.round
         round_dir = out / "rounds" / f"round-{r:02d}"
@@ -216,8 +232,9 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
             state.round += 1
             state.phase = "train"
             save()
-    state.phase = "done"
-    save()
+    if state.phase != "done":
+        state.phase = "done"
+        save()
     write_loop_report(state, out)
     return state
 

@@ -390,6 +390,9 @@ def train(
         step, history = saved["step"], saved["history"]
 
     metrics_path = out / "metrics.jsonl"
+    if dist.rank == 0:
+        # Steps logged after the last checkpoint are redone: the log restarts from it.
+        metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history), encoding="utf-8")
     try:
         while step < cfg.steps:
             t0 = time.perf_counter()
