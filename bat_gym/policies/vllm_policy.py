@@ -24,6 +24,7 @@ model whose attention head size vLLM supports (32, 64, 80, ...).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tempfile
@@ -179,22 +180,43 @@ class VLLMWorkerExtension:
 
     model_runner: Any
 
-    def bat_gym_load_weights(self, files: list[str]) -> int:
+    def bat_gym_load_weights(self, files: list[str], tied_output: bool = False) -> int:
         """Load safetensors files into the worker's model; returns the tensors read.
 
-        Names are Hugging Face checkpoint names (``model.layers.0.self_attn.q_proj.weight``);
-        the model's own ``load_weights`` maps and shards them as it does at start-up.
+        Names are Hugging Face checkpoint names (``model.layers.0.self_attn.q_proj.weight``).
+        Where the runner has vLLM's in-place reload (``reload_weights``), it is used: it
+        undoes and redoes the post-load processing some backends apply (the CPU backend
+        repacks linear weights, leaving the original parameters empty), so a plain
+        ``load_weights`` into the processed model would fail there. Older runners get
+        the model's own ``load_weights``, which maps and shards names as at start-up.
         """
         from safetensors import safe_open
 
-        runner = self.model_runner
-        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
         count = 0
-        for file in files:
-            with safe_open(file, framework="pt", device="cpu") as fh:
-                names = list(fh.keys())
-                model.load_weights(weights=((n, fh.get_tensor(n)) for n in names))
-                count += len(names)
+
+        def tensors():
+            nonlocal count
+            seen: set[str] = set()
+            embedding = None
+            for file in files:
+                with safe_open(file, framework="pt", device="cpu") as fh:
+                    for name in fh.keys():  # noqa: SIM118 - safe_open is not a dict
+                        count += 1
+                        seen.add(name)
+                        tensor = fh.get_tensor(name)
+                        if name == "model.embed_tokens.weight":
+                            embedding = tensor
+                        yield name, tensor
+            if tied_output and embedding is not None and "lm_head.weight" not in seen:
+                count += 1
+                yield "lm_head.weight", embedding
+
+        runner = self.model_runner
+        if hasattr(runner, "reload_weights"):
+            runner.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+        else:
+            model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+            model.load_weights(weights=tensors())
         return count
 
 
@@ -465,6 +487,13 @@ class VLLMPolicy(Policy):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def _tied_embeddings(self) -> bool:
+        config = Path(self.path) / "config.json"
+        try:
+            return bool(json.loads(config.read_text()).get("tie_word_embeddings", False))
+        except (OSError, ValueError):
+            return False
+
     def load_checkpoint(self, path: str | Path) -> int:
         """Load a saved checkpoint's ``*.safetensors`` files into the running engine.
 
@@ -494,7 +523,7 @@ class VLLMPolicy(Policy):
         """Have every worker load ``files``, then drop the now stale prefix cache."""
         with self._lock:
             counts = self.llm.collective_rpc(
-                "bat_gym_load_weights", args=([str(f) for f in files],)
+                "bat_gym_load_weights", args=([str(f) for f in files], self._tied_embeddings())
             )
             self.llm.reset_prefix_cache()
             self.weights_version += 1
