@@ -8,10 +8,17 @@ restored in place to an exact, content-addressed snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import functools
+import os
+import signal
+import threading
+import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -117,6 +124,17 @@ class Sandbox(ABC):
     SUPPORTS_SNAPSHOT: ClassVar[bool] = True
     backend: ClassVar[str]
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Sandbox:
+        """Create the sandbox and track it, so that a SIGTERM closes it (module end)."""
+        box = super().__new__(cls)
+        _track(box)
+        return box
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "close" in cls.__dict__:
+            cls.close = _uninterrupted(cls.__dict__["close"])  # type: ignore[method-assign]
+
     isolation: Isolation
     limits: SandboxLimits
     store: BlobStore
@@ -163,3 +181,72 @@ class Sandbox(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- teardown on SIGTERM ---------------------------------------------------------------
+# A process ended by an unhandled SIGTERM runs no finalizer, so its sandboxes' slot
+# directories (and docker containers) would outlive it. multiprocessing and Gymnasium's
+# AsyncVectorEnv end their workers exactly so (``terminate()``) when the driver exits,
+# e.g. on Ctrl-C. The first sandbox of a process whose SIGTERM is unhandled therefore
+# installs a handler that closes that process's sandboxes and then dies of SIGTERM as
+# before. A close already under way (a worker tearing down after Ctrl-C) is not cut
+# short: the process dies when it returns.
+
+_owned: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+_teardown = {"closing": 0, "terminating": False}
+
+
+def _forget_parent_sandboxes() -> None:
+    # A forked child holds copies of its parent's sandboxes; closing those would kill
+    # the parent's processes and delete its workspaces.
+    _owned.clear()
+    _teardown.update(closing=0, terminating=False)
+
+
+os.register_at_fork(after_in_child=_forget_parent_sandboxes)
+
+
+def _track(box: Sandbox) -> None:
+    _owned.add(box)
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _teardown["terminating"] = True
+    if not _teardown["closing"]:
+        _close_owned_and_die()
+
+
+def _close_owned_and_die() -> None:
+    _teardown["closing"] += 1
+    try:
+        for box in list(_owned):
+            with contextlib.suppress(Exception):
+                box.close()
+    finally:
+        _teardown["closing"] -= 1
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # the exit status an unhandled SIGTERM gives
+    else:  # only the main thread may reset the handler: let it finish there
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+
+
+def _uninterrupted(close: Callable[[Sandbox], None]) -> Callable[[Sandbox], None]:
+    """Wrap a backend's ``close`` so that a SIGTERM arriving meanwhile waits for it."""
+
+    @functools.wraps(close)
+    def wrapper(self: Sandbox) -> None:
+        _teardown["closing"] += 1
+        try:
+            close(self)
+        finally:
+            _teardown["closing"] -= 1
+            _owned.discard(self)
+        if _teardown["terminating"] and not _teardown["closing"]:
+            _close_owned_and_die()
+
+    return wrapper

@@ -61,6 +61,15 @@ _START_TIMEOUT_S = 30.0
 _REPLY_GRACE_S = 5.0
 _STOP_TIMEOUT_S = 5.0
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Longest single wait for a reply. The kernel may hand a signal (Ctrl-C, SIGTERM) to
+# another thread of this process, numpy's BLAS threads say; that does not interrupt
+# the wait, and Python runs the handler only once this thread runs bytecode again.
+_SIGNAL_POLL_S = 0.5
+
+
+def _wait_s(deadline: float) -> float:
+    """Seconds to wait now for a reply due by ``deadline``, at most ``_SIGNAL_POLL_S``."""
+    return max(0.0, min(deadline - time.monotonic(), _SIGNAL_POLL_S))
 
 
 def _bwrap_binary() -> str | None:
@@ -549,9 +558,10 @@ class LocalSandbox(Sandbox):
         self._start()
 
     def _recv(self, timeout_s: float) -> dict | None:
-        ready, _, _ = select.select([self._resp], [], [], timeout_s)
-        if not ready:
-            return None
+        deadline = time.monotonic() + timeout_s
+        while not select.select([self._resp], [], [], _wait_s(deadline))[0]:
+            if time.monotonic() >= deadline:
+                return None
         try:
             return _supervisor.recv_frame(self._resp)
         except (EOFError, OSError, ValueError):
@@ -644,7 +654,9 @@ class LocalSandbox(Sandbox):
                     "duration_s": time.monotonic() - start,
                     "timed_out": True,
                 }
-            ready, _, _ = select.select([self._bash_out, self._bash_status], [], [], wait)
+            ready, _, _ = select.select(
+                [self._bash_out, self._bash_status], [], [], _wait_s(deadline)
+            )
             if self._bash_out in ready:
                 cap.drain(self._bash_out)
             if self._bash_status in ready:
