@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,17 @@ def toy_bank(toy, tmp_path_factory):
     from bat_gym.bank import build_bank
 
     return build_bank(toy, tmp_path_factory.mktemp("bank") / "toy", tasks_per_track=2)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    # Token auth would write a token under the home folder; a short temp dir keeps the
+    # socket paths under the kernel's 107-byte limit.
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
+        yield
+        ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)

@@ -7,8 +7,6 @@ are marked slow. What happens when the driver dies is in ``test_vector.py``.
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -69,20 +67,6 @@ def test_env_actor_runs_an_env_without_ray(toy, toy_bank):
 
 
 # -- on a local Ray ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    # Token auth would write a token under the home folder; a short temp dir keeps the
-    # socket paths under the kernel's 107-byte limit.
-    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
-        yield
-        ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
 
 
 def ray_vec(bank, n: int = 2, **kwargs):

@@ -114,6 +114,10 @@ def grpo(
     max_turns: Annotated[int | None, typer.Option("--max-turns", min=1)] = None,
     kl_coef: Annotated[float, typer.Option("--kl-coef", min=0.0)] = 0.006,
     num_envs: Annotated[int, typer.Option("--num-envs", min=1)] = 8,
+    ray: Annotated[
+        str | None,
+        typer.Option("--ray", help="Rollout envs on Ray actors: local, auto, or HOST:6379."),
+    ] = None,
     seed: Seed = 0,
     device: Device = "auto",
 ) -> None:
@@ -138,6 +142,7 @@ def grpo(
         max_turns=max_turns,
         kl_coef=kl_coef,
         num_envs=num_envs,
+        ray=ray,
         seed=seed,
         device=device,
     )

@@ -120,6 +120,10 @@ class GRPOConfig:
     """Episodes played at once (one sandbox each)."""
     backend: str = "local"
     """Sandbox backend."""
+    ray: str | None = None
+    """Run the rollout envs as Ray actors: ``"local"`` (a local Ray), ``"auto"`` or a
+    cluster address (``HOST:6379``, ``ray://HOST:10001``); None keeps them in this
+    process. The bank path must exist on every node."""
     device: str = "auto"
     bf16: Literal["auto", "on", "off"] = "auto"
     seed: int = 0
@@ -277,17 +281,26 @@ def _batch_tensors(
 
 
 def _logprobs(
-    model: Any, batch: dict[str, torch.Tensor], temperature: float, ctx: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probabilities of the batch's own next tokens, and entropies (B, L-1)."""
+    model: Any,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    ctx: Any,
+    *,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probabilities of the batch's own next tokens, and entropies (B, L-1).
+
+    The entropies (a softmax over the vocabulary at every position) are None unless
+    ``with_entropy``.
+    """
     with ctx:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     logits = logits[:, :-1].float()
     targets = batch["input_ids"][:, 1:]
-    return (
-        token_logprobs(logits, targets, temperature=temperature),
-        entropy_from_logits(logits.detach(), temperature=temperature),
-    )
+    logp = token_logprobs(logits, targets, temperature=temperature)
+    if not with_entropy:
+        return logp, None
+    return logp, entropy_from_logits(logits.detach(), temperature=temperature)
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
@@ -371,8 +384,24 @@ def train(
         )
     else:
         sampler = FixedStates(cfg.state_ids)
+    rollout_env = make_env
+    pool = None
+    if cfg.ray is not None:
+        from bat_gym.distributed import ActorEnv, RayEnvPool
+
+        pool = RayEnvPool(
+            "bat/E2E-v0",
+            cfg.num_envs,
+            ray_address=None if cfg.ray == "local" else cfg.ray,
+            **env_kwargs,
+        )
+        handles = iter(range(cfg.num_envs))
+
+        def rollout_env() -> Any:
+            return ActorEnv(pool, next(handles))
+
     workers = RolloutWorkers(
-        make_env,
+        rollout_env,
         lambda prompts, n: policy.generate_tokens(prompts, max_new_tokens=n),
         tokenizer,
         max_new_tokens=cfg.max_new_tokens,
@@ -440,6 +469,8 @@ def train(
                 _save(checkpoints, step, model, tokenizer, opt, sampler, history, cfg)
     finally:
         workers.close()
+        if pool is not None:
+            pool.close()
         sampler.close()
         policy.close()
 
@@ -471,10 +502,21 @@ def _update(
         for s in _chunks(len(rollouts), cfg.micro_batch_size)
     ]
     # old log-probs: the policy that sampled (this model, before the update); ref: pi_ref.
+    # With one pass over the batch the weights do not move before the optimizer step, so
+    # old = logp.detach() (rho = 1, the same gradient) and no forward is spent on it.
+    on_policy = cfg.updates_per_batch == 1
     with torch.no_grad():
         for b in batches:
-            b["old"], _ = _logprobs(model, b, cfg.temperature, ctx)
-            b["ref"] = _logprobs(ref, b, cfg.temperature, ctx)[0] if ref is not None else None
+            b["old"] = (
+                None
+                if on_policy
+                else _logprobs(model, b, cfg.temperature, ctx, with_entropy=False)[0]
+            )
+            b["ref"] = (
+                _logprobs(ref, b, cfg.temperature, ctx, with_entropy=False)[0]
+                if ref is not None
+                else None
+            )
     # The outer denominator spans the whole accumulated batch (and every rank), so
     # micro-batching does not change the loss: sequences, or masked tokens for token_mean.
     local = float(
@@ -492,7 +534,7 @@ def _update(
             logp, entropy = _logprobs(model, b, cfg.temperature, ctx)
             loss, stats = grpo_loss(
                 logp,
-                b["old"],
+                logp.detach() if b["old"] is None else b["old"],
                 b["ref"],
                 b["adv"],
                 b["loss_mask"],

@@ -51,6 +51,13 @@ def evaluate(
         typer.Option("--temperature", min=0.0, help="Sampling temperature (hf, vllm, openai)."),
     ] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed (hf, vllm).")] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Play episodes on Ray actors: local, auto, or a cluster address (HOST:6379).",
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-cell progress lines.")] = False,
 ) -> None:
     """Play the policy on every held-out cell as an E2E episode and write the reports.
@@ -89,6 +96,7 @@ def evaluate(
         max_attempts=max_attempts,
         budgets=budgets,
         progress=not quiet,
+        ray=ray,
     )
     try:
         agent = make_policy(policy, **options)

@@ -11,7 +11,10 @@ node the actor runs on. Two interfaces sit on top:
   env: submit a step to some envs, then take each result as soon as it is ready
   (:meth:`RayEnvPool.as_completed`). ``RayVectorEnv.step_some`` is the same thing on
   the vector env. A GRPO trainer resets G envs to one ``state_id`` and feeds each
-  episode's next action as soon as its previous observation arrives.
+  episode's next action as soon as its previous observation arrives;
+* :class:`ActorEnv`, one pool env behind plain blocking ``reset``/``step``, so
+  thread-per-episode code (the GRPO trainer's rollouts, ``bat-gym eval``) runs on
+  actors unchanged.
 
 Ray is an optional dependency (``pip install 'bat-gym[ray]'``); it is imported when a
 pool is created, never by ``import bat_gym``.
@@ -28,6 +31,7 @@ pool started it. What survives a ``SIGKILL`` of the driver is described in
 from __future__ import annotations
 
 from bat_gym.distributed.actor import EnvActor, EnvResult
+from bat_gym.distributed.actor_env import ActorEnv
 from bat_gym.distributed.pool import DEFAULT_NUM_CPUS, RayEnvPool
 from bat_gym.distributed.runtime import EnvActorsUnavailable, close_all
 from bat_gym.distributed.vector import RayVectorEnv
@@ -37,6 +41,7 @@ __all__ = [
     "RayVectorEnv",
     "RayEnvPool",
     # what they are made of
+    "ActorEnv",
     "EnvActor",
     "EnvResult",
     "DEFAULT_NUM_CPUS",

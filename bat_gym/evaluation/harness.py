@@ -15,6 +15,7 @@ error) is retried up to ``max_attempts`` times and, if it persists, recorded as 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -51,6 +52,10 @@ class EvalConfig:
             an invalid cell.
         budgets: episode limits; default: the benchmark's.
         progress: print one line per finished cell to stderr.
+        ray: play the episodes on Ray actors: ``"local"``, ``"auto"`` or a cluster
+            address; None plays them in this process. On a cluster, the results
+            directory must be on a filesystem every node sees (the held-out start
+            states are stored there).
     """
 
     repeats: int = 10
@@ -62,6 +67,7 @@ class EvalConfig:
     budgets: Budgets | None = None
     progress: bool = True
     sandbox_options: dict[str, Any] = field(default_factory=dict)
+    ray: str | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -255,6 +261,27 @@ def run_cells(
             )
 
         build = make_env or default_env
+        actors = None
+        if cfg.ray is not None and make_env is None:
+            from bat_gym.distributed import ActorEnv, RayEnvPool
+
+            # Each actor builds its env from this factory (pickled), states and all.
+            actors = RayEnvPool(
+                functools.partial(default_env, source),
+                cfg.workers,
+                ray_address=None if cfg.ray == "local" else cfg.ray,
+            )
+            slots = iter(range(cfg.workers))
+            slots_lock = threading.Lock()
+            slot_of_thread = threading.local()
+
+            def build(_: Any) -> Any:
+                # Each worker thread keeps its actor, also when its env is rebuilt.
+                if not hasattr(slot_of_thread, "index"):
+                    with slots_lock:
+                        slot_of_thread.index = next(slots)
+                return ActorEnv(actors, slot_of_thread.index)
+
         local = threading.local()
         envs: list[Any] = []
         lock = threading.Lock()
@@ -312,6 +339,8 @@ def run_cells(
         finally:
             for env in envs:
                 env.close()
+            if actors is not None:
+                actors.close()
         done.update(fresh)
     return [done[c.key] for c in cells if c.key in done]
 

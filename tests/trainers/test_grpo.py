@@ -87,3 +87,10 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tiny, toy_bank, tmp_path)
     saved = torch.load(latest / "trainer_state.pt", weights_only=False)
     assert saved["sampler"]["cursor"] == 4  # the state sequence continued, not restarted
     assert len(list((tmp_path / "checkpoints").glob("step-*"))) == cfg.keep_last
+
+
+@pytest.mark.slow
+def test_grpo_rollouts_on_ray_actors(local_ray, tiny, toy_bank, tmp_path):
+    summary = train(config(tiny, toy_bank, tmp_path, steps=1, ray="local"))
+    assert summary["steps"] == 1
+    assert summary["history"][0]["scored_rollouts"] == 2
