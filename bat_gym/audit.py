@@ -32,7 +32,8 @@ import hashlib
 import json
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,16 @@ from bat_gym.bank import BankReport, StageBank
 from bat_gym.benchmark import Benchmark
 from bat_gym.spec import Task
 
-__all__ = ["MIN_ANSWER_BYTES", "NGRAM", "audit_bank", "answer_fingerprints", "word_ngrams"]
+__all__ = [
+    "MIN_ANSWER_BYTES",
+    "NGRAM",
+    "HeldOutIndex",
+    "audit_bank",
+    "answer_fingerprints",
+    "heldout_task_ids",
+    "task_fingerprints",
+    "word_ngrams",
+]
 
 NGRAM = 8
 MIN_ANSWER_BYTES = 16
@@ -100,6 +110,73 @@ def _public_files(bench: Benchmark, task: Task) -> dict[str, str]:
         }
 
 
+def heldout_task_ids(bench: Benchmark) -> dict[str, str]:
+    """``{task id: "track/heldout seed N"}`` of the first held-out seeds of every track.
+
+    Ids are cheap hashes, so up to ``_MAX_ID_SEEDS`` seeds per track are covered.
+    """
+    seeds = list(bench.seeds("heldout"))[:_MAX_ID_SEEDS]
+    return {
+        bench.task_id(t.name, s, "heldout"): f"{t.name}/heldout seed {s}"
+        for t in bench.spec.tracks
+        for s in seeds
+    }
+
+
+def task_fingerprints(bench: Benchmark, task: Task) -> set[str]:
+    """sha256 of each of ``task``'s public files, and its answer fingerprints."""
+    return set(_public_files(bench, task).values()) | answer_fingerprints(
+        bench.private_answers(task)
+    )
+
+
+@dataclass(frozen=True)
+class HeldOutIndex:
+    """What a single bank row may not contain: held-out task ids and content digests.
+
+    Built once per bank build (generating the evaluated held-out tasks is the costly
+    part) and consulted for every row the build admits.
+
+    Attributes:
+        task_ids: held-out task id -> ``"track/heldout seed N"``.
+        digests: sha256 of a held-out public file or answer fingerprint -> where it is
+            from (``"<task id>:<path>"`` or ``"<task id>:answer"``).
+    """
+
+    task_ids: dict[str, str]
+    digests: dict[str, str]
+
+    @classmethod
+    def of(cls, bench: Benchmark, *, tracks: Sequence[str] | None = None) -> HeldOutIndex:
+        """Regenerate ``bench``'s evaluated held-out tasks and fingerprint them.
+
+        The tasks are the ones :func:`audit_bank` checks: the first
+        ``splits.heldout_repeats`` held-out seeds of every track (of ``tracks`` only,
+        when given; task ids always cover every track, they cost nothing).
+        """
+        tracks = list(tracks or [t.name for t in bench.spec.tracks])
+        eval_seeds = list(bench.seeds("heldout"))[: bench.spec.splits.heldout_repeats]
+        digests: dict[str, str] = {}
+        for track in tracks:
+            for seed in eval_seeds:
+                task = bench.make_task(track, seed, "heldout")
+                for rel, digest in _public_files(bench, task).items():
+                    digests.setdefault(digest, f"{task.task_id}:{rel}")
+                for digest in answer_fingerprints(bench.private_answers(task)):
+                    digests.setdefault(digest, f"{task.task_id}:answer")
+        return cls(task_ids=heldout_task_ids(bench), digests=digests)
+
+    def leaks(self, digests: Iterable[str], shared: set[str]) -> dict[str, str]:
+        """The held-out ones among ``digests`` (digest -> where from), ``shared`` aside.
+
+        ``shared`` is content shared by design: as :func:`audit_bank` excludes what the
+        bank's own training tasks hold, a row is judged against its own task's
+        fingerprints (:func:`task_fingerprints`): the same model code or a card
+        variant in a held-out task is not a leak.
+        """
+        return {d: self.digests[d] for d in digests if d in self.digests and d not in shared}
+
+
 def _task_text(bench: Benchmark, task: Task) -> str:
     """The task's card as the agent reads it: ``task.card`` and ``TASK.md``."""
     with tempfile.TemporaryDirectory(prefix="bat-gym-audit-") as tmp:
@@ -141,11 +218,7 @@ def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
     blobs = {p.parent.name + p.name: p for p in (bank.store.root / "blobs").glob("*/*")}
 
     # -- task ids and seeds ----------------------------------------------------------
-    ids = {
-        bench.task_id(t, s, "heldout"): f"{t}/heldout seed {s}"
-        for t in tracks
-        for s in list(heldout_seeds)[:_MAX_ID_SEEDS]
-    }
+    ids = heldout_task_ids(bench)
     for row in bank:
         report.count("task ids")
         if row.task_id in ids:

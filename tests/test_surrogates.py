@@ -102,12 +102,15 @@ def test_bank_with_surrogates_holds_a_verified_surrogate_e2e_row(med, tmp_path):
     assert len(rows) == 1
     row = rows[0]
     assert row.focus == E2E and row.outcome == "success"
-    assert row.provenance["reduction"] == {"max_cases": 1}
+    # The reduction grid: one case, and at most one validation pass (the teacher's one).
+    assert row.provenance["reduction"] == {"max_cases": 1, "validation_passes": 1}
+    assert row.provenance["pilot_runs"] == 1
     assert row.provenance["tier"] == 1
     full = med.make_task("classification", 0, "train")
     assert row.task_id == med.reduce_task(full, max_cases=1).task_id != full.task_id
     sur = bank.manifest["surrogates"]
     assert (sur["planned"], sur["kept"], sur["rejected"]) == (1, 1, {})
+    assert bank.manifest["reduction_grid"] == [{"max_cases": 1, "validation_passes": 1}]
     # The normal rows are still all there, and the whole bank replays.
     assert len(bank) == 1 + len(med.spec.focuses)
     assert StageBank(bank.root).verify(bench=med).ok

@@ -38,36 +38,80 @@ def build(
         typer.Option(
             "--surrogates",
             min=0,
-            help="Extra E2E surrogate rows per track: reduced training tasks (one case), "
-            "kept only when the teacher's E2E reward reaches the success threshold.",
+            help="Extra E2E surrogate rows per track: reduced training tasks, kept only when "
+            "the teacher's E2E reward reaches the success threshold.",
         ),
     ] = 0,
+    surrogate_cases: Annotated[
+        int,
+        typer.Option("--surrogate-cases", min=1, help="Cases a surrogate task keeps."),
+    ] = 1,
+    validation_passes: Annotated[
+        int,
+        typer.Option(
+            "--validation-passes",
+            min=0,
+            help="Pilot runs a surrogate's trajectory may make in the Validate stage.",
+        ),
+    ] = 1,
+    teacher: Annotated[
+        str | None,
+        typer.Option(
+            "--teacher",
+            help="A policy to teach with instead of the scripted teacher, as `bat-gym eval "
+            "--policy` takes it (e.g. openai:http://127.0.0.1:8000/v1#qwen). The verifier "
+            "labels its trajectories success or failure.",
+        ),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Tasks built at once, one process each.")
+    ] = 1,
 ) -> None:
     """Run the teacher on training tasks and store every stage's start state.
 
     Rerunning into the same directory resumes an interrupted build.
     """
     from bat_gym.bank import OUTCOMES, build_bank
+    from bat_gym.policies import make_policy
     from bat_gym.registry import get_benchmark
 
     unknown = sorted(set(outcome or ()) - set(OUTCOMES))
     if unknown:
         raise typer.BadParameter(f"{unknown}; choose from {list(OUTCOMES)}", param_hint="--outcome")
+    try:
+        policy = make_policy(teacher) if teacher else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--teacher") from None
     start = time.perf_counter()
-    bank = build_bank(
-        get_benchmark(benchmark),
-        out,
-        tasks_per_track=tasks_per_track,
-        backend=backend,
-        outcomes=tuple(outcome or ("success",)),
-        surrogates=surrogates,
-    )
+    try:
+        bank = build_bank(
+            get_benchmark(benchmark),
+            out,
+            tasks_per_track=tasks_per_track,
+            backend=backend,
+            outcomes=tuple(outcome or ("success",)),
+            surrogates=surrogates,
+            surrogate_cases=surrogate_cases,
+            surrogate_validation_passes=validation_passes,
+            teacher=policy,
+            workers=workers,
+        )
+    finally:
+        if policy is not None:
+            policy.close()
     typer.echo(f"built {len(bank)} states in {time.perf_counter() - start:.1f} s -> {out}")
     m = bank.manifest
     if m.get("unsupported_outcomes"):
-        typer.echo(f"not built (the benchmark has no such teacher): {m['unsupported_outcomes']}")
+        why = (
+            "a policy is labelled success or failure"
+            if policy
+            else "the benchmark has no such teacher"
+        )
+        typer.echo(f"not built ({why}): {m['unsupported_outcomes']}")
+    if m.get("labels"):
+        typer.echo(f"trajectories labelled by the verifier: {m['labels']}")
     if m.get("rejected"):
-        typer.echo(f"rejected trajectories: {m['rejected']}")
+        typer.echo(f"rejected: {m['rejected']}")
     if m.get("surrogates"):
         sur = m["surrogates"]
         typer.echo(

@@ -90,6 +90,18 @@ class MedBenchLite(Benchmark):
         ``params["reduction"]``, the tier is 1 and the task id differs from the full
         task's.
 
+        Input size is not reduced. A track draws its input geometry (the image side
+        ``image_px``, the volume shape or voxel spacing) from the task's random stream
+        before it draws the cases, and in the 2D tracks the side is one of the
+        parameters whose train and held-out ranges are disjoint. A capped size would
+        change every later draw, so the surrogate's cases would no longer be the full
+        task's first cases, and the pixel spacing, lesion sizes and checks tied to the
+        drawn geometry would have to follow in each of the seven generators. Training
+        inputs are already small (60 to 100 px images, volumes of about 40 x 50 x 20
+        voxels); fewer cases is what shortens a surrogate episode.
+        The other surrogate limit, validation passes, is a limit on the trajectory,
+        not on the task; the Stage Bank records and checks it.
+
         Raises:
             ValueError: ``max_cases`` is below 1, or ``task`` is already reduced.
         """
