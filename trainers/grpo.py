@@ -254,24 +254,30 @@ def _batch_tensors(
 ) -> dict[str, torch.Tensor]:
     """Right-padded token batch; mask/logprob positions aligned with next-token targets.
 
-    Returns ``input_ids`` (B, L), ``attention_mask`` (B, L), and for the L-1 predicted
-    positions ``loss_mask`` and ``sample_logprobs`` (B, L-1): position t predicts
-    token t+1.
+    Returns ``input_ids`` (B, L), ``attention_mask`` (B, L), and ``loss_mask`` and
+    ``sample_logprobs`` (B, T) for the last T = L - min(prompt length) predicted
+    positions, the first of which predicts the earliest response token: column j is
+    position s + j (s = L - 1 - T), which predicts token s + j + 1. Prompt-only
+    positions before s are left out, so no logits are computed for them.
     """
     length = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
+    start = min(len(r.prompt_ids) for r in rollouts) - 1
     ids = torch.full((len(rollouts), length), pad_id, dtype=torch.long)
     attn = torch.zeros((len(rollouts), length), dtype=torch.long)
-    mask = torch.zeros((len(rollouts), length - 1))
-    sample_lp = torch.zeros((len(rollouts), length - 1))
+    mask = torch.zeros((len(rollouts), length - 1 - start))
+    sample_lp = torch.zeros((len(rollouts), length - 1 - start))
     for i, r in enumerate(rollouts):
         seq = r.prompt_ids + r.response_ids
         p, c = len(r.prompt_ids), len(r.response_ids)
         ids[i, : len(seq)] = torch.tensor(seq)
         attn[i, : len(seq)] = 1
-        # Response token k sits at position p+k and is predicted at position p+k-1.
-        mask[i, p - 1 : p - 1 + c] = torch.tensor(r.response_mask, dtype=torch.float)
+        # Response token k sits at position p+k and is predicted at position p+k-1,
+        # column p+k-1-start.
+        mask[i, p - 1 - start : p - 1 - start + c] = torch.tensor(
+            r.response_mask, dtype=torch.float
+        )
         if r.response_logprobs is not None:
-            sample_lp[i, p - 1 : p - 1 + c] = torch.tensor(r.response_logprobs)
+            sample_lp[i, p - 1 - start : p - 1 - start + c] = torch.tensor(r.response_logprobs)
     return {
         "input_ids": ids.to(device),
         "attention_mask": attn.to(device),
@@ -288,15 +294,21 @@ def _logprobs(
     *,
     with_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probabilities of the batch's own next tokens, and entropies (B, L-1).
+    """Per-token log-probabilities of the batch's own next tokens, and entropies (B, T).
 
-    The entropies (a softmax over the vocabulary at every position) are None unless
+    Only the T positions of ``loss_mask`` get logits (see :func:`_batch_tensors`). The
+    entropies (a softmax over the vocabulary at every position) are None unless
     ``with_entropy``.
     """
+    kept = batch["loss_mask"].shape[1]
     with ctx:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logits = logits[:, :-1].float()
-    targets = batch["input_ids"][:, 1:]
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            logits_to_keep=kept + 1,
+        ).logits
+    logits = logits[:, :-1].float()  # (B, T, V): the last position predicts nothing
+    targets = batch["input_ids"][:, -kept:]
     logp = token_logprobs(logits, targets, temperature=temperature)
     if not with_entropy:
         return logp, None
@@ -495,7 +507,14 @@ def _update(
 ) -> dict[str, float]:
     """``updates_per_batch`` optimizer steps over the rollouts, micro-batch by micro-batch."""
     if not rollouts:
-        return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+        return {
+            "sampler_logprob_gap": 0.0,
+            "loss": 0.0,
+            "kl": 0.0,
+            "clip_fraction": 0.0,
+            "entropy": 0.0,
+            "grad_norm": 0.0,
+        }
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = [
         _batch_tensors(rollouts[s], pad, device) | {"adv": adv[s].to(device)}
@@ -526,9 +545,13 @@ def _update(
     )
     normalizer = float(dist.all_sum(torch.tensor(local, device=device)).item())
     max_len = cfg.max_len_norm or max(len(r.response_ids) for r in rollouts)
+    # The sampler's own log-probs (when it reports them) against the trainer's: a gap
+    # well above float noise means the sampler and the trained model disagree (another
+    # precision or kernel, stale weights), which the ratio then does not correct.
+    sampled_lp = all(r.response_logprobs is not None for r in rollouts)
     model.train()
     totals: dict[str, float] = {}
-    for _ in range(cfg.updates_per_batch):
+    for update in range(cfg.updates_per_batch):
         opt.zero_grad(set_to_none=True)
         for b in batches:
             logp, entropy = _logprobs(model, b, cfg.temperature, ctx)
@@ -555,11 +578,18 @@ def _update(
                 if k in stats:
                     totals[f"{k}_sum"] = totals.get(f"{k}_sum", 0.0) + float(stats[k]) * weight
             totals["tokens"] = totals.get("tokens", 0.0) + weight
+            if update == 0 and sampled_lp:
+                gap = (logp.detach() - b["sample_logprobs"]).abs()
+                totals["gap_sum"] = totals.get("gap_sum", 0.0) + float(
+                    masked_mean(gap, b["loss_mask"]) * weight
+                )
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         opt.step()
     tokens = max(totals.pop("tokens"), 1.0)
     n = cfg.updates_per_batch
+    first_pass_tokens = tokens / n
     return {
+        "sampler_logprob_gap": totals.get("gap_sum", 0.0) / first_pass_tokens,
         "loss": totals["loss"] / n,
         "kl": totals.get("kl_sum", 0.0) / tokens,
         "clip_fraction": totals.get("clip_fraction_sum", 0.0) / tokens,

@@ -47,6 +47,9 @@ def test_grpo_runs_end_to_end_and_exports_a_loadable_model(tiny, toy_bank, tmp_p
         assert key in seen[0]
     assert seen[0]["scored_rollouts"] == 2  # one group of two
     assert seen[0]["response_tokens"] > 0
+    # The trainer scores the sampled tokens as the sampler did: same ids, same positions,
+    # same temperature scaling.
+    assert seen[0]["sampler_logprob_gap"] < 1e-4
     AutoModelForCausalLM.from_pretrained(summary["final"])
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
