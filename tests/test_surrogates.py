@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bat_gym.bank import SUCCESS_MIN_REWARD, StageBank, _initial_state, _replay, build_bank
+from bat_gym.bank import SUCCESS_MIN_REWARD, StageBank, build_bank
+from bat_gym.bank.replay import _replay
+from bat_gym.bank.states import _initial_state
 from bat_gym.cli import app
 from bat_gym.registry import get_benchmark
 from bat_gym.sandbox.snapshot import BlobStore

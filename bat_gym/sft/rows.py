@@ -5,19 +5,22 @@ and ONE target assistant action, stored model-neutrally as ``content`` plus ``ca
 (tool syntax is the tokenizer adapter's business, see :mod:`bat_gym.sft.render`).
 
 Rows come from the bank's E2E success states: each is replayed once through a real
-:class:`~bat_gym.env.StageEnv` with the teacher's turns (regenerated from the row's
-provenance seed), and the conversation before every step becomes a row's context.
+:class:`~bat_gym.env.StageEnv` with the actions its bank was built from (the scripted
+teacher's turns, regenerated from the row's provenance seed, or a policy teacher's
+recorded turns, see :func:`~bat_gym.bank.load_trajectory`), and the conversation
+before every step becomes a row's context.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bat_gym.bank import RecordedTurn, load_trajectory
 from bat_gym.benchmark import Benchmark
 from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
-from bat_gym.spec import E2E, Outcome
+from bat_gym.spec import E2E, Outcome, StageState
 
 __all__ = [
     "IGNORE_INDEX",
@@ -85,6 +88,45 @@ class SFTRenderError(RuntimeError):
     """The chat template does not render a row consistently (a template bug, not a row's)."""
 
 
+class _Step(NamedTuple):
+    """One action of a replayed trajectory: its stage, its target, and the message sent."""
+
+    stage: str
+    target: SFTAction
+    message: str
+
+
+def _scripted_steps(benchmark: Benchmark, state: StageState, proto: ToolProtocol) -> list[_Step]:
+    """The scripted teacher's turns for ``state``'s task, rendered in ``proto``."""
+    task = benchmark.task_of_state(state)
+    if task is None:
+        raise ValueError(f"cannot regenerate the task of {state.state_id} from its provenance")
+    return [
+        _Step(
+            turn.stage,
+            SFTAction(content=turn.content, calls=tuple(turn.calls)),
+            proto.render(turn.content, list(turn.calls)),
+        )
+        for turn in benchmark.teacher_turns(task)
+    ]
+
+
+def _recorded_steps(turns: list[RecordedTurn], proto: ToolProtocol) -> list[_Step]:
+    """A policy teacher's recorded turns: sent as recorded, targets parsed with ``proto``.
+
+    Each message carries its token count, as the build sent it, so the env's budgets
+    see the same episode.
+    """
+    from bat_gym.env import Completion
+
+    steps = []
+    for turn in turns:
+        parsed = proto.parse(turn.text)
+        target = SFTAction(content=parsed.content, calls=parsed.calls)
+        steps.append(_Step(turn.stage, target, Completion(turn.text, turn.num_tokens)))
+    return steps
+
+
 def sft_rows(
     bank: Any,
     benchmark: Benchmark,
@@ -94,24 +136,30 @@ def sft_rows(
 ) -> list[SFTRow]:
     """One row per teacher turn of every E2E success trajectory in ``bank``.
 
-    Each E2E success state is replayed once in a real env: the teacher's turns are
-    regenerated from the state's provenance seed, and before every step the messages
-    so far (prompt plus earlier turns and their tool results) become the context of a
-    row whose target is that turn.
+    Each E2E success state is replayed once in a real env with the turns its bank was
+    built from, and before every step the messages so far (prompt plus earlier turns
+    and their tool results) become the context of a row whose target is that turn.
+    The turns are the scripted teacher's, regenerated from the state's provenance
+    seed, or, in a bank built with a policy teacher, the policy's recorded actions
+    (:func:`~bat_gym.bank.load_trajectory`). A recorded turn the env refused (no
+    readable tool call) is replayed, so later contexts show it and its error, but is
+    no row's target.
 
     Args:
         bank: a :class:`~bat_gym.bank.StageBank` (or any state source with ``select``,
             ``get`` and ``store``).
         benchmark: the benchmark the bank was built from.
-        protocol: the tool protocol the env parses the replayed turns with.
+        protocol: the tool protocol the env parses the replayed turns with (for a
+            policy-taught bank, the protocol it was built with).
         backend: sandbox backend for the replay.
 
     Returns:
         Rows ordered by trajectory (sorted state id), then turn.
 
     Raises:
-        RuntimeError: a replayed turn was refused by the env, or the teacher did not
-            finish: the bank and the benchmark disagree.
+        RuntimeError: a scripted turn was refused by the env, a turn ran out of
+            budget, or the trajectory did not finish: the bank and the benchmark (or
+            ``protocol``) disagree.
     """
     from bat_gym.env import StageEnv
 
@@ -123,34 +171,37 @@ def sft_rows(
             state = bank.get(state_id)
             if state.outcome != "success":
                 continue  # recovery and failure trajectories are not imitation targets
-            task = benchmark.task_of_state(state)
-            if task is None:
-                raise ValueError(f"cannot regenerate the task of {state_id} from its provenance")
+            recorded = load_trajectory(bank.store, state)
+            if recorded is None:
+                steps = _scripted_steps(benchmark, state, proto)
+            else:
+                steps = _recorded_steps(recorded, proto)
             env.reset(options={"state_id": state_id})
             terminated = False
-            for i, turn in enumerate(benchmark.teacher_turns(task)):
+            for i, step in enumerate(steps):
                 context = tuple(dict(m) for m in env.unwrapped.messages)
+                obs, _, terminated, truncated, _ = env.step(step.message)
+                refused = obs.startswith("[tool call error]")
+                if truncated or (refused and recorded is None):
+                    raise RuntimeError(
+                        f"replaying {state_id}: turn {i} was not accepted by the env: {obs[:200]}"
+                    )
+                if refused:
+                    continue  # the policy's mistake: replayed, but not imitated
                 rows.append(
                     SFTRow(
                         row_id=f"{state.task_id}.t{i:03d}",
                         trajectory_id=state.task_id,
                         source_state_id=state_id,
                         benchmark=benchmark.name,
-                        stage=turn.stage,
+                        stage=step.stage,
                         track=state.track,
                         outcome=state.outcome,
                         turn=i,
                         context=context,
-                        target=SFTAction(content=turn.content, calls=tuple(turn.calls)),
+                        target=step.target,
                     )
                 )
-                obs, _, terminated, truncated, _ = env.step(
-                    proto.render(turn.content, list(turn.calls))
-                )
-                if obs.startswith("[tool call error]") or truncated:
-                    raise RuntimeError(
-                        f"replaying {state_id}: turn {i} was not accepted by the env: {obs[:200]}"
-                    )
             if not terminated:
                 raise RuntimeError(f"replaying {state_id}: the teacher did not call finish")
     finally:

@@ -1,0 +1,62 @@
+"""The Stage Bank: replayable stage states on disk, and how they are built.
+
+A bank is a directory of rows (one :class:`~bat_gym.spec.StageState` per line), a
+manifest and a blob store of workspace snapshots (:mod:`bat_gym.bank.store`).
+
+Building runs a teacher (the benchmark's scripted one, or any
+:class:`~bat_gym.policies.Policy`) through a real env episode (E2E focus) for each
+training task, and at every stage boundary stores the workspace snapshot and the
+conversation so far: the start state of that stage's envs. Every row then passes the
+admission gates (:class:`Admission`: sandbox init, rollout limits, contracts, leakage)
+before it is kept. Only training seeds are used; held-out seeds never enter a bank
+(:mod:`bat_gym.audit` measures this afterwards). :meth:`StageBank.verify` re-checks a
+bank's bytes and replays its boundaries.
+
+Modules:
+
+* :mod:`~bat_gym.bank.store`: :class:`StageBank`, loading, digests, :data:`BANK_FORMAT`.
+* :mod:`~bat_gym.bank.verify`: :class:`BankReport` and the checks of ``verify``.
+* :mod:`~bat_gym.bank.states`: :class:`StateSource`, :func:`task_states`, the E2E
+  start state of a task, :func:`fit_history`.
+* :mod:`~bat_gym.bank.replay`: :class:`RecordedTurn` trajectories, stepped through a
+  real env.
+* :mod:`~bat_gym.bank.policy_teacher`: any policy as teacher, :func:`load_trajectory`.
+* :mod:`~bat_gym.bank.gates`: :data:`GATES` and :class:`Admission`.
+* :mod:`~bat_gym.bank.tasks`: one task's rows, in this process or forked workers.
+* :mod:`~bat_gym.bank.build`: :func:`build_bank`, its plan, journal and manifest.
+* :mod:`~bat_gym.bank.default`: :func:`default_bank`, cached under :func:`cache_dir`.
+"""
+
+from bat_gym.bank.build import OUTCOMES, build_bank
+from bat_gym.bank.default import cache_dir, default_bank
+from bat_gym.bank.gates import GATES, Admission
+from bat_gym.bank.policy_teacher import POLICY_OUTCOMES, load_trajectory
+from bat_gym.bank.replay import RecordedTurn
+from bat_gym.bank.states import SURROGATE, StateSource, fit_history, task_states
+from bat_gym.bank.store import BANK_FORMAT, StageBank
+from bat_gym.bank.tasks import SUCCESS_MIN_REWARD
+from bat_gym.bank.verify import BankReport
+
+__all__ = [
+    # A bank on disk, and what envs read states from
+    "BANK_FORMAT",
+    "BankReport",
+    "StageBank",
+    "StateSource",
+    "task_states",
+    "fit_history",
+    # Building
+    "build_bank",
+    "OUTCOMES",
+    "SUCCESS_MIN_REWARD",
+    "SURROGATE",
+    "GATES",
+    "Admission",
+    # Policies as teachers
+    "POLICY_OUTCOMES",
+    "RecordedTurn",
+    "load_trajectory",
+    # The default bank
+    "cache_dir",
+    "default_bank",
+]

@@ -1,0 +1,328 @@
+"""Building a bank: the plan of tasks, the resumable journal, and the manifest.
+
+:func:`build_bank` plans one job per task and outcome (and per surrogate), skips the
+jobs already in the journal (``rows.partial.jsonl``, :class:`_Journal`), builds the
+rest (:mod:`bat_gym.bank.tasks`), then gathers the journal's records in plan order
+(:class:`_Tally`) into ``rows.jsonl`` and a manifest of counts and provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
+
+from bat_gym.bank.gates import GATES
+from bat_gym.bank.policy_teacher import POLICY_OUTCOMES, _teacher_identity
+from bat_gym.bank.states import SURROGATE
+from bat_gym.bank.store import BANK_FORMAT, StageBank
+from bat_gym.bank.tasks import SUCCESS_MIN_REWARD, _Builder, _Job, _run_jobs
+from bat_gym.benchmark import Benchmark
+from bat_gym.errors import BankError
+from bat_gym.sandbox.snapshot import BlobStore
+from bat_gym.spec import Outcome, StageState, load_model
+
+if TYPE_CHECKING:
+    from bat_gym.policies.base import Policy
+
+__all__ = ["OUTCOMES", "build_bank"]
+
+
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
+
+
+def _task_key(track: str, seed: int, outcome: str) -> str:
+    return f"{track}/{seed}/{outcome}"
+
+
+def _surrogate_key(track: str, seed: int, reduction: dict[str, Any]) -> str:
+    key = f"{track}/{seed}/{SURROGATE}/{reduction['max_cases']}"
+    passes = reduction.get("validation_passes")
+    return key if passes is None else f"{key}/v{passes}"
+
+
+class _Journal:
+    """``rows.partial.jsonl``: one line per finished task, appended and fsynced.
+
+    The first line is a header naming the build; every later line is one task's
+    record (its rows, or why it was rejected). A task's rows share one line, so a
+    build killed mid-write leaves at most one torn last line, which is cut off on the
+    next open: a half-written task is never admitted, and a rerun redoes it. Only the
+    building process writes it (workers hand their records back).
+    """
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        self.done: dict[str, dict[str, Any]] = {}
+        good = 0
+        if path.exists():
+            data = path.read_bytes()
+            for line in data.split(b"\n")[:-1]:  # the part after the last newline is torn
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    break  # a torn line can only be the last written; stop at it
+                if good == 0:
+                    if record.get("header") != header:
+                        raise BankError(
+                            str(path),
+                            f"an unfinished build of another kind is here ({record.get('header')}, "
+                            f"this build is {header}); build into a fresh directory",
+                        )
+                else:
+                    self.done[record["key"]] = record
+                good += len(line) + 1
+            if good < len(data):
+                os.truncate(path, good)
+        self._fh = open(path, "ab")  # noqa: SIM115 - kept open for the whole build
+        if good == 0:
+            self._append({"header": header})
+
+    def _append(self, record: dict[str, Any]) -> bytes:
+        line = json.dumps(record, sort_keys=True).encode()
+        self._fh.write(line + b"\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        return line
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Append one finished task's record durably."""
+        # Keep what was written, not the object: a first build and a resumed one then
+        # read the very same record, so their rows.jsonl are byte-identical.
+        self.done[record["key"]] = json.loads(self._append(record))
+
+    def close(self) -> None:
+        """Close the file (the journal stays on disk: a rerun reuses it)."""
+        self._fh.close()
+
+
+def build_bank(
+    bench: Benchmark,
+    root: str | Path,
+    *,
+    tasks_per_track: int = 1,
+    backend: str = "local",
+    protocol: str = "hermes",
+    tracks: Sequence[str] | None = None,
+    outcomes: Sequence[str] = ("success",),
+    surrogates: int = 0,
+    surrogate_cases: int = 1,
+    surrogate_validation_passes: int | None = 1,
+    teacher: Policy | None = None,
+    workers: int = 1,
+) -> StageBank:
+    """Build a bank of every focus x track x outcome from training seeds.
+
+    For each task and outcome the teacher's turns are stepped through a real E2E env;
+    before the first turn of each stage the workspace is captured as that stage's start
+    state. ``tracks`` limits the bank to those tracks (default: all of the spec's).
+
+    The teacher is the benchmark's scripted one (``teacher=None``) or any
+    :class:`~bat_gym.policies.Policy`. The scripted teacher labels its turns by stage
+    and is asked for each outcome in turn. Outcomes the benchmark does not declare in
+    :attr:`Benchmark.outcomes` are not built (the teacher is never asked for them);
+    the manifest lists them under ``unsupported_outcomes``. A policy plays each task
+    once; its stage boundaries are read from the workspace (the next stage begins
+    after the turn in which every earlier stage's artifacts first all exist, see
+    :func:`~bat_gym.bank.policy_teacher._policy_trajectory`), and its recorded
+    actions are then replayed like the scripted teacher's, stored with the rows so
+    :meth:`~bat_gym.bank.StageBank.verify` can replay them again. The verifier labels
+    a policy's trajectory: ``success`` at an E2E reward of at least
+    :data:`~bat_gym.bank.SUCCESS_MIN_REWARD`, else ``failure``; a label not in
+    ``outcomes`` rejects it (``recovery`` cannot be told from a free policy's
+    trajectory and is unsupported).
+
+    Only trajectories the verifier agrees with are kept: a success trajectory must
+    reach an E2E rubric reward of at least :data:`~bat_gym.bank.SUCCESS_MIN_REWARD`;
+    recovery and failure trajectories of the scripted teacher are kept as labelled.
+    Then every row passes the admission gates (:class:`~bat_gym.bank.Admission`).
+    Rejections are counted by reason in the manifest's ``rejected``: whole
+    trajectories by their reason, rows by ``gate <name>``; ``trajectories`` counts
+    the trajectories the verifier kept, ``admission`` the rows checked and admitted.
+
+    The manifest also records provenance: the generator (benchmark, spec version,
+    class), the seeds per track, the teacher (``scripted`` or the policy's
+    ``identity()``), the reduction grid of the surrogates, and the sha256 of every
+    contract in the benchmark's library.
+
+    The build is resumable: each finished task is appended (fsynced) to
+    ``rows.partial.jsonl``, and a rerun into the same directory skips tasks already
+    there. ``rows.jsonl`` and then ``manifest.json`` are written last, each atomically.
+
+    Args:
+        bench: the benchmark.
+        root: the bank directory.
+        tasks_per_track: training tasks per track.
+        backend: the sandbox backend.
+        protocol: the tool protocol of the stored conversations.
+        tracks: the tracks to build (default: all).
+        outcomes: the outcomes to build.
+        surrogates: per track, how many extra E2E surrogate rows to build: the
+            first training seeds' tasks reduced with :meth:`Benchmark.reduce_task`
+            to ``surrogate_cases`` cases, played by the success teacher (or the
+            policy) and kept only at an E2E reward of at least
+            :data:`~bat_gym.bank.SUCCESS_MIN_REWARD`. Their state ids end in
+            ``.surrogate`` and their provenance records the reduction; the manifest's
+            ``surrogates`` counts planned, kept and rejected ones.
+        surrogate_cases: the cases a surrogate task keeps.
+        surrogate_validation_passes: the pilot runs a surrogate's trajectory may make
+            in the Validate stage (None: no limit); recorded in the reduction.
+        teacher: the policy that plays the tasks (default: the scripted teacher).
+        workers: processes building tasks at once (forked from this one; the journal
+            keeps one writer, this process). A policy must survive a fork.
+
+    Raises:
+        BankError: ``root`` holds an unfinished build with different settings, or a
+            sandbox crashed under a policy.
+        PolicyError: the policy's backend failed (finished tasks stay journalled).
+        ValueError: an unknown outcome, a negative ``surrogates``, a
+            ``surrogate_cases`` or ``workers`` below 1, or a negative
+            ``surrogate_validation_passes``.
+    """
+    if surrogates < 0 or surrogate_cases < 1:
+        raise ValueError(
+            f"surrogates must be >= 0 and surrogate_cases >= 1, got {surrogates}, {surrogate_cases}"
+        )
+    if surrogate_validation_passes is not None and surrogate_validation_passes < 0:
+        raise ValueError(
+            f"surrogate_validation_passes must be >= 0 or None, got {surrogate_validation_passes}"
+        )
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    store = BlobStore(root / "store")
+    seeds = list(bench.seeds("train"))[:tasks_per_track]
+    track_names = list(tracks or [t.name for t in bench.spec.tracks])
+    for track in track_names:
+        bench.spec.track(track)  # an unknown name fails here, naming the known ones
+    wanted = list(dict.fromkeys(outcomes))
+    unknown = [o for o in wanted if o not in OUTCOMES]
+    if unknown:
+        raise ValueError(f"unknown outcome(s) {unknown}; choose from {list(OUTCOMES)}")
+    teacher_id = _teacher_identity(teacher)
+    supported = [o for o in wanted if o in (bench.outcomes if teacher is None else POLICY_OUTCOMES)]
+    header = {
+        "benchmark": bench.name,
+        "version": bench.spec.version,
+        "format": BANK_FORMAT,
+        "protocol": protocol,
+        "teacher": teacher_id,
+    }
+    if teacher is None:
+        plan = [
+            _Job(_task_key(t, s, o), t, s, o) for t in track_names for s in seeds for o in supported
+        ]
+    else:
+        # One episode per task; the verifier says which of the outcomes it is.
+        plan = [_Job(_task_key(t, s, "policy"), t, s, None) for t in track_names for s in seeds]
+        plan = plan if supported else []
+    reduction: dict[str, Any] = {"max_cases": surrogate_cases}
+    if surrogate_validation_passes is not None:
+        reduction["validation_passes"] = surrogate_validation_passes
+    surrogate_seeds = list(bench.seeds("train"))[:surrogates]
+    surrogate_plan = [
+        _Job(
+            _surrogate_key(t, s, reduction), t, s, "success" if teacher is None else None, reduction
+        )
+        for t in track_names
+        for s in surrogate_seeds
+    ]
+    journal = _Journal(root / "rows.partial.jsonl", header)
+    builder = _Builder(
+        bench, store, backend, protocol, teacher, tuple(supported), tuple(track_names)
+    )
+    try:
+        todo = [j for j in (*plan, *surrogate_plan) if j.key not in journal.done]
+        _run_jobs(builder, todo, journal, workers)
+    finally:
+        builder.close()
+        journal.close()
+    states: list[StageState] = []
+    main, sur = _Tally(), _Tally()
+    for job in plan:
+        states += main.add(journal, job)
+    extra: dict[str, Any] = {}
+    if surrogate_plan:
+        surrogate_rows = [row for job in surrogate_plan for row in sur.add(journal, job)]
+        states += surrogate_rows
+        extra["surrogates"] = {
+            "per_track": surrogates,
+            "reduction": reduction,
+            "planned": len(surrogate_plan),
+            # One row per surrogate: kept means admitted, past the verifier and the gates.
+            "kept": len(surrogate_rows),
+            "rejected": dict(sorted(sur.rejected.items())),
+        }
+    if teacher is not None:
+        extra["labels"] = dict(sorted(main.labels.items()))
+        extra["stages_without_turns"] = dict(sorted(main.skipped.items()))
+    library = bench.contract_library()
+    StageBank.write(
+        root,
+        states,
+        {
+            **header,
+            "tasks_per_track": tasks_per_track,
+            "tracks": track_names,
+            "outcomes": supported,
+            "unsupported_outcomes": [o for o in wanted if o not in supported],
+            "trajectories": {"planned": len(plan), "kept": main.kept},
+            "rejected": dict(sorted(main.rejected.items())),
+            "success_min_reward": SUCCESS_MIN_REWARD,
+            "generator": {
+                "benchmark": bench.name,
+                "version": bench.spec.version,
+                "class": f"{type(bench).__module__}.{type(bench).__qualname__}",
+            },
+            "seeds": {
+                "tasks": {t: seeds if plan else [] for t in track_names},
+                "surrogates": {t: surrogate_seeds for t in track_names},
+            },
+            "reduction_grid": [reduction] if surrogate_plan else [],
+            "contracts": {c.id: c.sha256 for c in sorted(library, key=lambda c: c.id)},
+            "admission": {
+                "gates": list(GATES),
+                "rows_checked": main.checked + sur.checked,
+                "rows_admitted": len(states),
+            },
+            "bat_gym_version": _version(),
+            **extra,
+        },
+    )
+    return StageBank(root)
+
+
+def _version() -> str:
+    from bat_gym import __version__
+
+    return __version__
+
+
+@dataclass
+class _Tally:
+    """Rows and counts of a plan's journal records, gathered in plan order."""
+
+    kept: int = 0
+    checked: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    labels: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    def add(self, journal: _Journal, job: _Job) -> list[StageState]:
+        """Count ``job``'s record and return its admitted rows."""
+        record = journal.done[job.key]
+        if record.get("rejected"):
+            self.rejected[record["rejected"]] += 1
+            return []
+        self.kept += 1
+        self.labels[record.get("outcome", job.outcome or "")] += 1
+        self.skipped.update(record.get("stages_without_turns", []))
+        self.rejected.update({f"gate {g}": n for g, n in record.get("gate_rejected", {}).items()})
+        self.checked += record.get("rows_checked", len(record["rows"]))
+        where = f"{journal.path}:{record['key']}"
+        return [load_model(StageState, r, origin=where) for r in record["rows"]]

@@ -1,0 +1,53 @@
+"""The benchmark's default bank: built on first use into bat_gym's cache, then reused."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from bat_gym.bank.build import build_bank
+from bat_gym.bank.store import BANK_FORMAT, StageBank
+from bat_gym.benchmark import Benchmark
+
+__all__ = ["cache_dir", "default_bank"]
+
+
+def cache_dir() -> Path:
+    """bat_gym's cache (``BAT_GYM_CACHE``, else ``$XDG_CACHE_HOME/bat_gym``)."""
+    base = os.environ.get("BAT_GYM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bat_gym"
+    )
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_bank(bench: Benchmark) -> StageBank:
+    """The benchmark's default bank, built on first use and cached.
+
+    Concurrent first uses (vector-env workers) wait on a lock; one builds.
+    """
+    from bat_gym import __version__
+
+    # Rows pin contract digests, so an edited contract must not reuse an old bank.
+    contracts = [ref.sha256 for f in bench.spec.focuses if (ref := bench.contract_ref(f))]
+    key = hashlib.sha256(
+        f"{bench.name}/{bench.spec.version}/{__version__}/{BANK_FORMAT}/{contracts}".encode()
+    ).hexdigest()[:12]
+    root = cache_dir() / "banks" / f"{bench.name}-{key}"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / "manifest.json").exists():
+            with contextlib.suppress(Exception):
+                return StageBank(root)
+            shutil.rmtree(root, ignore_errors=True)
+        tmp = root.with_name(root.name + ".building")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_bank(bench, tmp)
+        os.replace(tmp, root)
+    return StageBank(root)

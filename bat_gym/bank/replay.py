@@ -1,0 +1,189 @@
+"""Teacher trajectories, and stepping them through a real E2E env.
+
+A trajectory is a list of :class:`RecordedTurn` (stage, assistant message, tokens):
+the benchmark's scripted teacher rendered in the tool protocol
+(:func:`_scripted_turns`), or a policy's recorded actions
+(:func:`~bat_gym.bank.load_trajectory`). :func:`_play` steps one through an E2E env
+from a start state, calling back at each stage boundary, and returns an
+:class:`_Episode` with the counts the admission gates check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from bat_gym.bank.states import _MemoryStates
+from bat_gym.benchmark import Benchmark
+from bat_gym.sandbox.snapshot import BlobStore
+from bat_gym.spec import E2E, StageState
+
+__all__ = ["RecordedTurn"]
+
+
+def _teacher(bench: Benchmark, task: Any, outcome: str) -> list[Any]:
+    """The teacher's turns for ``outcome``; a benchmark with only success is asked plainly."""
+    if tuple(bench.outcomes) == ("success",):
+        return bench.teacher_turns(task)
+    return bench.teacher_turns(task, outcome=outcome)  # type: ignore[call-arg]
+
+
+class RecordedTurn(NamedTuple):
+    """One assistant action of a bank trajectory.
+
+    Attributes:
+        stage: the stage the action belongs to (its row boundary is before the first
+            action of each stage).
+        text: the whole assistant message, as the env's tool protocol writes it.
+        num_tokens: the tokens the policy generated for it (None: not counted).
+    """
+
+    stage: str
+    text: str
+    num_tokens: int | None = None
+
+
+def _scripted_turns(bench: Benchmark, task: Any, outcome: str, protocol: str) -> list[RecordedTurn]:
+    """The benchmark's scripted teacher for ``outcome``, rendered in ``protocol``."""
+    from bat_gym.protocol import get_protocol
+
+    proto = get_protocol(protocol)
+    return [
+        RecordedTurn(t.stage, proto.render(t.content, list(t.calls)))
+        for t in _teacher(bench, task, outcome)
+    ]
+
+
+@dataclass
+class _Episode:
+    """How a replayed trajectory ended, and the counts the admission gates check.
+
+    Attributes:
+        reason: why the trajectory is rejected (None: it ran to ``finish``).
+        reward: the E2E rubric reward (when scored; a null verdict counts as 0).
+        turns: assistant turns taken.
+        tool_calls: tool calls run.
+        pilot_runs: validation passes (see :func:`_pilot_runs`).
+    """
+
+    reason: str | None
+    reward: float | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    pilot_runs: int = 0
+
+
+def _validation_stage(bench: Benchmark) -> Any:
+    """The stage named ``Validate`` (S3 in the reference benchmarks), or None."""
+    return next((s for s in bench.spec.stages if s.name == "Validate"), None)
+
+
+def _pilot_runs(bench: Benchmark, record: Any, turns: Sequence[RecordedTurn]) -> int:
+    """Validation passes in a trajectory: tool calls of the Validate stage that ran the pilot.
+
+    A call counts when it belongs to a Validate turn, names the pilot artifact (the
+    stage's first artifact, ``validation/pilot.csv`` in the reference benchmarks) in
+    its code, and changed the workspace. Reading the pilot back (``cat``) changes
+    nothing and does not count. A pilot run hidden behind another script's name is
+    not seen, so the count is a lower bound; the scripted teachers name the path.
+    """
+    stage = _validation_stage(bench)
+    if stage is None or not stage.artifacts or record is None:
+        return 0
+    pilot = stage.artifacts[0]
+    validate = {i for i, t in enumerate(turns) if t.stage == stage.id}
+    return sum(
+        1 for c in record.calls if c.turn in validate and c.changed_workspace and pilot in c.code
+    )
+
+
+def _play(
+    bench: Benchmark,
+    start: StageState,
+    store: BlobStore,
+    turns: Sequence[RecordedTurn],
+    *,
+    backend: str,
+    protocol: str,
+    on_boundary: Callable[[str, Any], None],
+    score: bool,
+) -> _Episode:
+    """Step recorded turns through a real E2E env from ``start``.
+
+    ``on_boundary(stage, env)`` runs before the first turn of each stage.
+    """
+    from bat_gym.env import Completion, StageEnv
+    from bat_gym.rubrics.reward import RubricReward
+
+    base = StageEnv(
+        E2E,
+        benchmark=bench,
+        states=_MemoryStates(store, [start]),
+        backend=backend,
+        protocol=protocol,
+    )
+    env = RubricReward(base) if score else base
+    try:
+        env.reset(options={"state_id": start.state_id})
+        current = None
+        terminated = truncated = False
+        for turn in turns:
+            if turn.stage != current and turn.stage != E2E:
+                current = turn.stage
+                on_boundary(current, env)
+            _, _, terminated, truncated, _ = env.step(Completion(turn.text, turn.num_tokens))
+            if terminated or truncated:
+                break
+        episode = _Episode(
+            reason=None,
+            turns=base.turns,
+            tool_calls=base.tool_calls,
+            pilot_runs=_pilot_runs(bench, base.record, turns),
+        )
+        if truncated:
+            episode.reason = "teacher ran out of budget"
+        elif not terminated:
+            episode.reason = "teacher did not call finish"
+        elif score:
+            verdict = env.last_verdict  # type: ignore[union-attr]
+            episode.reward = float(verdict.reward or 0.0) if verdict is not None else 0.0
+        return episode
+    finally:
+        env.close()
+
+
+def _replay(
+    bench: Benchmark,
+    task: Any,
+    outcome: str,
+    start: StageState,
+    store: BlobStore,
+    *,
+    backend: str,
+    protocol: str,
+    on_boundary: Callable[[str, Any], None],
+    score: bool,
+    turns: Sequence[RecordedTurn] | None = None,
+) -> tuple[str | None, float | None]:
+    """Step the teacher through a real E2E env from ``start``, calling back at stage boundaries.
+
+    ``on_boundary(stage, env)`` runs before the first turn of each stage. ``turns``
+    replays recorded actions (a policy's trajectory); default: the scripted teacher's
+    turns for ``outcome``. Returns a rejection reason (None when the trajectory ran to
+    finish) and, when ``score``, the E2E rubric reward of the finished episode (a null
+    verdict counts as 0).
+    """
+    if turns is None:
+        turns = _scripted_turns(bench, task, outcome, protocol)
+    episode = _play(
+        bench,
+        start,
+        store,
+        turns,
+        backend=backend,
+        protocol=protocol,
+        on_boundary=on_boundary,
+        score=score,
+    )
+    return episode.reason, episode.reward

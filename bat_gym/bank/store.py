@@ -1,0 +1,156 @@
+"""A Stage Bank on disk: loading it, checking its digest, writing it atomically.
+
+A bank is a directory::
+
+    rows.jsonl          one StageState per line
+    manifest.json       benchmark, version, outcomes, rejections, sha256 of rows.jsonl
+    store/              the blob store holding every workspace snapshot
+    rows.partial.jsonl  the build's journal: one fsynced line per finished task
+
+:data:`BANK_FORMAT` numbers the layout; :meth:`StageBank.verify` re-checks a bank's
+bytes and replays its boundaries (:mod:`bat_gym.bank.verify`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from bat_gym.bank.states import _StateLookup
+from bat_gym.bank.verify import BankReport, _verify_replays, _verify_store
+from bat_gym.benchmark import Benchmark
+from bat_gym.errors import BankError
+from bat_gym.sandbox.snapshot import BlobStore
+from bat_gym.spec import StageState, load_model
+
+__all__ = ["BANK_FORMAT", "StageBank"]
+
+
+# 3: contract refs; 4: history fitted to the prompt budget; 5: outcomes; 6: admission
+# gates, policy teachers, upstream counts in provenance, manifest provenance
+BANK_FORMAT = 6
+
+
+class StageBank(_StateLookup):
+    """A directory of stage states and their snapshots.
+
+    Args:
+        root: the bank directory.
+
+    Raises:
+        BankError: the directory is not a complete bank, or ``rows.jsonl`` does not
+            match the manifest's digest.
+        SpecError: a row fails validation (the message names line and field).
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        rows_path = self.root / "rows.jsonl"
+        try:
+            manifest = json.loads((self.root / "manifest.json").read_text())
+            data = rows_path.read_bytes()
+        except FileNotFoundError as exc:
+            missing = Path(exc.filename).name
+            raise BankError(
+                str(self.root),
+                f"not a Stage Bank ({missing} is missing); build one with `bat-gym bank build --out DIR`",
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise BankError(
+                str(self.root / "manifest.json"), f"not valid JSON: {exc.msg}"
+            ) from None
+        if hashlib.sha256(data).hexdigest() != manifest.get("rows_sha256"):
+            raise BankError(
+                str(rows_path),
+                "rows.jsonl does not match the digest in manifest.json (edited or corrupted)",
+            )
+        self.store = BlobStore(self.root / "store")
+        self.manifest: dict[str, Any] = manifest
+        self._rows: dict[str, StageState] = {}
+        for n, line in enumerate(data.decode().splitlines(), 1):
+            row = load_model(StageState, json.loads(line), origin=f"{rows_path}:{n}")
+            self._rows[row.state_id] = row
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[StageState]:
+        return iter(self._rows.values())
+
+    def verify(
+        self,
+        *,
+        sample: int | None = None,
+        seed: int = 0,
+        backend: str = "local",
+        bench: Benchmark | None = None,
+    ) -> BankReport:
+        """Re-check the bank's blobs, snapshot manifests and stage boundaries.
+
+        Every blob's sha256 is recomputed against its name; every snapshot manifest is
+        parsed, its digest recomputed against its name, and its files looked up; every
+        row's snapshot must exist. Then, for ``sample`` rows (default: all; a seeded,
+        deterministic choice), the teacher prefix is replayed in a fresh sandbox on a
+        private store and the workspace digest at the row's boundary must equal the
+        row's snapshot. The bank itself is only read.
+
+        Args:
+            sample: how many rows to replay (None: all).
+            seed: the seed of the sample's choice.
+            backend: the sandbox backend to replay in.
+            bench: the benchmark (default: the registered one the manifest names).
+        """
+        report = BankReport("verify")
+        bad = _verify_store(self.store, report)
+        for row in self:
+            if not (self.store.root / "snapshots" / f"{row.snapshot}.json").is_file():
+                report.find("rows", row.state_id, f"snapshot {row.snapshot} is not in the store")
+                continue
+            with contextlib.suppress(Exception):  # a broken manifest is reported above
+                for e in self.store.get_snapshot(row.snapshot).entries:
+                    if e.kind == "f" and e.digest in bad:
+                        path = self.store.blob_path(e.digest)
+                        report.find("rows", row.state_id, f"{e.path}: blob {path} is corrupted")
+        report.count("rows", len(self))
+        if bench is None:
+            from bat_gym.registry import get_benchmark
+
+            bench = get_benchmark(self.manifest["benchmark"])
+        rows = list(self)
+        if sample is not None and sample < len(rows):
+            rows = random.Random(seed).sample(rows, sample)
+        _verify_replays(self, bench, rows, backend, report)
+        return report
+
+    @staticmethod
+    def write(root: Path, states: Iterable[StageState], meta: dict[str, Any]) -> None:
+        """Write rows and manifest into ``root`` (whose ``store/`` already holds the blobs)."""
+        lines = "".join(s.model_dump_json() + "\n" for s in states).encode()
+        manifest = {
+            "format": BANK_FORMAT,
+            **meta,
+            "rows": lines.count(b"\n"),
+            "rows_sha256": hashlib.sha256(lines).hexdigest(),
+        }
+        # Rows first, manifest last, each by rename: a reader sees the old bank, a
+        # digest mismatch (refused), or the new bank; never a half-written file.
+        _write_atomic(root / "rows.jsonl", lines)
+        _write_atomic(
+            root / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode()
+        )
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` by fsynced temporary file and rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

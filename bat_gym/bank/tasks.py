@@ -1,0 +1,264 @@
+"""Building one task of a bank: its rows, or why it was rejected, as a journal record.
+
+:func:`_build_task` starts the task's E2E state, gets the teacher's turns (scripted,
+or a policy's episode), replays them once, capturing every stage's start state
+(:func:`_stage_state`), labels the trajectory by its E2E reward and passes each row
+through the admission gates. :func:`_run_jobs` builds tasks in this process or in
+forked workers; only this process writes the journal.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from bat_gym.bank.gates import Admission
+from bat_gym.bank.policy_teacher import _policy_trajectory, _trajectory_blob
+from bat_gym.bank.replay import _play, _scripted_turns
+from bat_gym.bank.states import SURROGATE, _initial_state, _prompt_chars, fit_history
+from bat_gym.benchmark import Benchmark
+from bat_gym.sandbox.snapshot import BlobStore
+from bat_gym.spec import StageState
+
+if TYPE_CHECKING:
+    from bat_gym.bank.build import _Journal
+    from bat_gym.policies.base import Policy
+
+__all__ = ["SUCCESS_MIN_REWARD"]
+
+
+SUCCESS_MIN_REWARD = 0.95  # a success trajectory below this E2E reward is not a success
+
+
+class _Job(NamedTuple):
+    """One trajectory of a build: a task, the outcome asked for, and a reduction."""
+
+    key: str
+    track: str
+    seed: int
+    outcome: str | None  # None: a policy plays, and the verifier labels the outcome
+    reduction: dict[str, Any] | None = None
+
+
+@dataclass
+class _Builder:
+    """What every task of one build shares (a forked worker inherits a copy)."""
+
+    bench: Benchmark
+    store: BlobStore
+    backend: str
+    protocol: str
+    teacher: Policy | None
+    labels: tuple[str, ...]
+    tracks: tuple[str, ...]
+    admission: Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.bench, self.store, self.backend, tracks=self.tracks)
+
+    def build(self, job: _Job) -> dict[str, Any]:
+        """One task's journal record."""
+        return _build_task(self, job, self.admission)
+
+    def close(self) -> None:
+        """Release the admission gates' sandbox."""
+        self.admission.close()
+
+
+_WORKER: dict[str, _Builder] = {}
+
+
+def _work(job: _Job) -> dict[str, Any]:
+    return _WORKER["builder"].build(job)
+
+
+def _set_worker(builder: _Builder) -> None:
+    from multiprocessing import util
+
+    _WORKER["builder"] = builder
+    # A pool worker leaves through os._exit, which skips atexit and __del__; the
+    # finalizers of multiprocessing still run, so the gate sandbox is closed there.
+    util.Finalize(builder, builder.close, exitpriority=10)
+
+
+def _run_jobs(builder: _Builder, todo: list[_Job], journal: _Journal, workers: int) -> None:
+    """Build every job in ``todo`` and journal each record as it arrives."""
+    if workers <= 1 or len(todo) <= 1:
+        for job in todo:
+            journal.add(builder.build(job))
+        return
+    import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    # Built once, here, before the fork: every worker inherits the held-out index.
+    _ = builder.admission.heldout
+    # Fork, not spawn: workers inherit the benchmark and policy objects as they are
+    # (a benchmark defined in a script or a test need not be importable or picklable).
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_set_worker, initargs=(builder,)
+    ) as pool:
+        pending = {pool.submit(_work, job) for job in todo}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for future in done:
+                error = future.exception()
+                if error is not None:
+                    for other in pending:
+                        other.cancel()
+                    raise error
+                journal.add(future.result())
+
+
+def _build_task(builder: _Builder, job: _Job, admission: Admission) -> dict[str, Any]:
+    """One task's journal record: its admitted rows, or the reason it was rejected.
+
+    With a reduction the task is the reduced one and only its E2E row is kept (an
+    E2E surrogate); the teacher still runs the whole episode, which is scored.
+    """
+    bench, store, protocol = builder.bench, builder.store, builder.protocol
+    reduction = job.reduction
+    scripted = builder.teacher is None
+    try:
+        start = _initial_state(
+            bench,
+            job.seed,
+            job.track,
+            store,
+            protocol,
+            outcome=job.outcome or "success",
+            reduction=reduction,
+            teacher="scripted" if scripted else "policy",
+        )
+    except ValueError:
+        return {"key": job.key, "rejected": "no reduced form", "reward": None}
+    task = bench.task_of(job.track, job.seed, "train", reduction)
+    expected: dict[str, str] = {}
+    skipped: list[str] = []
+    if builder.teacher is None:
+        turns = _scripted_turns(bench, task, job.outcome or "success", protocol)
+    else:
+        turns, expected, reason = _policy_trajectory(
+            bench, builder.teacher, start, store, backend=builder.backend, protocol=protocol
+        )
+        if reason is not None:
+            return {"key": job.key, "rejected": reason, "reward": None}
+        trajectory = store.put_bytes(_trajectory_blob(turns))
+        start = start.model_copy(
+            update={"provenance": {**start.provenance, "trajectory": trajectory}}
+        )
+        played = {t.stage for t in turns}
+        skipped = [s.id for s in bench.spec.stages if s.id not in played]
+    states = [start]
+    diverged: list[str] = []
+
+    def boundary(stage: str, env: Any) -> None:
+        if reduction:
+            digest = env.unwrapped.sandbox.digest()
+        else:
+            states.append(_stage_state(bench, task, env, stage, start, protocol))
+            digest = states[-1].snapshot
+        if builder.teacher is not None and expected.get(stage) != digest:
+            diverged.append(stage)
+
+    episode = _play(
+        bench,
+        start,
+        store,
+        turns,
+        backend=builder.backend,
+        protocol=protocol,
+        on_boundary=boundary,
+        score=True,
+    )
+    reason, reward = episode.reason, episode.reward
+    if reason is None and diverged:
+        reason = "replay differs from the policy's episode"
+    label = job.outcome or "success"
+    if reason is None:
+        if scripted:
+            if label == "success" and (reward or 0.0) < SUCCESS_MIN_REWARD:
+                reason = f"success below reward {SUCCESS_MIN_REWARD}"
+        else:
+            label = "success" if (reward or 0.0) >= SUCCESS_MIN_REWARD else "failure"
+            # A surrogate stands in for a successful E2E episode: success only.
+            if label not in (("success",) if reduction else builder.labels):
+                reason = (
+                    f"success below reward {SUCCESS_MIN_REWARD}"
+                    if label == "failure"
+                    else "success not requested"
+                )
+    if reason is not None:
+        return {"key": job.key, "rejected": reason, "reward": reward}
+    if reduction and "validation_passes" in reduction:
+        states = [
+            s.model_copy(update={"provenance": {**s.provenance, "pilot_runs": episode.pilot_runs}})
+            for s in states
+        ]
+    if label != start.outcome:
+        states = [_relabel(s, label) for s in states]
+    admitted: list[dict[str, Any]] = []
+    gate_rejected: Counter[str] = Counter()
+    findings: list[list[str]] = []
+    for state in states:
+        found = admission.check(state, episode)
+        if found is None:
+            admitted.append(state.model_dump(mode="json"))
+        else:
+            gate_rejected[found[0]] += 1
+            findings.append([state.state_id, *found])
+    record: dict[str, Any] = {"key": job.key, "reward": reward, "rows": admitted}
+    if not scripted:
+        record["outcome"] = label
+        record["stages_without_turns"] = skipped
+    if findings:
+        record.update(
+            gate_rejected=dict(gate_rejected), gate_findings=findings, rows_checked=len(states)
+        )
+    return record
+
+
+def _relabel(state: StageState, outcome: str) -> StageState:
+    """``state`` with its outcome (and the outcome in its id) set to ``outcome``."""
+    suffix = f".{SURROGATE}" if state.provenance.get("reduction") else ""
+    return state.model_copy(
+        update={"outcome": outcome, "state_id": f"{state.task_id}.{state.focus}.{outcome}{suffix}"}
+    )
+
+
+_NOTE_ROOM = 64  # characters kept free for fit_history's "turns omitted" note
+
+
+def _stage_state(
+    bench: Benchmark, task: Any, env: Any, stage: str, start: StageState, protocol: str
+) -> StageState:
+    """The start state of ``stage``: the workspace now, and the conversation so far."""
+    from bat_gym.protocol import get_protocol
+
+    proto = get_protocol(protocol)
+    base = env.unwrapped
+    snap = base.sandbox.capture()
+    head = (
+        {"role": "system", "content": bench.system_prompt(stage, proto)},
+        {"role": "user", "content": bench.user_prompt(task, stage)},
+    )
+    room = bench.spec.budgets.max_prompt_chars - _prompt_chars(head)
+    history = fit_history(base.messages[2:], room)
+    if _prompt_chars(history) > room:
+        # Turns were dropped and the note saying so tipped the history over: fit again
+        # with room for the note, so the prompt stays within the budget the gate checks.
+        history = fit_history(base.messages[2:], room - _NOTE_ROOM)
+    return start.model_copy(
+        update={
+            "state_id": f"{task.task_id}.{stage}.{start.outcome}",
+            "focus": stage,
+            "messages": (*head, *history),
+            "snapshot": snap.digest,
+            "contract": bench.contract_ref(stage),
+            "provenance": {
+                **start.provenance,
+                "upstream": {"turns": base.turns, "tool_calls": base.tool_calls},
+            },
+        }
+    )

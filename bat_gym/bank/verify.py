@@ -1,0 +1,169 @@
+"""Checking a bank: its blobs and snapshot manifests, and a replay of its boundaries.
+
+:meth:`~bat_gym.bank.StageBank.verify` rehashes the store (:func:`_verify_store`) and
+replays each sampled task's trajectory in a private store (:func:`_verify_replays`),
+comparing the workspace digest at every stage boundary with the row's snapshot. The
+findings go into a :class:`BankReport`, which :mod:`bat_gym.audit` fills as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bat_gym.bank.policy_teacher import load_trajectory
+from bat_gym.bank.replay import _replay
+from bat_gym.bank.states import _initial_state
+from bat_gym.benchmark import Benchmark
+from bat_gym.sandbox.snapshot import BlobStore, Snapshot
+from bat_gym.spec import E2E, StageState
+
+if TYPE_CHECKING:
+    from bat_gym.bank.store import StageBank
+
+__all__ = ["BankReport"]
+
+
+@dataclass
+class BankReport:
+    """What a bank check looked at and what it found.
+
+    Attributes:
+        title: the check's name (``verify``, ``audit``).
+        checked: per check, how many things were looked at.
+        findings: per check, ``(where, what)`` for each problem found.
+    """
+
+    title: str
+    checked: dict[str, int] = field(default_factory=dict)
+    findings: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was found."""
+        return not any(self.findings.values())
+
+    def count(self, check: str, n: int = 1) -> None:
+        """Record that ``n`` more things were looked at by ``check``."""
+        self.checked[check] = self.checked.get(check, 0) + n
+        self.findings.setdefault(check, [])
+
+    def find(self, check: str, where: str, what: str) -> None:
+        """Record a problem found by ``check`` at ``where``."""
+        self.findings.setdefault(check, []).append((where, what))
+        self.checked.setdefault(check, 0)
+
+    def table(self) -> str:
+        """A plain-text table: one line per check, then one per finding."""
+        width = max([len(c) for c in self.checked] + [5])
+        lines = [f"{'check':{width}}  {'checked':>8}  {'found':>6}"]
+        for check in self.checked:
+            lines.append(
+                f"{check:{width}}  {self.checked[check]:>8}  {len(self.findings[check]):>6}"
+            )
+        for check, found in self.findings.items():
+            lines += [f"  {check}: {where}: {what}" for where, what in found]
+        lines.append(f"{self.title}: {'OK' if self.ok else 'FAILED'}")
+        return "\n".join(lines)
+
+
+def _verify_store(store: BlobStore, report: BankReport) -> set[str]:
+    """Rehash every blob and reparse every snapshot manifest; return the bad blobs' names."""
+    bad: set[str] = set()
+    for path in sorted((store.root / "blobs").glob("*/*")):
+        name = path.parent.name + path.name
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        report.count("blobs")
+        if digest != name:
+            bad.add(name)
+            report.find("blobs", str(path), f"content sha256 is {digest}, not its name")
+    for path in sorted((store.root / "snapshots").glob("*.json")):
+        report.count("snapshots")
+        try:
+            snap = Snapshot.model_validate_json(path.read_text())
+        except ValueError as exc:
+            report.find("snapshots", str(path), f"not a valid snapshot manifest: {exc}")
+            continue
+        if snap.digest != path.stem:
+            report.find("snapshots", str(path), f"manifest digest is {snap.digest}, not its name")
+        for e in snap.entries:
+            if e.kind == "f" and not store.blob_path(e.digest).is_file():
+                report.find("snapshots", str(path), f"{e.path}: blob {e.digest} is missing")
+    return bad
+
+
+def _verify_replays(
+    bank: StageBank,
+    bench: Benchmark,
+    rows: list[StageState],
+    backend: str,
+    report: BankReport,
+) -> None:
+    """Replay each sampled row's trajectory once and compare boundary digests."""
+    protocol = bank.manifest.get("protocol", "hermes")
+    if bank.manifest.get("version") != bench.spec.version:
+        report.find(
+            "replay",
+            str(bank.root / "manifest.json"),
+            f"bank is of {bench.name} {bank.manifest.get('version')}, "
+            f"the installed benchmark is {bench.spec.version}",
+        )
+        return
+    groups: dict[tuple[str, str], list[StageState]] = {}
+    for row in rows:
+        groups.setdefault((row.task_id, row.outcome), []).append(row)
+    for group in groups.values():
+        first = group[0]
+        seed, split = first.provenance.get("seed"), first.provenance.get("split", "train")
+        with tempfile.TemporaryDirectory(prefix="bat-gym-verify-") as tmp:
+            # A private store: a replay must never write into the bank it checks.
+            store = BlobStore(Path(tmp) / "store")
+            reduction = first.provenance.get("reduction")
+            try:
+                start = _initial_state(
+                    bench,
+                    seed,
+                    first.track,
+                    store,
+                    protocol,
+                    split,
+                    outcome=first.outcome,
+                    reduction=reduction,
+                )
+            except ValueError as exc:
+                report.find("replay", first.task_id, f"cannot regenerate the task: {exc}")
+                continue
+            seen = {E2E: start.snapshot}
+            task = bench.task_of(first.track, seed, split, reduction)
+            if any(r.focus != E2E for r in group):
+                reason, _ = _replay(
+                    bench,
+                    task,
+                    first.outcome,
+                    start,
+                    store,
+                    backend=backend,
+                    protocol=protocol,
+                    on_boundary=lambda stage, env, seen=seen: seen.setdefault(
+                        stage, env.unwrapped.sandbox.capture().digest
+                    ),
+                    score=False,
+                    # A policy-taught row replays its recorded actions; None: the script.
+                    turns=load_trajectory(bank.store, first),
+                )
+                if reason is not None:
+                    report.find("replay", first.task_id, f"replay failed: {reason}")
+        for row in group:
+            report.count("replay")
+            got = seen.get(row.focus)
+            if got is None:
+                report.find("replay", row.state_id, f"the replay never reached {row.focus}")
+            elif got != row.snapshot:
+                report.find(
+                    "replay",
+                    row.state_id,
+                    f"workspace digest at the {row.focus} boundary is {got}, row says {row.snapshot}",
+                )
