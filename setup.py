@@ -19,11 +19,13 @@ PTH_TEXT = (Path(__file__).parent / "bat_gym" / "autoregister.pth.txt").read_tex
 
 
 class BuildPyWithPth(build_py):
-    def run(self):
+    """``build_py`` that also writes the ``.pth`` file into the build tree."""
+
+    def run(self):  # noqa: D102
         super().run()
         Path(self.build_lib, PTH_NAME).write_text(PTH_TEXT)
 
-    def get_outputs(self, include_bytecode=True):
+    def get_outputs(self, include_bytecode=True):  # noqa: D102
         return [*super().get_outputs(include_bytecode), str(Path(self.build_lib, PTH_NAME))]
 
 
@@ -33,6 +35,8 @@ try:
     from setuptools.command.editable_wheel import editable_wheel
 
     class EditableWheelWithPth(editable_wheel):
+        """``editable_wheel`` whose install strategy also adds the ``.pth`` file."""
+
         def _select_strategy(self, *args, **kwargs):
             strategy = super()._select_strategy(*args, **kwargs)
 
