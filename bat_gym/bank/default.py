@@ -29,6 +29,10 @@ def cache_dir() -> Path:
 def default_bank(bench: Benchmark) -> StageBank:
     """The benchmark's default bank, built on first use and cached.
 
+    The small grid: one training task per track, every focus, and every teacher outcome
+    the benchmark declares (for MedBench-Lite the reference 126-state grid), so the
+    curriculum can balance a round over tracks and outcomes.
+
     Concurrent first uses (vector-env workers) wait on a lock; one builds.
     """
     from bat_gym import __version__
@@ -36,7 +40,7 @@ def default_bank(bench: Benchmark) -> StageBank:
     # Rows pin contract digests, so an edited contract must not reuse an old bank.
     contracts = [ref.sha256 for f in bench.spec.focuses if (ref := bench.contract_ref(f))]
     key = hashlib.sha256(
-        f"{bench.name}/{bench.spec.version}/{__version__}/{BANK_FORMAT}/{contracts}".encode()
+        f"{bench.name}/{bench.spec.version}/{__version__}/{BANK_FORMAT}/{contracts}/{bench.outcomes}".encode()
     ).hexdigest()[:12]
     root = cache_dir() / "banks" / f"{bench.name}-{key}"
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -48,6 +52,6 @@ def default_bank(bench: Benchmark) -> StageBank:
             shutil.rmtree(root, ignore_errors=True)
         tmp = root.with_name(root.name + ".building")
         shutil.rmtree(tmp, ignore_errors=True)
-        build_bank(bench, tmp)
+        build_bank(bench, tmp, outcomes=tuple(bench.outcomes))
         os.replace(tmp, root)
     return StageBank(root)
