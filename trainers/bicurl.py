@@ -293,5 +293,6 @@ def _round_curve(raw: Sequence[float | None], best: Sequence[float | None], path
             draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
     for i in range(len(raw)):
         draw.text((xy(i, 0)[0] - 4, height - margin + 6), str(i), fill="black")
-    draw.text((margin, 8), "candidate (blue), best so far (orange)", fill="black")
+    draw.text((margin, 8), "overall: candidate (blue), best so far (orange)", fill="black")
+    draw.text((width - 44, height - 16), "round", fill="black")
     img.save(path)
