@@ -68,6 +68,25 @@ class Benchmark(ABC):
     def teacher_turns(self, task: Task) -> list[TeacherTurn]:
         """A careful engineer's full workflow for ``task``, stage by stage, ending in finish."""
 
+    def teacher_script(self, task: Task, outcome: str = "success") -> list[TeacherTurn]:
+        """The teacher's turns for ``outcome``: one of :attr:`outcomes`.
+
+        A benchmark that declares only ``success`` is asked plainly
+        (``teacher_turns(task)``); others get ``outcome=``.
+
+        Raises:
+            BatGymError: the benchmark declares no such outcome.
+        """
+        if outcome not in self.outcomes:
+            from bat_gym.errors import BatGymError
+
+            raise BatGymError(
+                f"{self.name} has no teacher outcome {outcome!r}; it declares {self.outcomes}"
+            )
+        if tuple(self.outcomes) == ("success",):
+            return list(self.teacher_turns(task))
+        return list(self.teacher_turns(task, outcome=outcome))  # type: ignore[call-arg]
+
     def reduce_task(self, task: Task, *, max_cases: int) -> Task | None:
         """A reduced form of ``task`` for E2E surrogate rows, or None if there is none.
 

@@ -22,13 +22,6 @@ from bat_gym.spec import E2E, StageState
 __all__ = ["RecordedTurn"]
 
 
-def _teacher(bench: Benchmark, task: Any, outcome: str) -> list[Any]:
-    """The teacher's turns for ``outcome``; a benchmark with only success is asked plainly."""
-    if tuple(bench.outcomes) == ("success",):
-        return bench.teacher_turns(task)
-    return bench.teacher_turns(task, outcome=outcome)  # type: ignore[call-arg]
-
-
 class RecordedTurn(NamedTuple):
     """One assistant action of a bank trajectory.
 
@@ -51,7 +44,7 @@ def _scripted_turns(bench: Benchmark, task: Any, outcome: str, protocol: str) ->
     proto = get_protocol(protocol)
     return [
         RecordedTurn(t.stage, proto.render(t.content, list(t.calls)))
-        for t in _teacher(bench, task, outcome)
+        for t in bench.teacher_script(task, outcome)
     ]
 
 

@@ -69,14 +69,8 @@ class ScriptedPolicy(Policy):
             if naive is None:
                 raise BatGymError(f"{bench.name} defines no naive baseline (Benchmark.naive_turns)")
             turns = list(naive(task))
-        elif self.outcome == "success":
-            turns = list(bench.teacher_turns(task))
-        elif self.outcome in bench.outcomes:
-            turns = list(bench.teacher_turns(task, outcome=self.outcome))  # type: ignore[call-arg]
         else:
-            raise BatGymError(
-                f"{bench.name} has no teacher outcome {self.outcome!r}; it declares {bench.outcomes}"
-            )
+            turns = bench.teacher_script(task, self.outcome)
         if state.focus != "E2E":
             # A stage state starts at its stage: skip the earlier stages' turns.
             first = next((i for i, t in enumerate(turns) if t.stage == state.focus), len(turns))
