@@ -103,6 +103,42 @@ class Benchmark(ABC):
         """
         return None
 
+    def reduced_task(self, task: Task, max_cases: int, params: dict[str, Any]) -> Task:
+        """``task`` as its reduced form, for implementations of :meth:`reduce_task`.
+
+        Gives the reduced task its own stable id, tier 1, and ``params`` with the
+        reduction recorded (``params["reduction"] = {"max_cases": max_cases}``).
+
+        Args:
+            task: the full task.
+            max_cases: the cases kept.
+            params: the reduced task's parameters (without the reduction).
+
+        Raises:
+            ValueError: ``max_cases`` is below 1, or ``task`` is already reduced.
+        """
+        self.check_reducible(task, max_cases)
+        raw = f"{task.task_id}/reduced/{max_cases}"
+        return task.model_copy(
+            update={
+                "task_id": f"{task.track}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}",
+                "tier": 1,
+                "params": {**params, "reduction": {"max_cases": max_cases}},
+            }
+        )
+
+    @staticmethod
+    def check_reducible(task: Task, max_cases: int) -> None:
+        """Refuse a reduction of an already reduced task, or to fewer than one case.
+
+        Raises:
+            ValueError: naming which.
+        """
+        if task.params.get("reduction"):
+            raise ValueError(f"task {task.task_id} is already reduced")
+        if max_cases < 1:
+            raise ValueError(f"max_cases must be at least 1, got {max_cases}")
+
     def task_of(
         self, track: str, seed: int, split: Split, reduction: dict[str, Any] | None = None
     ) -> Task | None:

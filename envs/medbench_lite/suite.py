@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import OrderedDict
 from pathlib import Path
@@ -105,19 +104,9 @@ class MedBenchLite(Benchmark):
         Raises:
             ValueError: ``max_cases`` is below 1, or ``task`` is already reduced.
         """
-        if task.params.get("reduction"):
-            raise ValueError(f"task {task.task_id} is already reduced")
-        if max_cases < 1:
-            raise ValueError(f"max_cases must be at least 1, got {max_cases}")
+        self.check_reducible(task, max_cases)
         d = self.draw(task.track, task.seed, task.split, max_cases)
-        raw = f"{self.task_id(task.track, task.seed, task.split)}/reduced/{max_cases}"
-        return task.model_copy(
-            update={
-                "task_id": f"{task.track}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}",
-                "tier": 1,
-                "params": {**d.params, "reduction": {"max_cases": max_cases}},
-            }
-        )
+        return self.reduced_task(task, max_cases, d.params)
 
     def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102
         dest = Path(dest)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,19 +73,9 @@ class SkillLadder(Benchmark):
         Raises:
             ValueError: ``max_cases`` is below 1, or ``task`` is already reduced.
         """
-        if task.params.get("reduction"):
-            raise ValueError(f"task {task.task_id} is already reduced")
-        if max_cases < 1:
-            raise ValueError(f"max_cases must be at least 1, got {max_cases}")
-        raw = f"{task.task_id}/reduced/{max_cases}"
+        self.check_reducible(task, max_cases)
         kept = min(max_cases, len(draw(task.track, task.seed).case_ids))
-        return task.model_copy(
-            update={
-                "task_id": f"{task.track}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}",
-                "tier": 1,
-                "params": {"cases": kept, "reduction": {"max_cases": max_cases}},
-            }
-        )
+        return self.reduced_task(task, max_cases, {"cases": kept})
 
     def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102
         for rel, text in public_files(self._draw(task), _tool_source()).items():
