@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bat_gym.evaluation.aggregates import Aggregates
+from bat_gym.files import write_atomic
 from bat_gym.gate import GateThresholds, gate
 from bat_gym.selection import make_selector
 
@@ -93,9 +94,7 @@ class LoopState:
 
     def save(self, path: Path) -> None:
         """Write atomically."""
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, json.dumps(asdict(self), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> LoopState:

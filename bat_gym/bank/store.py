@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from bat_gym.bank.states import _StateLookup
 from bat_gym.bank.verify import BankReport, _verify_replays, _verify_store
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BankError
+from bat_gym.files import write_atomic
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import StageState, load_model
 
@@ -140,17 +140,7 @@ class StageBank(_StateLookup):
         }
         # Rows first, manifest last, each by rename: a reader sees the old bank, a
         # digest mismatch (refused), or the new bank; never a half-written file.
-        _write_atomic(root / "rows.jsonl", lines)
-        _write_atomic(
+        write_atomic(root / "rows.jsonl", lines)
+        write_atomic(
             root / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode()
         )
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` by fsynced temporary file and rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

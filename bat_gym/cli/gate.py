@@ -112,6 +112,7 @@ def gate(
 
     from bat_gym.errors import BatGymError
     from bat_gym.evaluation.aggregates import Aggregates
+    from bat_gym.files import write_atomic
     from bat_gym.gate import GateThresholds
     from bat_gym.gate import gate as decide
     from bat_gym.selection import SELECTORS, NoTargetStage, make_selector
@@ -157,9 +158,7 @@ def gate(
     except NoTargetStage as exc:
         target, why = None, str(exc)
     if selector_state is not None:
-        tmp = selector_state.with_name(selector_state.name + ".tmp")
-        tmp.write_text(json.dumps(chooser.state_dict(), indent=2) + "\n", encoding="utf-8")
-        tmp.replace(selector_state)
+        write_atomic(selector_state, json.dumps(chooser.state_dict(), indent=2) + "\n")
 
     if as_json:
         payload = {

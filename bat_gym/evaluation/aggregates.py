@@ -22,6 +22,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from bat_gym.evaluation.cells import FAILURE_CATEGORIES, CellResult, FailureCategory
+from bat_gym.files import write_atomic
 from bat_gym.rubrics.scoring import aggregate as mean_of_tracks
 from bat_gym.spec import BenchmarkSpec
 
@@ -78,10 +79,7 @@ class Aggregates(BaseModel):
 
     def write(self, path: str | Path) -> None:
         """Write as JSON (atomic: a reader never sees half a file)."""
-        path = Path(path)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, self.model_dump_json(indent=2) + "\n")
 
     @classmethod
     def read(cls, path: str | Path) -> Aggregates:

@@ -16,7 +16,6 @@ error) is retried up to ``max_attempts`` times and, if it persists, recorded as 
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from typing import Any
 
 from bat_gym.benchmark import Benchmark
 from bat_gym.evaluation.cells import Cell, CellResult, FailureCategory
+from bat_gym.files import write_atomic
 from bat_gym.policies.base import EpisodeContext, Policy, PolicyError, PolicyRequest
 from bat_gym.spec import Budgets, StageState
 
@@ -182,12 +182,6 @@ def _score(
     return result
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def load_finished(out_dir: Path) -> dict[str, CellResult]:
     """Cells already finished in ``out_dir`` (valid ones only: invalid cells are redone).
 
@@ -327,9 +321,7 @@ def run_cells(
                     failures=("infrastructure",),
                 )
             if result.valid:
-                _write_atomic(
-                    out / CELLS_DIR / f"{cell.key}.json", result.model_dump_json(indent=1)
-                )
+                write_atomic(out / CELLS_DIR / f"{cell.key}.json", result.model_dump_json(indent=1))
             progress.update(result)
             return result
 
