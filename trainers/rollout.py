@@ -18,7 +18,7 @@ from typing import Any
 
 from bat_gym.integrations._episode import EpisodeResult, TokenEpisode
 from bat_gym.policies.batching import MicroBatcher
-from bat_gym.policies.transformers_policy import TokenGeneration
+from bat_gym.policies.local import TokenGeneration
 
 __all__ = ["RolloutWorkers", "GenerateBatch"]
 

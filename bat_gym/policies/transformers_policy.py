@@ -23,60 +23,22 @@ the model's own log-probabilities; a GRPO trainer recomputes old log-probs itsel
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
-import json
 import random
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from bat_gym.policies.base import Policy, PolicyError, PolicyOutput, PolicyRequest
-from bat_gym.policies.batching import MicroBatcher
+from bat_gym.policies.base import PolicyError
+from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "TokenGeneration",
-    "TransformersPolicy",
-    "checkpoint_digest",
-    "chat_messages",
-    "request_seed",
-]
+__all__ = ["TransformersPolicy"]
 
 INSTALL_HINT = "pip install 'bat-gym[train]'"
-
-# Files whose bytes decide what the model does: weights, configs, tokenizer, template.
-_DIGEST_SUFFIXES = (
-    ".safetensors",
-    ".bin",
-    ".pt",
-    ".pth",
-    ".gguf",
-    ".json",
-    ".jinja",
-    ".model",
-    ".txt",
-)
-
-
-class TokenGeneration(NamedTuple):
-    """One sampled continuation at the token level.
-
-    Attributes:
-        token_ids: the sampled tokens, shape ``(T,)``; a stop token that ended the
-            sequence is the last one.
-        logprobs: each token's log-probability under the sampling distribution,
-            shape ``(T,)``, natural log (see the module doc for which distribution).
-        finish_reason: ``"stop"`` (a stop token was sampled) or ``"length"``
-            (``max_new_tokens`` ran out).
-    """
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
 
 
 def _import_torch() -> Any:
@@ -95,66 +57,7 @@ def _import_transformers() -> Any:
     return transformers
 
 
-def checkpoint_digest(path: str | Path) -> str:
-    """SHA-256 over a checkpoint directory's weight, config and tokenizer files.
-
-    Each file's name and bytes go in, in name order, so a renamed shard counts as a
-    change. Files other than weights, JSON configs, templates and vocabularies
-    (READMEs, images) are left out.
-    """
-    root = Path(path)
-    files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.is_file())
-    h = hashlib.sha256()
-    for file in files:
-        if not file.name.endswith(_DIGEST_SUFFIXES):
-            continue
-        h.update(file.name.encode() + b"\0")
-        with file.open("rb") as fh:
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def request_seed(base_seed: int, index: int) -> int:
-    """The sampling seed of the ``index``-th request of a policy seeded ``base_seed``.
-
-    Seeds are drawn per request, not per batch, so a seeded policy gives the same
-    tokens for the n-th request however requests were grouped into batches.
-    """
-    return (base_seed * 1_000_003 + index * 7_919 + 1) % (1 << 63)
-
-
-def chat_messages(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The env's OpenAI-format messages, made ready for a Hugging Face chat template.
-
-    Tool-call arguments arrive as JSON strings (OpenAI format); chat templates expect
-    objects, and some (Qwen2.5's) would quote a string a second time. Arguments that
-    are not a valid JSON object stay as they are.
-    """
-    out = []
-    for message in messages:
-        calls = message.get("tool_calls")
-        if not calls:
-            out.append(message)
-            continue
-        fixed = []
-        for call in calls:
-            fn = dict(call.get("function") or {})
-            args = fn.get("arguments")
-            if isinstance(args, str):
-                try:
-                    parsed = json.loads(args)
-                except json.JSONDecodeError:
-                    parsed = None
-                if isinstance(parsed, dict):
-                    fn["arguments"] = parsed
-            fixed.append({**call, "function": fn})
-        out.append({**message, "tool_calls": fixed})
-    return out
-
-
-class TransformersPolicy(Policy):
+class TransformersPolicy(LocalModelPolicy):
     """A local causal LM (``AutoModelForCausalLM`` + ``AutoTokenizer``) behind the Policy protocol.
 
     Args:
@@ -242,45 +145,16 @@ class TransformersPolicy(Policy):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._keep_last = "logits_to_keep" in params
         self._lock = threading.Lock()  # one decoding loop on the model at a time
-        self._seed_lock = threading.Lock()
-        self._requests_seeded = 0
-        self._digest: str | None = None
-        self.batcher: MicroBatcher[PolicyRequest, PolicyOutput] = MicroBatcher(
-            self.act_batch,
-            max_batch_size=max_batch_size,
-            wait_s=batch_wait_s,
-            name=f"{self.name}-batcher",
-        )
+        self._serve(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
 
     # -- Policy protocol -----------------------------------------------------------
 
-    def act(self, request: PolicyRequest) -> PolicyOutput:
-        """One reply; concurrent calls from several threads share a batch."""
-        return self.batcher(request)
-
-    def act_batch(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]:
-        """One reply per request, generated in batches of at most ``max_batch_size``.
-
-        Raises:
-            PolicyError: generation failed (out of memory, a device error).
-        """
-        prompts = [self.prompt_token_ids(r) for r in requests]
-        generations = self.generate_tokens(prompts)
-        outputs = []
-        for prompt, gen in zip(prompts, generations, strict=True):
+    def _sample(self, prompts: Sequence[Sequence[int]]) -> list[tuple[TokenGeneration, str]]:
+        out = []
+        for gen in self.generate_tokens(prompts):
             shown = gen.token_ids[:-1] if gen.finish_reason == "stop" else gen.token_ids
-            text = self.tokenizer.decode(shown, skip_special_tokens=True)
-            outputs.append(
-                PolicyOutput(
-                    text=text,
-                    prompt_token_ids=prompt,
-                    token_ids=gen.token_ids,
-                    logprobs=gen.logprobs,
-                    finish_reason=gen.finish_reason,
-                    usage={"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids)},
-                )
-            )
-        return outputs
+            out.append((gen, self.tokenizer.decode(shown, skip_special_tokens=True)))
+        return out
 
     def identity(self) -> dict[str, Any]:
         """Kind, checkpoint path and digest, and the generation settings.
@@ -288,13 +162,11 @@ class TransformersPolicy(Policy):
         The digest names the files the policy was loaded from; after a trainer has
         updated :attr:`model` in place, save a checkpoint and record that one's.
         """
-        if self._digest is None:
-            self._digest = checkpoint_digest(self.path)
         return {
             "kind": "transformers",
             "name": self.name,
             "path": str(self.path.resolve()),
-            "sha256": self._digest,
+            "sha256": self.checkpoint_sha256(),
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -302,22 +174,7 @@ class TransformersPolicy(Policy):
             "seed": self.seed,
         }
 
-    def close(self) -> None:
-        """Stop the batching thread (the model stays loaded until dropped)."""
-        self.batcher.close()
-
     # -- token level ---------------------------------------------------------------
-
-    def prompt_token_ids(self, request: PolicyRequest) -> list[int]:
-        """The request's conversation through the chat template, as token ids."""
-        text = self.tokenizer.apply_chat_template(
-            chat_messages(request.messages),
-            tools=list(request.tools) or None,
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        # The template writes every special token itself; the tokenizer must add none.
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def generate_tokens(
         self,
@@ -378,13 +235,11 @@ class TransformersPolicy(Policy):
             self.model.train(was_training)
 
     def _next_seeds(self, n: int) -> list[int]:
-        if self.seed is None:
+        seeds = self._request_seeds(n)
+        if seeds is None:
             rng = random.SystemRandom()
             return [rng.getrandbits(63) for _ in range(n)]
-        with self._seed_lock:
-            first = self._requests_seeded
-            self._requests_seeded += n
-        return [request_seed(self.seed, first + i) for i in range(n)]
+        return seeds
 
     def _stop_ids(self, stop_tokens: Sequence[str]) -> frozenset[int]:
         ids: set[int] = set()

@@ -33,14 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.policies.base import Policy, PolicyError, PolicyOutput, PolicyRequest
-from bat_gym.policies.batching import MicroBatcher
-from bat_gym.policies.transformers_policy import (
-    TokenGeneration,
-    chat_messages,
-    checkpoint_digest,
-    request_seed,
-)
+from bat_gym.policies.base import PolicyError
+from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
 
 if TYPE_CHECKING:
     import torch
@@ -220,7 +214,7 @@ class VLLMWorkerExtension:
         return count
 
 
-class VLLMPolicy(Policy):
+class VLLMPolicy(LocalModelPolicy):
     """A local model on vLLM's offline engine behind the Policy protocol.
 
     Args:
@@ -296,53 +290,18 @@ class VLLMPolicy(Policy):
         self.stop_token_ids = self._stop_ids(stop_tokens)
         self._vllm = vllm
         self._lock = threading.Lock()  # LLM.generate is not safe to call concurrently
-        self._seed_lock = threading.Lock()
-        self._requests_seeded = 0
-        self._digest: str | None = None
         self.weights_version = 0
-        self.batcher: MicroBatcher[PolicyRequest, PolicyOutput] = MicroBatcher(
-            self.act_batch,
-            max_batch_size=max_batch_size,
-            wait_s=batch_wait_s,
-            name=f"{self.name}-batcher",
-        )
+        self._serve(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
 
     # -- Policy protocol -----------------------------------------------------------
 
-    def act(self, request: PolicyRequest) -> PolicyOutput:
-        """One reply; concurrent calls from several threads share one ``generate``."""
-        return self.batcher(request)
-
-    def act_batch(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]:
-        """One reply per request, in one ``generate`` call.
-
-        Raises:
-            PolicyError: the engine failed.
-        """
-        prompts = [self.prompt_token_ids(r) for r in requests]
-        outputs = []
-        for prompt, (gen, text) in zip(prompts, self._generate(prompts), strict=True):
-            outputs.append(
-                PolicyOutput(
-                    text=text,
-                    prompt_token_ids=prompt,
-                    token_ids=gen.token_ids,
-                    logprobs=gen.logprobs,
-                    finish_reason=gen.finish_reason,
-                    usage={"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids)},
-                )
-            )
-        return outputs
-
     def identity(self) -> dict[str, Any]:
         """Kind, checkpoint path and digest, weight version, and generation settings."""
-        if self._digest is None:
-            self._digest = checkpoint_digest(self.path)
         return {
             "kind": "vllm",
             "name": self.name,
             "path": str(self.path.resolve()),
-            "sha256": self._digest,
+            "sha256": self.checkpoint_sha256(),
             "weights_version": self.weights_version,
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -354,22 +313,12 @@ class VLLMPolicy(Policy):
 
     def close(self) -> None:
         """Stop the batching thread and shut the engine down."""
-        self.batcher.close()
+        super().close()
         shutdown = getattr(self.llm, "shutdown", None)
         if callable(shutdown):
             shutdown()
 
     # -- token level ---------------------------------------------------------------
-
-    def prompt_token_ids(self, request: PolicyRequest) -> list[int]:
-        """The request's conversation through the chat template, as token ids."""
-        text = self.tokenizer.apply_chat_template(
-            chat_messages(request.messages),
-            tools=list(request.tools) or None,
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def generate_tokens(
         self,
@@ -385,7 +334,7 @@ class VLLMPolicy(Policy):
         The same signature and result as
         :meth:`~bat_gym.policies.transformers_policy.TransformersPolicy.generate_tokens`.
         """
-        gens = self._generate(
+        gens = self._sample(
             prompts,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
@@ -394,7 +343,7 @@ class VLLMPolicy(Policy):
         )
         return [g for g, _ in gens]
 
-    def _generate(
+    def _sample(
         self,
         prompts: Sequence[Sequence[int]],
         *,
@@ -433,12 +382,8 @@ class VLLMPolicy(Policy):
         return out
 
     def _next_seeds(self, n: int) -> list[int | None]:
-        if self.seed is None:
-            return [None] * n  # the engine's own randomness
-        with self._seed_lock:
-            first = self._requests_seeded
-            self._requests_seeded += n
-        return [request_seed(self.seed, first + i) for i in range(n)]
+        seeds = self._request_seeds(n)
+        return [None] * n if seeds is None else list(seeds)  # None: the engine's randomness
 
     def _stop_ids(self, stop_tokens: Sequence[str]) -> frozenset[int]:
         ids = set()

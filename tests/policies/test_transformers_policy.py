@@ -9,11 +9,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from bat_gym.policies import PolicyRequest, make_policy  # noqa: E402
-from bat_gym.policies.transformers_policy import (  # noqa: E402
-    TransformersPolicy,
-    chat_messages,
-    checkpoint_digest,
-)
+from bat_gym.policies.local import chat_messages, checkpoint_digest  # noqa: E402
+from bat_gym.policies.transformers_policy import TransformersPolicy  # noqa: E402
 from bat_gym.protocol import TOOLS, HermesProtocol  # noqa: E402
 
 CORPUS = [

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from bat_gym.policies import PolicyError, PolicyRequest, make_policy
-from bat_gym.policies.transformers_policy import TokenGeneration, request_seed
+from bat_gym.policies.local import TokenGeneration, request_seed
 from bat_gym.policies.vllm_policy import (
     INSTALL_HINT,
     WORKER_EXTENSION,

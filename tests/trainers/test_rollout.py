@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from bat_gym.env import StageEnv  # noqa: E402
 from bat_gym.policies import EpisodeContext, PolicyRequest, make_policy  # noqa: E402
-from bat_gym.policies.transformers_policy import TokenGeneration  # noqa: E402
+from bat_gym.policies.local import TokenGeneration  # noqa: E402
 from bat_gym.protocol import get_protocol  # noqa: E402
 from bat_gym.rubrics.reward import RubricReward  # noqa: E402
 from bat_gym.trainers.rollout import RolloutWorkers  # noqa: E402

@@ -1,0 +1,213 @@
+"""What the local-model backends (transformers, vLLM) share, on top of the Policy protocol.
+
+A :class:`LocalModelPolicy` renders each conversation with the model's own chat
+template (:meth:`~LocalModelPolicy.prompt_token_ids`), samples it at the token level,
+gives the n-th request the n-th seed of its base seed (:func:`request_seed`), gathers
+concurrent :meth:`~LocalModelPolicy.act` calls into one batch, and names its weights by
+a digest of the checkpoint files. A backend implements only :meth:`_sample` (and its
+token-level ``generate_tokens``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from abc import abstractmethod
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest
+from bat_gym.policies.batching import MicroBatcher
+
+__all__ = [
+    "LocalModelPolicy",
+    "TokenGeneration",
+    "chat_messages",
+    "checkpoint_digest",
+    "request_seed",
+]
+
+# Files whose bytes decide what the model does: weights, configs, tokenizer, template.
+_DIGEST_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".gguf",
+    ".json",
+    ".jinja",
+    ".model",
+    ".txt",
+)
+
+
+class TokenGeneration(NamedTuple):
+    """One sampled continuation at the token level.
+
+    Attributes:
+        token_ids: the sampled tokens, shape ``(T,)``; a stop token that ended the
+            sequence is the last one.
+        logprobs: each token's log-probability under the sampling distribution,
+            shape ``(T,)``, natural log (see the module doc for which distribution).
+        finish_reason: ``"stop"`` (a stop token was sampled) or ``"length"``
+            (``max_new_tokens`` ran out).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+def checkpoint_digest(path: str | Path) -> str:
+    """SHA-256 over a checkpoint directory's weight, config and tokenizer files.
+
+    Each file's name and bytes go in, in name order, so a renamed shard counts as a
+    change. Files other than weights, JSON configs, templates and vocabularies
+    (READMEs, images) are left out.
+    """
+    root = Path(path)
+    files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.is_file())
+    h = hashlib.sha256()
+    for file in files:
+        if not file.name.endswith(_DIGEST_SUFFIXES):
+            continue
+        h.update(file.name.encode() + b"\0")
+        with file.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def request_seed(base_seed: int, index: int) -> int:
+    """The sampling seed of the ``index``-th request of a policy seeded ``base_seed``.
+
+    Seeds are drawn per request, not per batch, so a seeded policy gives the same
+    tokens for the n-th request however requests were grouped into batches.
+    """
+    return (base_seed * 1_000_003 + index * 7_919 + 1) % (1 << 63)
+
+
+def chat_messages(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The env's OpenAI-format messages, made ready for a Hugging Face chat template.
+
+    Tool-call arguments arrive as JSON strings (OpenAI format); chat templates expect
+    objects, and some (Qwen2.5's) would quote a string a second time. Arguments that
+    are not a valid JSON object stay as they are.
+    """
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if not calls:
+            out.append(message)
+            continue
+        fixed = []
+        for call in calls:
+            fn = dict(call.get("function") or {})
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    parsed = json.loads(args)
+                except json.JSONDecodeError:
+                    parsed = None
+                if isinstance(parsed, dict):
+                    fn["arguments"] = parsed
+            fixed.append({**call, "function": fn})
+        out.append({**message, "tool_calls": fixed})
+    return out
+
+
+class LocalModelPolicy(Policy):
+    """A model run in this process (or its engine), behind the Policy protocol.
+
+    Subclasses set :attr:`path`, :attr:`seed` and :attr:`tokenizer`, call
+    :meth:`_serve` at the end of ``__init__``, and implement :meth:`_sample`.
+
+    Attributes:
+        path: the checkpoint directory.
+        seed: base seed; None: every request samples differently.
+        tokenizer: the tokenizer, with the chat template.
+        batcher: the :class:`~bat_gym.policies.batching.MicroBatcher` behind :meth:`act`.
+    """
+
+    path: Path
+    seed: int | None
+    tokenizer: Any
+
+    def _serve(self, *, max_batch_size: int, batch_wait_s: float) -> None:
+        """Set up request seeding, the digest cache and the batcher behind :meth:`act`."""
+        self._seed_lock = threading.Lock()
+        self._requests_seeded = 0
+        self._digest: str | None = None
+        self.batcher: MicroBatcher[PolicyRequest, PolicyOutput] = MicroBatcher(
+            self.act_batch,
+            max_batch_size=max_batch_size,
+            wait_s=batch_wait_s,
+            name=f"{self.name}-batcher",
+        )
+
+    @abstractmethod
+    def _sample(self, prompts: Sequence[Sequence[int]]) -> list[tuple[TokenGeneration, str]]:
+        """One generation per prompt at the policy's settings, with its reply text.
+
+        The text leaves out the stop token and special tokens.
+        """
+
+    def act(self, request: PolicyRequest) -> PolicyOutput:
+        """One reply; concurrent calls from several threads share one batch."""
+        return self.batcher(request)
+
+    def act_batch(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]:
+        """One reply per request.
+
+        Raises:
+            PolicyError: generation failed (out of memory, a device or engine error).
+        """
+        prompts = [self.prompt_token_ids(r) for r in requests]
+        return [
+            PolicyOutput(
+                text=text,
+                prompt_token_ids=prompt,
+                token_ids=gen.token_ids,
+                logprobs=gen.logprobs,
+                finish_reason=gen.finish_reason,
+                usage={"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids)},
+            )
+            for prompt, (gen, text) in zip(prompts, self._sample(prompts), strict=True)
+        ]
+
+    def prompt_token_ids(self, request: PolicyRequest) -> list[int]:
+        """The request's conversation through the chat template, as token ids."""
+        text = self.tokenizer.apply_chat_template(
+            chat_messages(request.messages),
+            tools=list(request.tools) or None,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        # The template writes every special token itself; the tokenizer must add none.
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _request_seeds(self, n: int) -> list[int] | None:
+        """The seeds of the next ``n`` requests (see :func:`request_seed`); None if unseeded."""
+        if self.seed is None:
+            return None
+        with self._seed_lock:
+            first = self._requests_seeded
+            self._requests_seeded += n
+        return [request_seed(self.seed, first + i) for i in range(n)]
+
+    def checkpoint_sha256(self) -> str:
+        """:func:`checkpoint_digest` of :attr:`path`, computed once.
+
+        It names the files the policy was loaded from; after a trainer has updated the
+        weights in place, save a checkpoint and record that one's.
+        """
+        if self._digest is None:
+            self._digest = checkpoint_digest(self.path)
+        return self._digest
+
+    def close(self) -> None:
+        """Stop the batching thread."""
+        self.batcher.close()
