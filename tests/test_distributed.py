@@ -15,26 +15,10 @@ import numpy as np
 import pytest
 from gymnasium.error import AlreadyPendingCallError
 from gymnasium.vector import AutoresetMode
+from hermes_actions import FINISH, bash, teacher_plan
 
-from bat_gym import ToolCall
 from bat_gym.distributed import EnvActor, EnvActorsUnavailable
 from bat_gym.errors import ResetNeeded
-from bat_gym.protocol import get_protocol
-
-HERMES = get_protocol("hermes")
-FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "done"}}</tool_call>'
-
-
-def bash(code: str) -> str:
-    return HERMES.render(
-        "", [ToolCall(name="execute_code", arguments={"language": "bash", "code": code})]
-    )
-
-
-def teacher_plan(toy, bank, state_id: str) -> str:
-    task = toy.task_of_state(bank.get(state_id))
-    (turn,) = [t for t in toy.teacher_turns(task) if t.stage == "S1"]
-    return HERMES.render(turn.content, list(turn.calls))
 
 
 def timeless(obs: str) -> str:

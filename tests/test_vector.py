@@ -26,26 +26,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode
+from hermes_actions import FINISH, bash, teacher_plan
 
-from bat_gym import ToolCall
-from bat_gym.protocol import get_protocol
 from bat_gym.textspace import UnicodeText
-
-HERMES = get_protocol("hermes")
-FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "done"}}</tool_call>'
-
-
-def bash(code: str) -> str:
-    return HERMES.render(
-        "", [ToolCall(name="execute_code", arguments={"language": "bash", "code": code})]
-    )
-
-
-def teacher_plan(toy, bank, state_id: str) -> str:
-    """The teacher's S1 message for a state: it earns the Plan contract's reward."""
-    task = toy.task_of_state(bank.get(state_id))
-    (turn,) = [t for t in toy.teacher_turns(task) if t.stage == "S1"]
-    return HERMES.render(turn.content, list(turn.calls))
 
 
 def make_vec(mode: str, bank, n: int = 2, **vector_kwargs):
