@@ -111,6 +111,21 @@ class ExecResult(BaseModel):
         """True when the call ran to completion and exited 0."""
         return self.exit_code == 0
 
+    @classmethod
+    def lost(cls, duration_s: float) -> ExecResult:
+        """The result of a call whose sandbox stopped answering and was restarted.
+
+        Nothing is known about what the call did, so nothing is guessed: no exit code,
+        no output, ``restarted`` set.
+        """
+        return cls(
+            exit_code=None,
+            output="[the sandbox stopped answering and was restarted; files written so far are kept]",
+            output_bytes=0,
+            duration_s=duration_s,
+            restarted=True,
+        )
+
 
 class Sandbox(ABC):
     """An isolated workspace that runs agent code.

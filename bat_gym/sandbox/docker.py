@@ -551,13 +551,7 @@ class DockerSandbox(Sandbox):
     def _crashed(self, start: float) -> ExecResult:
         """Restart the container and report that nothing is known about the call."""
         self._restart()
-        return ExecResult(
-            exit_code=None,
-            output="[the sandbox stopped answering and was restarted; files written so far are kept]",
-            output_bytes=0,
-            duration_s=time.monotonic() - start,
-            restarted=True,
-        )
+        return ExecResult.lost(time.monotonic() - start)
 
     def restore(self, snapshot: Snapshot) -> None:
         """Kill the agent's processes, clear ``/tmp``, and restore the workspace in place."""

@@ -605,13 +605,7 @@ class LocalSandbox(Sandbox):
         if reply is None or "exit_code" not in reply:
             # A reply that never arrives is never guessed at: restart, report nothing ran.
             self._restart()
-            return ExecResult(
-                exit_code=None,
-                output="[the sandbox stopped answering and was restarted; files written so far are kept]",
-                output_bytes=0,
-                duration_s=time.monotonic() - start,
-                restarted=True,
-            )
+            return ExecResult.lost(time.monotonic() - start)
         output = reply["output"]
         if reply["timed_out"]:
             output += f"\n[timed out after {timeout:g} s: every process in the sandbox was killed]"
