@@ -109,6 +109,9 @@ def grpo(
     groups_per_step: Annotated[int, typer.Option("--groups-per-step", min=1)] = 8,
     group_size: Annotated[int, typer.Option("--group-size", min=2)] = 4,
     lr: Annotated[float, typer.Option("--lr")] = 2.5e-7,
+    warmup_steps: Annotated[
+        int, typer.Option("--warmup-steps", min=0, help="Linear lr warmup (default: none).")
+    ] = 0,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.7,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 512,
     max_turns: Annotated[int | None, typer.Option("--max-turns", min=1)] = None,
@@ -137,6 +140,7 @@ def grpo(
         groups_per_step=groups_per_step,
         group_size=group_size,
         lr=lr,
+        warmup_steps=warmup_steps,
         temperature=temperature,
         max_new_tokens=max_new_tokens,
         max_turns=max_turns,

@@ -54,6 +54,7 @@ from bat_gym.trainers.grpo_loss import (
     token_logprobs,
 )
 from bat_gym.trainers.rollout import RolloutWorkers
+from bat_gym.trainers.schedule import Schedule, lr_scheduler
 
 __all__ = ["GRPOConfig", "train", "StateSampler", "FixedStates", "CurriculumStates"]
 
@@ -98,6 +99,12 @@ class GRPOConfig:
     max_turns: int | None = None
     """Override of the benchmark's turn budget (None: keep it)."""
     lr: float = 2.5e-7
+    warmup_steps: int = 0
+    """Linear warmup from 0 to ``lr`` over this many steps. Adam's first updates move
+    every weight by about ``lr`` whatever its gradient (``m/sqrt(v)`` is +-1 at step
+    1), so a large ``lr`` without warmup starts with a jolt of noise."""
+    lr_schedule: Schedule = "constant"
+    """After warmup: keep ``lr`` (BaT), or decay it linearly or along a half cosine."""
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     clip_eps_low: float = 0.2
@@ -139,6 +146,10 @@ class GRPOConfig:
         for name in ("steps", "groups_per_step", "group_size", "micro_batch_size", "num_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ValueError(
+                f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps}"
+            )
         # A group of one has zero advantage by construction: nothing to learn from.
         if self.group_size < 2:
             raise ValueError(
@@ -372,6 +383,9 @@ def train(
         ref.requires_grad_(False)
     model = _shard(model, dist)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = lr_scheduler(
+        opt, warmup_steps=cfg.warmup_steps, max_steps=cfg.steps, schedule=cfg.lr_schedule
+    )
 
     # ---- envs --------------------------------------------------------------------
     env_kwargs: dict[str, Any] = {"backend": cfg.backend, **cfg.env_kwargs}
@@ -426,6 +440,7 @@ def train(
     if latest is not None:
         saved = torch.load(latest / _STATE, weights_only=False)
         opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
         sampler.load_state_dict(saved["sampler"])
         set_rng_state(saved["rng"])
         step, history = saved["step"], saved["history"]
@@ -456,7 +471,9 @@ def train(
 
             # ---- policy update -------------------------------------------------------
             t1 = time.perf_counter()
+            lr = sched.get_last_lr()[0]
             stats = _update(model, ref, opt, scored, adv, cfg, device, tokenizer, ctx, dist)
+            sched.step()
             t_update = time.perf_counter() - t1
             step += 1
             record = {
@@ -467,6 +484,7 @@ def train(
                 "response_tokens": sum(sum(r.response_mask) for r in rollouts) / len(rollouts),
                 "turns": sum(r.num_turns for r in rollouts) / len(rollouts),
                 "finished": sum(r.stop_reason == "terminated" for r in rollouts) / len(rollouts),
+                "lr": lr,
                 **stats,
                 "rollout_s": t_rollout,
                 "update_s": t_update,
@@ -478,7 +496,7 @@ def train(
             if on_step is not None:
                 on_step(record)
             if dist.rank == 0 and (step % cfg.save_every == 0 or step == cfg.steps):
-                _save(checkpoints, step, model, tokenizer, opt, sampler, history, cfg)
+                _save(checkpoints, step, model, tokenizer, opt, sched, sampler, history, cfg)
     finally:
         workers.close()
         if pool is not None:
@@ -604,6 +622,7 @@ def _save(
     model: Any,
     tokenizer: Any,
     opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
     sampler: StateSampler,
     history: list[dict[str, Any]],
     cfg: GRPOConfig,
@@ -614,6 +633,7 @@ def _save(
         torch.save(
             {
                 "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
                 "sampler": sampler.state_dict(),
                 "rng": rng_state(),
                 "step": step,

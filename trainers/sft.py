@@ -37,7 +37,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,6 +60,7 @@ from bat_gym.trainers.checkpoints import (  # noqa: E402 - after the torch check
     rng_state,
     set_rng_state,
 )
+from bat_gym.trainers.schedule import Schedule, lr_scheduler  # noqa: E402
 
 __all__ = [
     "SFTConfig",
@@ -68,7 +69,6 @@ __all__ = [
     "collate",
     "masked_nll",
     "target_nll",
-    "lr_factor",
     "resolve_bf16",
     "latest_checkpoint",
     "train",
@@ -125,7 +125,7 @@ class SFTConfig:
     """Optimizer steps of the whole run (BaT: 200). Epochs follow from the data size."""
     warmup_steps: int = 10
     """Linear warmup from 0 to ``lr`` over this many steps; 0 starts at ``lr``."""
-    lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    lr_schedule: Schedule = "cosine"
     """After warmup: keep ``lr``, or decay it linearly or along a half cosine to 0 at
     ``max_steps``. The paper does not name one; cosine is the common choice."""
     bf16: Literal["auto", "on", "off"] = "auto"
@@ -326,24 +326,6 @@ def target_nll(model: Any, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     )
     logits = out.logits if keep_arg else out.logits[:, pos]  # (B, K, V)
     return masked_nll(logits, y[:, pos])
-
-
-# --------------------------------------------------------------------------- schedule
-
-
-def lr_factor(step: int, *, warmup_steps: int, max_steps: int, schedule: str) -> float:
-    """Multiplier of the peak lr for optimizer step ``step`` (0-based).
-
-    Warmup: ``(step + 1) / warmup_steps`` while ``step < warmup_steps``; then, with
-    ``p = (step - warmup) / (max_steps - warmup)``: constant 1, linear ``1 - p``, or
-    cosine ``0.5 * (1 + cos(pi * p))``.
-    """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant" or max_steps <= warmup_steps:
-        return 1.0
-    p = min(1.0, (step - warmup_steps) / (max_steps - warmup_steps))
-    return 1.0 - p if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * p))
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -589,14 +571,8 @@ def train(
     if pad_id is None:
         pad_id = tokenizer.eos_token_id or 0  # any id: padding is masked out of attention
     opt = _optimizer(model, cfg)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        partial(
-            lr_factor,
-            warmup_steps=cfg.warmup_steps,
-            max_steps=cfg.max_steps,
-            schedule=cfg.lr_schedule,
-        ),
+    sched = lr_scheduler(
+        opt, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, schedule=cfg.lr_schedule
     )
     run: dict[str, Any] = {
         "step": 0,

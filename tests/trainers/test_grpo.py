@@ -40,8 +40,9 @@ def test_grpo_runs_end_to_end_and_exports_a_loadable_model(tiny, toy_bank, tmp_p
     from transformers import AutoModelForCausalLM
 
     seen = []
-    summary = train(config(tiny, toy_bank, tmp_path), on_step=seen.append)
+    summary = train(config(tiny, toy_bank, tmp_path, warmup_steps=2), on_step=seen.append)
     assert summary["steps"] == 2 and [m["step"] for m in seen] == [1, 2]
+    assert [m["lr"] for m in seen] == pytest.approx([5e-4, 1e-3])  # linear warmup to 1e-3
     for key in ("reward", "kl", "clip_fraction", "entropy", "zero_advantage_groups",
                 "response_tokens", "rollout_s", "update_s"):  # fmt: skip
         assert key in seen[0]
@@ -60,11 +61,13 @@ def test_config_errors_name_the_fix(tiny, toy_bank, tmp_path):
         GRPOConfig(model="m", output_dir="o")
     with pytest.raises(ValueError, match="group_size"):
         config(tiny, toy_bank, tmp_path, group_size=1)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        config(tiny, toy_bank, tmp_path, warmup_steps=3)
 
 
 @pytest.mark.slow
 def test_a_killed_run_resumes_from_its_last_checkpoint(tiny, toy_bank, tmp_path):
-    cfg = config(tiny, toy_bank, tmp_path, steps=4)
+    cfg = config(tiny, toy_bank, tmp_path, steps=4, warmup_steps=4)
     script = textwrap.dedent(
         f"""
         import torch
@@ -84,6 +87,8 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tiny, toy_bank, tmp_path)
     summary = train(cfg)
     assert summary["steps"] == 4
     assert [h["step"] for h in summary["history"]] == [1, 2, 3, 4]
+    # The lr schedule continued where it stopped, not from the start of the warmup.
+    assert [h["lr"] for h in summary["history"]] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]  # no step logged twice
     latest = sorted((tmp_path / "checkpoints").glob("step-*"))[-1]

@@ -14,12 +14,12 @@ pytest.importorskip("transformers")
 
 from bat_gym.protocol import ToolCall  # noqa: E402
 from bat_gym.sft import IGNORE_INDEX, SFTAction, SFTRow, export_sft, render_rows, sft_rows  # noqa: E402
+from bat_gym.trainers.schedule import lr_factor  # noqa: E402
 from bat_gym.trainers.sft import (  # noqa: E402
     SFTConfig,
     collate,
     latest_checkpoint,
     load_sft_jsonl,
-    lr_factor,
     masked_nll,
     resolve_bf16,
     target_nll,
