@@ -193,11 +193,19 @@ class DeficitSelector(TargetSelector):
 
     def select(self, decision: GateDecision) -> str:
         """The eligible stage with the largest weighted deficit."""
-        scores = decision.candidate_stages if decision.promoted else decision.baseline_stages
+        return self.target(
+            decision.candidate_stages if decision.promoted else decision.baseline_stages
+        )
+
+    def target(self, scores: Mapping[str, float | None]) -> str:
+        """The stage of ``scores`` with the largest weighted deficit ``w_s * (1 - score_s)``.
+
+        Raises:
+            NoTargetStage: no stage of ``scores`` has both a weight and a score.
+        """
         scored = {s: v for s, v in _scored(scores).items() if s in self.weights}
         if not scored:
             raise NoTargetStage(sorted(scores, key=stage_order))
-        # deficit_s = w_s * (1 - score_s)
         return _argbest({s: self.weights[s] * (1.0 - v) for s, v in scored.items()}, largest=True)
 
 

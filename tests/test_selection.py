@@ -122,6 +122,8 @@ def test_deficit_weights_the_shortfall(toy):
     assert PaperSelector().select(d) == "S5"
     assert DeficitSelector.from_spec(toy.spec).select(d) == "S3"
     assert DeficitSelector.from_spec(toy.spec).weights == WEIGHTS
+    # The same rule on bare scores (no gate decision), as a benchmark script uses it.
+    assert DeficitSelector(WEIGHTS).target({"S1": 0.9, "S3": 0.6, "S5": 0.3}) == "S3"
 
 
 def test_deficit_ties_go_to_the_earlier_stage():
