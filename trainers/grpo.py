@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -56,7 +56,14 @@ from bat_gym.trainers.grpo_loss import (
 from bat_gym.trainers.rollout import RolloutWorkers
 from bat_gym.trainers.schedule import Schedule, lr_scheduler
 
-__all__ = ["GRPOConfig", "train", "StateSampler", "FixedStates", "CurriculumStates"]
+__all__ = [
+    "GRPOConfig",
+    "train",
+    "SampledState",
+    "StateSampler",
+    "FixedStates",
+    "CurriculumStates",
+]
 
 _STATE = "trainer_state.pt"
 
@@ -165,10 +172,17 @@ class GRPOConfig:
 # ============================================================================ states
 
 
+class SampledState(NamedTuple):
+    """A state of one GRPO group, and the pool it was drawn from (logged per pool)."""
+
+    state_id: str
+    pool: str
+
+
 class StateSampler:
     """Where each step's states come from; resumable through its state dict."""
 
-    def next(self, n: int) -> list[str]:  # noqa: D102
+    def next(self, n: int) -> list[SampledState]:  # noqa: D102
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
@@ -187,10 +201,10 @@ class FixedStates(StateSampler):
     def __init__(self, state_ids: Sequence[str]) -> None:
         self.state_ids, self.cursor = list(state_ids), 0
 
-    def next(self, n: int) -> list[str]:  # noqa: D102
-        out = [self.state_ids[(self.cursor + i) % len(self.state_ids)] for i in range(n)]
+    def next(self, n: int) -> list[SampledState]:  # noqa: D102
+        ids = [self.state_ids[(self.cursor + i) % len(self.state_ids)] for i in range(n)]
         self.cursor += n
-        return out
+        return [SampledState(i, "fixed") for i in ids]
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         return {"cursor": self.cursor}
@@ -209,8 +223,9 @@ class CurriculumStates(StateSampler):
     def __init__(self, curriculum: Any) -> None:
         self.curriculum = curriculum
 
-    def next(self, n: int) -> list[str]:  # noqa: D102
-        return [self.curriculum.reset()[1]["state_id"] for _ in range(n)]
+    def next(self, n: int) -> list[SampledState]:  # noqa: D102
+        infos = [self.curriculum.reset()[1] for _ in range(n)]
+        return [SampledState(i["state_id"], i["curriculum"]["pool"]) for i in infos]
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         return self.curriculum.state_dict()
@@ -324,6 +339,13 @@ def _logprobs(
     if not with_entropy:
         return logp, None
     return logp, entropy_from_logits(logits.detach(), temperature=temperature)
+
+
+def _mean_by(keys: Sequence[str], values: Sequence[float]) -> dict[str, float]:
+    sums: dict[str, list[float]] = {}
+    for k, v in zip(keys, values, strict=True):
+        sums.setdefault(k, []).append(v)
+    return {k: sum(vs) / len(vs) for k, vs in sums.items()}
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
@@ -453,9 +475,10 @@ def train(
         while step < cfg.steps:
             t0 = time.perf_counter()
             # ---- rollouts: this rank's share of B groups, G episodes each ---------
-            states = sampler.next(cfg.groups_per_step)[dist.rank :: dist.world]
+            drawn = sampler.next(cfg.groups_per_step)[dist.rank :: dist.world]
             model.eval()
-            rollouts = workers.play([s for s in states for _ in range(cfg.group_size)])
+            rollouts = workers.play([d.state_id for d in drawn for _ in range(cfg.group_size)])
+            pools = [d.pool for d in drawn for _ in range(cfg.group_size)]
             t_rollout = time.perf_counter() - t0
 
             # ---- rewards and advantages ------------------------------------------
@@ -479,6 +502,9 @@ def train(
             record = {
                 "step": step,
                 "reward": sum(r.reward for r in rollouts) / len(rollouts),
+                # The pools differ in difficulty (a stage row vs a whole episode), so the
+                # mean above moves with the batch's mix; per pool it shows learning.
+                "reward_by_pool": _mean_by(pools, [r.reward for r in rollouts]),
                 "scored_rollouts": len(scored),
                 "zero_advantage_groups": zero_share,
                 "response_tokens": sum(sum(r.response_mask) for r in rollouts) / len(rollouts),

@@ -47,6 +47,7 @@ def test_grpo_runs_end_to_end_and_exports_a_loadable_model(tiny, toy_bank, tmp_p
                 "response_tokens", "rollout_s", "update_s"):  # fmt: skip
         assert key in seen[0]
     assert seen[0]["scored_rollouts"] == 2  # one group of two
+    assert seen[0]["reward_by_pool"] == {"fixed": seen[0]["reward"]}
     assert seen[0]["response_tokens"] > 0
     # The trainer scores the sampled tokens as the sampler did: same ids, same positions,
     # same temperature scaling.
@@ -102,3 +103,14 @@ def test_grpo_rollouts_on_ray_actors(local_ray, tiny, toy_bank, tmp_path):
     summary = train(config(tiny, toy_bank, tmp_path, steps=1, ray="local"))
     assert summary["steps"] == 1
     assert summary["history"][0]["scored_rollouts"] == 2
+
+
+def test_a_curriculum_round_feeds_the_groups_and_rewards_are_logged_per_pool(
+    tiny, toy_bank, tmp_path
+):
+    seen = []
+    cfg = config(tiny, toy_bank, tmp_path, state_ids=(), target="S2", steps=1, groups_per_step=8)
+    train(cfg, on_step=seen.append)
+    # One reference batch: 4 S-target, 2 S-mix and 2 E2E states, two rollouts each.
+    assert seen[0]["scored_rollouts"] == 16
+    assert set(seen[0]["reward_by_pool"]) == {"target", "mix", "e2e"}
