@@ -16,17 +16,18 @@ Episodes reach the model only through ``env.reset(options={"state_id": ...})`` a
 
 Defaults follow the BaT reference (G=4, 8 groups per step, T=0.7, lr 2.5e-7, k3 KL
 0.006, no std normalisation, seq-mean-token-mean); a tiny model learning a toy task
-wants a larger learning rate (3e-4).
+wants a larger learning rate (3e-5 to 1e-4, with a few warmup steps).
 
 Scale-out: launched with ``torchrun --nproc-per-node N``, every rank plays its share
-of the groups and the model is sharded with FSDP2 (``fully_shard``); gradients are
-reduced by FSDP, metrics by ``all_reduce``. One process on CPU is the tested path.
+of the groups and the model is sharded with FSDP2 (:mod:`bat_gym.trainers.fsdp`:
+weights gathered once for the rollouts, gradients summed across ranks, checkpoints
+written as full Hugging Face directories). Tested with two CPU ranks over gloo; on
+GPUs the same code runs over NCCL.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
@@ -43,6 +44,14 @@ from bat_gym.trainers.checkpoints import (
     resolve_device,
     rng_state,
     set_rng_state,
+)
+from bat_gym.trainers.fsdp import (
+    Dist,
+    full_state,
+    gathered,
+    init_distributed,
+    load_optimizer_state,
+    shard,
 )
 from bat_gym.trainers.grpo_loss import (
     Aggregation,
@@ -237,41 +246,6 @@ class CurriculumStates(StateSampler):
         self.curriculum.close()
 
 
-# ============================================================================ distributed
-
-
-@dataclass(frozen=True)
-class _Dist:
-    rank: int = 0
-    world: int = 1
-
-    def all_sum(self, values: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            torch.distributed.all_reduce(values)
-        return values
-
-
-def _init_distributed(device: torch.device) -> _Dist:
-    """Torchrun sets WORLD_SIZE/RANK; one process otherwise."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return _Dist()
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return _Dist(rank=torch.distributed.get_rank(), world=world)
-
-
-def _shard(model: Any, dist: _Dist) -> Any:
-    if dist.world == 1:
-        return model
-    from torch.distributed.fsdp import fully_shard
-
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    return model
-
-
 # ============================================================================ batch
 
 
@@ -341,11 +315,36 @@ def _logprobs(
     return logp, entropy_from_logits(logits.detach(), temperature=temperature)
 
 
-def _mean_by(keys: Sequence[str], values: Sequence[float]) -> dict[str, float]:
-    sums: dict[str, list[float]] = {}
-    for k, v in zip(keys, values, strict=True):
-        sums.setdefault(k, []).append(v)
-    return {k: sum(vs) / len(vs) for k, vs in sums.items()}
+def _rollout_metrics(
+    rollouts: Sequence[EpisodeResult], pools: Sequence[str], dist: Dist
+) -> dict[str, Any]:
+    """Means over every rank's rollouts: reward (also per pool), length, turns, finishes."""
+    rows = dist.all_gather(
+        [
+            (r.reward, r.reward_or_none is not None, r.state_id, pool, sum(r.response_mask),
+             r.num_turns, r.stop_reason == "terminated")
+            for r, pool in zip(rollouts, pools, strict=True)
+        ]
+    )  # fmt: skip
+    n = len(rows)
+    by_pool: dict[str, list[float]] = {}
+    for reward, _, _, pool, *_ in rows:
+        by_pool.setdefault(pool, []).append(reward)
+    scored = [(reward, group) for reward, ok, group, *_ in rows if ok]
+    _, zero_share = filter_uniform_groups(
+        torch.tensor([r for r, _ in scored], dtype=torch.float), [g for _, g in scored]
+    )
+    return {
+        "reward": sum(r[0] for r in rows) / n,
+        # The pools differ in difficulty (a stage row vs a whole episode), so the mean
+        # above moves with the batch's mix; per pool it shows learning.
+        "reward_by_pool": {p: sum(v) / len(v) for p, v in by_pool.items()},
+        "scored_rollouts": len(scored),
+        "zero_advantage_groups": zero_share,
+        "response_tokens": sum(r[4] for r in rows) / n,
+        "turns": sum(r[5] for r in rows) / n,
+        "finished": sum(r[6] for r in rows) / n,
+    }
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
@@ -379,7 +378,7 @@ def train(
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)
-    dist = _init_distributed(device)
+    dist = init_distributed(device)
     torch.manual_seed(cfg.seed + dist.rank)
     bf16 = resolve_bf16(cfg.bf16, device)
     ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
@@ -403,7 +402,7 @@ def train(
         # The reference is always the starting model, also after a resume.
         ref = AutoModelForCausalLM.from_pretrained(cfg.model).to(device).eval()
         ref.requires_grad_(False)
-    model = _shard(model, dist)
+    model = shard(model, dist)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = lr_scheduler(
         opt, warmup_steps=cfg.warmup_steps, max_steps=cfg.steps, schedule=cfg.lr_schedule
@@ -461,7 +460,7 @@ def train(
     step, history = 0, []
     if latest is not None:
         saved = torch.load(latest / _STATE, weights_only=False)
-        opt.load_state_dict(saved["optimizer"])
+        load_optimizer_state(model, opt, saved["optimizer"], dist)
         sched.load_state_dict(saved["scheduler"])
         sampler.load_state_dict(saved["sampler"])
         set_rng_state(saved["rng"])
@@ -477,7 +476,8 @@ def train(
             # ---- rollouts: this rank's share of B groups, G episodes each ---------
             drawn = sampler.next(cfg.groups_per_step)[dist.rank :: dist.world]
             model.eval()
-            rollouts = workers.play([d.state_id for d in drawn for _ in range(cfg.group_size)])
+            with gathered(model, dist):
+                rollouts = workers.play([d.state_id for d in drawn for _ in range(cfg.group_size)])
             pools = [d.pool for d in drawn for _ in range(cfg.group_size)]
             t_rollout = time.perf_counter() - t0
 
@@ -486,8 +486,9 @@ def train(
             rewards = torch.tensor([r.reward for r in scored], dtype=torch.float)  # (N,)
             groups = [r.state_id for r in scored]
             # A_i = r_i - mean_{j in g(i)} r_j   (/ std_g + eps when normalize_std)  -> (N,)
+            # A group never spans ranks (each rank plays whole groups), so this is local.
             adv = group_advantages(rewards, groups, normalize_std=cfg.normalize_std)
-            keep, zero_share = filter_uniform_groups(rewards, groups)
+            keep, _ = filter_uniform_groups(rewards, groups)
             if cfg.filter_uniform_groups:
                 scored = [r for r, k in zip(scored, keep.tolist(), strict=True) if k]
                 adv = adv[keep]
@@ -501,15 +502,7 @@ def train(
             step += 1
             record = {
                 "step": step,
-                "reward": sum(r.reward for r in rollouts) / len(rollouts),
-                # The pools differ in difficulty (a stage row vs a whole episode), so the
-                # mean above moves with the batch's mix; per pool it shows learning.
-                "reward_by_pool": _mean_by(pools, [r.reward for r in rollouts]),
-                "scored_rollouts": len(scored),
-                "zero_advantage_groups": zero_share,
-                "response_tokens": sum(sum(r.response_mask) for r in rollouts) / len(rollouts),
-                "turns": sum(r.num_turns for r in rollouts) / len(rollouts),
-                "finished": sum(r.stop_reason == "terminated" for r in rollouts) / len(rollouts),
+                **_rollout_metrics(rollouts, pools, dist),
                 "lr": lr,
                 **stats,
                 "rollout_s": t_rollout,
@@ -521,8 +514,21 @@ def train(
                     f.write(json.dumps(record) + "\n")
             if on_step is not None:
                 on_step(record)
-            if dist.rank == 0 and (step % cfg.save_every == 0 or step == cfg.steps):
-                _save(checkpoints, step, model, tokenizer, opt, sched, sampler, history, cfg)
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                weights, optim = full_state(model, opt, dist)
+                if dist.rank == 0:
+                    _save(
+                        checkpoints,
+                        step,
+                        model,
+                        weights,
+                        tokenizer,
+                        optim,
+                        sched,
+                        sampler,
+                        history,
+                        cfg,
+                    )
     finally:
         workers.close()
         if pool is not None:
@@ -531,8 +537,9 @@ def train(
         policy.close()
 
     final = out / "final"
+    weights, _ = full_state(model, None, dist)
     if dist.rank == 0:
-        model.save_pretrained(final)
+        model.save_pretrained(final, state_dict=weights)
         tokenizer.save_pretrained(final)
     return {"steps": step, "final": str(final), "history": history}
 
@@ -547,29 +554,39 @@ def _update(
     device: torch.device,
     tokenizer: Any,
     ctx: Any,
-    dist: _Dist,
+    dist: Dist,
 ) -> dict[str, float]:
-    """``updates_per_batch`` optimizer steps over the rollouts, micro-batch by micro-batch."""
-    if not rollouts:
-        return {
-            "sampler_logprob_gap": 0.0,
-            "loss": 0.0,
-            "kl": 0.0,
-            "clip_fraction": 0.0,
-            "entropy": 0.0,
-            "grad_norm": 0.0,
-        }
+    """``updates_per_batch`` optimizer steps over the rollouts, micro-batch by micro-batch.
+
+    Under FSDP every forward and backward is a collective, so a rank with fewer
+    micro-batches than another runs idle passes (zero loss, zero gradient) to match.
+    """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = [
         _batch_tensors(rollouts[s], pad, device) | {"adv": adv[s].to(device)}
         for s in _chunks(len(rollouts), cfg.micro_batch_size)
     ]
+    # The outer denominator spans the whole accumulated batch (and every rank), so
+    # micro-batching does not change the loss: sequences, or masked tokens for token_mean.
+    local = float(
+        sum(b["loss_mask"].sum() for b in batches)
+        if cfg.aggregation == "token_mean"
+        else len(rollouts)
+    )
+    normalizer = float(dist.all_sum(torch.tensor(local, device=device)).item())
+    if normalizer == 0:  # no rollout scored on any rank
+        return dict.fromkeys(_UPDATE_STATS, 0.0)
+    batches += [_idle_batch(pad, device)] * (dist.all_max(len(batches)) - len(batches))
     # old log-probs: the policy that sampled (this model, before the update); ref: pi_ref.
     # With one pass over the batch the weights do not move before the optimizer step, so
     # old = logp.detach() (rho = 1, the same gradient) and no forward is spent on it.
     on_policy = cfg.updates_per_batch == 1
     with torch.no_grad():
         for b in batches:
+            if b.get("idle"):
+                if not on_policy:
+                    _logprobs(model, b, cfg.temperature, ctx, with_entropy=False)
+                continue
             b["old"] = (
                 None
                 if on_policy
@@ -580,24 +597,22 @@ def _update(
                 if ref is not None
                 else None
             )
-    # The outer denominator spans the whole accumulated batch (and every rank), so
-    # micro-batching does not change the loss: sequences, or masked tokens for token_mean.
-    local = float(
-        sum(b["loss_mask"].sum() for b in batches)
-        if cfg.aggregation == "token_mean"
-        else len(rollouts)
-    )
-    normalizer = float(dist.all_sum(torch.tensor(local, device=device)).item())
-    max_len = cfg.max_len_norm or max(len(r.response_ids) for r in rollouts)
+    longest = max((len(r.response_ids) for r in rollouts), default=1)
+    max_len = cfg.max_len_norm or dist.all_max(longest)
     # The sampler's own log-probs (when it reports them) against the trainer's: a gap
     # well above float noise means the sampler and the trained model disagree (another
     # precision or kernel, stale weights), which the ratio then does not correct.
     sampled_lp = all(r.response_logprobs is not None for r in rollouts)
     model.train()
-    totals: dict[str, float] = {}
+    totals = dict.fromkeys(("loss", "entropy_sum", "kl_sum", "clip_fraction_sum", "tokens"), 0.0)
+    totals["gap_sum"] = 0.0
     for update in range(cfg.updates_per_batch):
         opt.zero_grad(set_to_none=True)
         for b in batches:
+            if b.get("idle"):
+                logp, _ = _logprobs(model, b, cfg.temperature, ctx, with_entropy=False)
+                (logp.sum() * 0.0).backward()
+                continue
             logp, entropy = _logprobs(model, b, cfg.temperature, ctx)
             loss, stats = grpo_loss(
                 logp,
@@ -614,31 +629,45 @@ def _update(
             )
             loss.backward()
             weight = b["loss_mask"].sum().item()
-            totals["loss"] = totals.get("loss", 0.0) + loss.item()
-            totals["entropy_sum"] = totals.get("entropy_sum", 0.0) + float(
-                masked_mean(entropy, b["loss_mask"]) * weight
-            )
+            totals["loss"] += loss.item()
+            totals["entropy_sum"] += float(masked_mean(entropy, b["loss_mask"]) * weight)
             for k in ("kl", "clip_fraction"):
                 if k in stats:
-                    totals[f"{k}_sum"] = totals.get(f"{k}_sum", 0.0) + float(stats[k]) * weight
-            totals["tokens"] = totals.get("tokens", 0.0) + weight
+                    totals[f"{k}_sum"] += float(stats[k]) * weight
+            totals["tokens"] += weight
             if update == 0 and sampled_lp:
                 gap = (logp.detach() - b["sample_logprobs"]).abs()
-                totals["gap_sum"] = totals.get("gap_sum", 0.0) + float(
-                    masked_mean(gap, b["loss_mask"]) * weight
-                )
+                totals["gap_sum"] += float(masked_mean(gap, b["loss_mask"]) * weight)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         opt.step()
-    tokens = max(totals.pop("tokens"), 1.0)
+    # Sums over every rank's tokens (the loss is already a share of the global mean).
+    keys = sorted(totals)
+    summed = dist.all_sum(torch.tensor([totals[k] for k in keys], dtype=torch.float64))
+    totals = dict(zip(keys, summed.tolist(), strict=True))
+    tokens = max(totals["tokens"], 1.0)
     n = cfg.updates_per_batch
-    first_pass_tokens = tokens / n
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+        grad_norm = grad_norm.full_tensor()
     return {
-        "sampler_logprob_gap": totals.get("gap_sum", 0.0) / first_pass_tokens,
+        "sampler_logprob_gap": totals["gap_sum"] / (tokens / n),
         "loss": totals["loss"] / n,
-        "kl": totals.get("kl_sum", 0.0) / tokens,
-        "clip_fraction": totals.get("clip_fraction_sum", 0.0) / tokens,
+        "kl": totals["kl_sum"] / tokens,
+        "clip_fraction": totals["clip_fraction_sum"] / tokens,
         "entropy": totals["entropy_sum"] / tokens,
         "grad_norm": float(grad_norm),
+    }
+
+
+_UPDATE_STATS = ("sampler_logprob_gap", "loss", "kl", "clip_fraction", "entropy", "grad_norm")
+
+
+def _idle_batch(pad: int, device: torch.device) -> dict[str, Any]:
+    """A one-token batch with nothing to learn: an FSDP rank's padding pass."""
+    return {
+        "idle": True,
+        "input_ids": torch.full((1, 2), pad, dtype=torch.long, device=device),
+        "attention_mask": torch.ones((1, 2), dtype=torch.long, device=device),
+        "loss_mask": torch.zeros((1, 1), device=device),
     }
 
 
@@ -646,19 +675,22 @@ def _save(
     checkpoints: CheckpointDir,
     step: int,
     model: Any,
+    weights: dict[str, torch.Tensor],
     tokenizer: Any,
-    opt: torch.optim.Optimizer,
+    optim: dict[str, Any] | None,
     sched: torch.optim.lr_scheduler.LRScheduler,
     sampler: StateSampler,
     history: list[dict[str, Any]],
     cfg: GRPOConfig,
 ) -> Path:
+    """Write one checkpoint from full state dicts (see :func:`~bat_gym.trainers.fsdp.full_state`)."""
+
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=weights)
         tokenizer.save_pretrained(tmp)
         torch.save(
             {
-                "optimizer": opt.state_dict(),
+                "optimizer": optim,
                 "scheduler": sched.state_dict(),
                 "sampler": sampler.state_dict(),
                 "rng": rng_state(),

@@ -285,7 +285,10 @@ class TransformersPolicy(LocalModelPolicy):
         live = list(range(batch))
         cache = None
         step_ids, step_pos = input_ids, positions
-        with torch.inference_mode():
+        # no_grad, not inference_mode: a trainer may share these weights, and FSDP2 reuses
+        # the unsharded parameter buffers it fills here, which must stay normal tensors
+        # (an inference tensor cannot be updated in place outside inference mode).
+        with torch.no_grad():
             for _ in range(max_new):
                 kwargs: dict[str, Any] = {"attention_mask": mask, "position_ids": step_pos}
                 if cache is not None:
