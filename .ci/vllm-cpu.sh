@@ -20,3 +20,4 @@ pip install -q "gymnasium>=1.0,<2" "pydantic>=2.6,<3" pyyaml typer nibabel pydic
 
 python benchmarks/vllm_smoke.py --dtype float32
 pytest -q -m slow tests/policies/test_vllm_policy.py
+pytest -q -m slow tests/trainers/test_grpo.py -k vllm

@@ -116,6 +116,12 @@ def grpo(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 512,
     max_turns: Annotated[int | None, typer.Option("--max-turns", min=1)] = None,
     kl_coef: Annotated[float, typer.Option("--kl-coef", min=0.0)] = 0.006,
+    generator: Annotated[
+        str,
+        typer.Option(
+            "--generator", help="Rollout sampler: transformers (the trained model) or vllm."
+        ),
+    ] = "transformers",
     num_envs: Annotated[int, typer.Option("--num-envs", min=1)] = 8,
     ray: Annotated[
         str | None,
@@ -145,6 +151,7 @@ def grpo(
         max_new_tokens=max_new_tokens,
         max_turns=max_turns,
         kl_coef=kl_coef,
+        generator=generator,  # type: ignore[arg-type]
         num_envs=num_envs,
         ray=ray,
         seed=seed,

@@ -130,12 +130,14 @@ def gathered(model: Any, dist: Dist) -> Iterator[None]:
 
 
 def full_state(
-    model: Any, opt: torch.optim.Optimizer | None, dist: Dist
+    model: Any, opt: torch.optim.Optimizer | None, dist: Dist, *, every_rank: bool = False
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
-    """The full model (and optimizer) state dicts, on CPU; a collective on every rank.
+    """The full model (and optimizer) state dicts; a collective on every rank.
 
-    With one process: the ordinary ``state_dict()``s. The optimizer's is None when
-    ``opt`` is.
+    By default they land on rank 0 only, on CPU (for writing a checkpoint; other ranks
+    get empty dicts). ``every_rank`` gives every rank the full weights on its device
+    (for a vLLM engine per rank). With one process: the ordinary ``state_dict()``s. The
+    optimizer's is None when ``opt`` is.
     """
     if dist.world == 1:
         return model.state_dict(), None if opt is None else opt.state_dict()
@@ -145,7 +147,7 @@ def full_state(
         get_optimizer_state_dict,
     )
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
     weights = get_model_state_dict(model, options=options)
     if opt is None:
         return weights, None

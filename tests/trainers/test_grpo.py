@@ -62,6 +62,8 @@ def test_config_errors_name_the_fix(tiny, toy_bank, tmp_path):
         GRPOConfig(model="m", output_dir="o")
     with pytest.raises(ValueError, match="group_size"):
         config(tiny, toy_bank, tmp_path, group_size=1)
+    with pytest.raises(ValueError, match="generator"):
+        config(tiny, toy_bank, tmp_path, generator="sglang")
     with pytest.raises(ValueError, match="warmup_steps"):
         config(tiny, toy_bank, tmp_path, warmup_steps=3)
 
@@ -114,3 +116,24 @@ def test_a_curriculum_round_feeds_the_groups_and_rewards_are_logged_per_pool(
     # One reference batch: 4 S-target, 2 S-mix and 2 E2E states, two rollouts each.
     assert seen[0]["scored_rollouts"] == 16
     assert set(seen[0]["reward_by_pool"]) == {"target", "mix", "e2e"}
+
+
+@pytest.mark.slow
+def test_a_vllm_generator_samples_with_the_weights_of_the_last_update(tiny, toy_bank, tmp_path):
+    pytest.importorskip(
+        "vllm", reason="vllm is not installed (optional extra: pip install 'bat-gym[vllm]')"
+    )
+    engine = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3,
+              "max_model_len": 2048}  # fmt: skip
+    # An untrained model earns no reward to learn from, so weight decay moves the
+    # weights (5% a step) whatever the advantages.
+    cfg = config(
+        tiny, toy_bank, tmp_path, steps=3, generator="vllm", vllm_kwargs=engine,
+        lr=0.05, weight_decay=1.0,
+    )  # fmt: skip
+    history = train(cfg)["history"]
+    # The trainer moved away from the starting (reference) model ...
+    assert history[-1]["kl"] > 1e-4, history
+    # ... and re-scores vLLM's samples as vLLM did: after each update vLLM got the new
+    # weights, or the gap would be the size of that move, not float noise.
+    assert all(h["sampler_logprob_gap"] < 1e-3 for h in history), history
