@@ -24,7 +24,7 @@ SKILLS = {
 
 SPEC = BenchmarkSpec(
     name="skill_ladder",
-    version="1.0",
+    version="1.1",
     description=(
         "Five stages, each one short command of a shipped tool; per task one flag to copy "
         "from the card (unit, phantom id) or from the tool's check (code fix)."

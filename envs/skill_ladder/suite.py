@@ -137,15 +137,20 @@ class SkillLadder(Benchmark):
     # -- prompts ----------------------------------------------------------------------
 
     def system_prompt(self, focus: str, protocol: ToolProtocol) -> str:
-        """A short system text: the tool call format, then each stage's command."""
+        """A short system text: the tool call format, then every stage's command.
+
+        Stage rows list every stage too, as E2E episodes do, and only the line saying
+        what to do differs: a tiny policy keys on its whole context, so a skill trained
+        on a stage row carries over to the E2E episode that reaches the same point only
+        if the two contexts look alike (with the stage's line alone in a stage row,
+        GRPO raised the S3 rows' reward 0.2 -> 0.45 and E2E S3 not at all).
+        """
         if focus == E2E:
-            stages = self.spec.stages
             work = "Do the stages in order, one command per turn, then call finish."
         else:
             s = self.spec.stage(focus)
-            stages = (s,)
             work = f"Do stage {s.id} {s.name} only, then call finish."
-        lines = "\n".join(f"{s.id} {s.name}: {s.skill}" for s in stages)
+        lines = "\n".join(f"{s.id} {s.name}: {s.skill}" for s in self.spec.stages)
         return (
             "You work on a skill_ladder task in /workspace. Run bash with execute_code:\n"
             f"{protocol.example}\n{work}\n{lines}"

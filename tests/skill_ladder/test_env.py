@@ -23,9 +23,11 @@ def test_the_bank_holds_every_focus_track_and_outcome(ladder, ladder_bank):
             assert outcomes == {"success", "recovery", "failure"}, (track, focus)
     s3 = ladder_bank.get(ladder_bank.select("S3", "cases")[0])
     assert [m["role"] for m in s3.messages][:2] == ["system", "user"]
-    assert (
-        "S3 Validate:" in s3.messages[0]["content"] and "S1 Plan:" not in s3.messages[0]["content"]
-    )
+    # A stage row lists every stage, as an E2E episode does, and asks for its own only.
+    system = s3.messages[0]["content"]
+    e2e = ladder_bank.get(ladder_bank.select("E2E", "cases")[0]).messages[0]["content"]
+    assert "Do stage S3 Validate only" in system and "S1 Plan:" in system
+    assert system.splitlines()[3:] == e2e.splitlines()[3:]
 
 
 @pytest.mark.parametrize("focus", ["S1", "S2", "S3", "S4", "S5", E2E])

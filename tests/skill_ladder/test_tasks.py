@@ -165,7 +165,7 @@ def test_prompts_are_short(ladder):
                 size = len(ladder.system_prompt(focus, proto)) + len(
                     ladder.user_prompt(task, focus)
                 )
-                assert size <= (1000 if focus == E2E else 700), (track, focus, size)
+                assert size <= 1000, (track, focus, size)
     for stage in ladder.spec.stages:
         assert len(stage.skill) <= 300, stage.id
 
