@@ -56,7 +56,8 @@ from typing import Any
 import torch
 
 from bat_gym.integrations._episode import EpisodeResult
-from bat_gym.trainers.grpo import GRPOConfig, _batch_tensors, _chunks, _Dist, _update
+from bat_gym.trainers.fsdp import Dist
+from bat_gym.trainers.grpo import GRPOConfig, _batch_tensors, _chunks, _update
 from bat_gym.trainers.grpo_loss import group_advantages
 from bat_gym.trainers.tiny_model import build_tiny_model
 
@@ -211,7 +212,7 @@ class BatGymStep:
             torch.device("cpu"),
             self.batch.tokenizer,
             nullcontext(),
-            _Dist(),
+            Dist(),
         )
         return stats["grad_norm"]
 

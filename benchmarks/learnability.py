@@ -10,11 +10,13 @@ Sections (each prints a table):
 
 1. SFT: held-out overall / task / stage scores of the random-init model and of the
    model after cold-start SFT on the bank's teacher rows.
-2. GRPO on the weakest stage: the SFT checkpoint is evaluated ``--noise-evals`` times
-   with different sampling seeds (the evaluation noise: std over those, and the
-   bootstrap CI of one evaluation); :func:`bat_gym.selection.paper_target` picks the
-   weakest stage; GRPO with ``target=`` that stage runs for ``--grpo-steps`` steps per
-   seed; the stage's held-out score before and after, mean and spread over seeds.
+2. GRPO on the weakest stage: the SFT checkpoint is evaluated three times with
+   different sampling seeds (the evaluation noise: std over those, and the bootstrap
+   CI of one evaluation); ``--target`` picks the weakest stage (default: the weighted
+   deficit of :class:`bat_gym.selection.DeficitSelector`; ``paper``: the lowest
+   score); GRPO with ``target=`` that stage runs for ``--grpo-steps`` steps per seed;
+   the stage's held-out score before and after, mean and spread over seeds, and each
+   run's training reward on the target pool.
 3. BiCuRL: :func:`bat_gym.trainers.bicurl.run_loop` for ``--rounds`` rounds, with its
    promotion gate and best-so-far retention; each round's decision and the curve PNG.
 4. Pool ablation: GRPO with the reference three-pool mix (section 2's runs) against
@@ -46,13 +48,13 @@ class Plan:
 
     tasks_per_track: int = 12
     """Training tasks per track in the bank (success and recovery trajectories each)."""
-    sft_steps: int = 200
+    sft_steps: int = 300
     """Cold-start SFT optimizer steps (micro batch 4, no accumulation, lr 2e-3)."""
-    eval_repeats: int = 6
+    eval_repeats: int = 20
     """Held-out tasks per track in every evaluation (3 tracks: 3x this many episodes)."""
     noise_evals: int = 3
     """Evaluations of the SFT checkpoint with different sampling seeds (the noise)."""
-    grpo_steps: int = 8
+    grpo_steps: int = 24
     """GRPO optimizer steps per run (section 2 and both ablation arms)."""
     groups_per_step: int = 8
     """States per GRPO step: one StageCurriculum batch of 8 rows."""
@@ -60,20 +62,20 @@ class Plan:
     """GRPO seeds (section 2 and the ablation)."""
     rounds: int = 3
     """BiCuRL rounds."""
-    steps_per_round: int = 4
+    steps_per_round: int = 12
     """GRPO steps per BiCuRL round."""
 
 
 QUICK = Plan(
     tasks_per_track=8,
-    sft_steps=150,
-    eval_repeats=4,
+    sft_steps=300,
+    eval_repeats=16,
     noise_evals=3,
-    grpo_steps=4,
+    grpo_steps=16,
     groups_per_step=8,
     seeds=3,
     rounds=3,
-    steps_per_round=2,
+    steps_per_round=8,
 )
 
 BENCH = "skill_ladder"
@@ -81,9 +83,13 @@ MAX_TURNS = 8  # the teacher needs at most 7; tiny policies waste little on dead
 MAX_NEW_TOKENS = 96  # a teacher turn is about 50 tokens
 TEMPERATURE = 0.7  # the BaT sampling temperature, in training and evaluation alike
 
-# GRPO for a 128-wide model: lr 3e-4 is stable where 1e-3 collapsed; the rest is BaT.
+# GRPO for a 128-wide model; the rest is BaT. After 300 SFT steps the policy is sharp
+# (token entropy ~0.04): lr 3e-4 moved it ~0.1 nats/token from the SFT model within
+# three steps and broke S2-S5 on held-out tasks, 1e-4 still cost S4/S5, 3e-5 with a
+# four-step warmup kept KL below 0.01 and raised the target stage.
 GRPO_BASE: dict[str, Any] = {
-    "lr": 3e-4,
+    "lr": 3e-5,
+    "warmup_steps": 4,
     "group_size": 4,
     "temperature": TEMPERATURE,
     "max_new_tokens": MAX_NEW_TOKENS,
@@ -216,8 +222,14 @@ def section_sft(out: Path, plan: Plan, model: Path, sft_dir: Path) -> Path:
         device="cpu",
     )
     t1 = time.perf_counter()
-    summary = train(cfg)
-    t_sft = time.perf_counter() - t1
+    done = out / "sft" / "summary.json"
+    if done.is_file():  # a rerun reuses the finished SFT run
+        summary = json.loads(done.read_text())
+    else:
+        summary = train(cfg)
+        summary["wall_s"] = time.perf_counter() - t1
+        done.write_text(json.dumps(summary, default=str))
+    t_sft = summary["wall_s"]
     final = Path(summary["final_dir"])
     t2 = time.perf_counter()
     after = held_out(final, out / "eval" / "sft-0", plan)
@@ -241,7 +253,37 @@ def section_sft(out: Path, plan: Plan, model: Path, sft_dir: Path) -> Path:
     return final
 
 
-def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path) -> tuple[str, list[Path]]:
+def pick_target(rule: str, scores: dict[str, float]) -> str:
+    """The weakest stage of ``scores`` by ``rule``: ``paper``, ``deficit`` or a stage id.
+
+    ``paper`` is BaT's rule (lowest stage score). In a ladder the later stages inherit
+    every earlier failure, so the lowest score often sits at S5 although the episodes
+    that fail there already failed at S3; ``deficit`` weighs each shortfall by the
+    stage's agentic weight and finds the stage that costs the most reward.
+    """
+    from bat_gym.registry import get_benchmark
+    from bat_gym.selection import DeficitSelector, paper_target
+
+    if rule == "paper":
+        return paper_target(scores)
+    if rule == "deficit":
+        return DeficitSelector.from_spec(get_benchmark(BENCH).spec).target(scores)
+    return rule
+
+
+def _training_curve(run: Path) -> tuple[float, float]:
+    """Mean target-pool rollout reward of the first and last quarter of a run's steps."""
+    steps = [
+        json.loads(line)
+        for line in (run.parent / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    rewards = [m["reward_by_pool"].get("target", m["reward"]) for m in steps]
+    k = max(1, len(rewards) // 4)
+    return statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])
+
+
+def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tuple[str, list[Path]]:
     """GRPO on the weakest stage over seeds, against the evaluation noise."""
     from bat_gym.selection import paper_target
 
@@ -257,55 +299,70 @@ def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path) -> tuple[str, lis
         for s in stages
         if any(r.aggregates.stages[s] is not None for r in reports)
     }
-    target = paper_target(mean_scores)
+    target = pick_target(rule, mean_scores)
     base = [r.aggregates.stages[target] or 0.0 for r in reports]
     base_overall = [r.aggregates.overall or 0.0 for r in reports]
     ci = reports[0].intervals[target]
 
-    runs, after, after_overall, t_runs = [], [], [], []
+    runs, after, after_overall, t_runs, curves = [], [], [], [], []
     for seed in range(plan.seeds):
         t1 = time.perf_counter()
         final = grpo(sft, bank, out / "grpo" / f"{target}-seed{seed}", plan, seed, target=target)
         t_runs.append(time.perf_counter() - t1)
         rep = held_out(final, out / "eval" / f"grpo-{target}-seed{seed}", plan)
         runs.append(final)
+        curves.append(_training_curve(final))
         after.append(rep.aggregates.stages[target] or 0.0)
         after_overall.append(rep.aggregates.overall or 0.0)
 
+    episodes = reports[0].aggregates.completion.runs
     _log(
         f"\n## 2. GRPO on the weakest stage ({target}), {plan.grpo_steps} steps x "
-        f"{plan.groups_per_step} groups x {GRPO_BASE['group_size']} rollouts"
+        f"{plan.groups_per_step} groups x {GRPO_BASE['group_size']} rollouts, "
+        f"{plan.seeds} seeds; every evaluation {episodes} held-out E2E episodes"
     )
     _log(
         "SFT stage scores (mean over sampling seeds): "
         + ", ".join(f"{s} {v:.3f}" for s, v in mean_scores.items())
+        + f"; target by rule {rule!r}: {target} (paper rule: {paper_target(mean_scores)})"
     )
     _log(
-        f"evaluation noise: {plan.noise_evals} sampling seeds of the SFT checkpoint, "
+        f"evaluation noise: {plan.noise_evals} sampling seeds of the SFT checkpoint; "
         f"{_fmt(ci.level, 2)} bootstrap CI of one evaluation [{_fmt(ci.low)}, {_fmt(ci.high)}]; "
         f"noise evals {t_noise:.0f} s, GRPO runs {statistics.fmean(t_runs):.0f} s each"
     )
-    _log("| | target stage | overall | per seed (target stage) |")
+    _log(f"| | {target} (held-out) | overall (held-out) | {target} per seed |")
     _log("|---|---|---|---|")
     _log(
-        f"| SFT (eval seeds) | {_mean_sd(base)} | {_mean_sd(base_overall)} | "
-        f"{', '.join(f'{x:.2f}' for x in base)} |"
+        f"| SFT (sampling seeds) | {_mean_sd(base)} | {_mean_sd(base_overall)} | "
+        f"{', '.join(f'{x:.3f}' for x in base)} |"
     )
     _log(
-        f"| SFT + GRPO (train seeds) | {_mean_sd(after)} | {_mean_sd(after_overall)} | "
-        f"{', '.join(f'{x:.2f}' for x in after)} |"
+        f"| SFT + GRPO (training seeds) | {_mean_sd(after)} | {_mean_sd(after_overall)} | "
+        f"{', '.join(f'{x:.3f}' for x in after)} |"
+    )
+    _log(
+        "training reward on the target pool, first -> last quarter of the steps: "
+        + ", ".join(f"seed {i} {a:.2f} -> {b:.2f}" for i, (a, b) in enumerate(curves))
     )
     diff = statistics.fmean(after) - statistics.fmean(base)
     sd = statistics.stdev(base) if len(base) > 1 else 0.0
+    above = sum(x > max(base) for x in after)
+    beyond = abs(diff) > 2 * sd and abs(diff) > 0
     _log(
-        f"change {diff:+.3f} on {target}; evaluation std {sd:.3f} "
-        f"({'beyond' if abs(diff) > 2 * sd and abs(diff) > 0 else 'within'} 2 std of the noise)"
+        f"change {diff:+.3f} on {target}; evaluation std {sd:.3f}: "
+        f"{'beyond' if beyond else 'within'} 2 std of the noise; "
+        f"{above}/{len(after)} seeds above every SFT evaluation"
     )
     return target, runs
 
 
-def section_bicurl(out: Path, plan: Plan, sft: Path, bank: Path) -> None:
-    """Three BiCuRL rounds: target, decision, best-so-far; where the curve is."""
+def section_bicurl(out: Path, plan: Plan, sft: Path, bank: Path, rule: str = "deficit") -> None:
+    """Three BiCuRL rounds: target, decision, best-so-far; where the curve is.
+
+    The loop selects its targets with ``rule`` when it names a selector (``paper`` or
+    ``deficit``), else with the weighted deficit.
+    """
     from bat_gym.trainers.bicurl import BiCuRLConfig, run_loop
 
     grpo_kw = {**GRPO_BASE, "groups_per_step": plan.groups_per_step}
@@ -321,12 +378,16 @@ def section_bicurl(out: Path, plan: Plan, sft: Path, bank: Path) -> None:
         eval_max_turns=MAX_TURNS,
         eval_max_new_tokens=MAX_NEW_TOKENS,
         eval_temperature=TEMPERATURE,
+        selector=rule if rule in ("paper", "deficit") else "deficit",
         grpo=grpo_kw,
     )
     t0 = time.perf_counter()
     state = run_loop(cfg)
     wall = time.perf_counter() - t0
-    _log(f"\n## 3. BiCuRL, {plan.rounds} rounds x {plan.steps_per_round} GRPO steps ({wall:.0f} s)")
+    _log(
+        f"\n## 3. BiCuRL, {plan.rounds} rounds x {plan.steps_per_round} GRPO steps, "
+        f"selector {cfg.selector} ({wall:.0f} s)"
+    )
     _log(
         "| round | target | candidate overall | incumbent overall | decision | failed checks "
         "| best so far | next |"
@@ -404,6 +465,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sft-steps", type=int, help="SFT steps")
     p.add_argument("--eval-repeats", type=int, help="held-out tasks per track per evaluation")
     p.add_argument(
+        "--target",
+        default="deficit",
+        help="GRPO target stage: 'deficit' (weighted shortfall, default), 'paper' "
+        "(lowest stage score) or a stage id",
+    )
+    p.add_argument(
         "--skip",
         action="append",
         default=[],
@@ -435,9 +502,9 @@ def main(argv: list[str] | None = None) -> None:
     bank, model, sft_data = build_setup(args.out, plan)
     _log(f"setup (bank, tokenizer, model, SFT export): {time.perf_counter() - t0:.0f} s")
     sft = section_sft(args.out, plan, model, sft_data)
-    target, mix_runs = section_grpo(args.out, plan, sft, bank)
+    target, mix_runs = section_grpo(args.out, plan, sft, bank, args.target)
     if "bicurl" not in args.skip:
-        section_bicurl(args.out, plan, sft, bank)
+        section_bicurl(args.out, plan, sft, bank, args.target)
     if "ablation" not in args.skip:
         section_ablation(args.out, plan, sft, bank, target, mix_runs)
     _log(f"\ntotal {time.perf_counter() - t0:.0f} s")
