@@ -11,7 +11,7 @@ from bat_gym.envs.skill_ladder import teacher
 from bat_gym.envs.skill_ladder.spec import SPEC
 from bat_gym.envs.skill_ladder.tasks import Draw, draw, label_accuracy, public_files, reduce_draw
 from bat_gym.protocol import ToolProtocol
-from bat_gym.spec import E2E, Task
+from bat_gym.spec import Task
 
 if TYPE_CHECKING:
     from bat_gym.rubrics.workspace import FrozenWorkspace
@@ -137,30 +137,23 @@ class SkillLadder(Benchmark):
     # -- prompts ----------------------------------------------------------------------
 
     def system_prompt(self, focus: str, protocol: ToolProtocol) -> str:
-        """A short system text: the tool call format, then every stage's command.
+        """A short system text, the same for every focus: the tool call, every stage's command.
 
-        Stage rows list every stage too, as E2E episodes do, and only the line saying
-        what to do differs: a tiny policy keys on its whole context, so a skill trained
-        on a stage row carries over to the E2E episode that reaches the same point only
-        if the two contexts look alike (with the stage's line alone in a stage row,
-        GRPO raised the S3 rows' reward 0.2 -> 0.45 and E2E S3 not at all).
+        A stage row resumes an E2E episode where its stage begins (the teacher's turns
+        so far are its history); its rubric contract, not its prompt, decides what is
+        rewarded. A tiny policy keys on its whole context, so a skill trained on a stage
+        row carries over to E2E episodes only if the row looks like the E2E episode at
+        that point: with a prompt naming the stage alone, GRPO raised the S3 rows'
+        reward 0.2 -> 0.45 and the E2E S3 score not at all.
         """
-        if focus == E2E:
-            work = "Do the stages in order, one command per turn, then call finish."
-        else:
-            s = self.spec.stage(focus)
-            work = f"Do stage {s.id} {s.name} only, then call finish."
         lines = "\n".join(f"{s.id} {s.name}: {s.skill}" for s in self.spec.stages)
         return (
             "You work on a skill_ladder task in /workspace. Run bash with execute_code:\n"
-            f"{protocol.example}\n{work}\n{lines}"
+            f"{protocol.example}\n"
+            "Do the stages in order, one command per turn, then call finish.\n"
+            f"{lines}"
         )
 
     def user_prompt(self, task: Task, focus: str) -> str:
-        """The task card; for a stage row, which stages are done and which one is asked."""
-        if focus == E2E:
-            return task.card
-        s = self.spec.stage(focus)
-        index = self.spec.stages.index(s)
-        done = f"S1-S{index} are done. " if index > 1 else ("S1 is done. " if index == 1 else "")
-        return f"{task.card}\n{done}Now do {s.id} {s.name}, then call finish."
+        """The task card, for every focus (see :meth:`system_prompt`)."""
+        return task.card
