@@ -46,7 +46,9 @@ SFT_STEPS = 150
 GRPO_STEPS = 10
 # Measured after SFT: overall 0.288 and 0.316 (two runs of this recipe, 12 episodes each).
 OVERALL_MIN = 0.15
-# Measured: mean state reward 0.29 -> 0.76 after 10 GRPO steps (gain 0.47, one run).
+# Measured with lr 1e-4 and 3 warmup steps: mean state reward 0.27 -> 0.44 after 10
+# steps (32 episodes each). lr 3e-4 without warmup gave +0.47 once and -0.07 once: its
+# first Adam steps move every weight by ~lr, and the reward random-walks.
 GAIN_MIN = 0.1
 
 
@@ -143,7 +145,7 @@ def test_grpo_on_one_state_raises_its_reward(ladder):
     # A units task: its flag is copied from the card, which the SFT model gets right
     # only in some samples.
     state_id = next(s for s in ladder.bank.select("E2E", "units") if s.endswith(".success"))
-    before = state_rewards(ladder, ladder.sft, state_id, n=16, seed=1)
+    before = state_rewards(ladder, ladder.sft, state_id, n=32, seed=1)
     # Groups must disagree, or GRPO has nothing to learn from.
     assert 0.0 < sum(before) / len(before) < 0.9, before
     cfg = GRPOConfig(
@@ -158,7 +160,8 @@ def test_grpo_on_one_state_raises_its_reward(ladder):
         temperature=TEMPERATURE,
         max_new_tokens=MAX_NEW_TOKENS,
         max_turns=MAX_TURNS,
-        lr=3e-4,  # stable for a tiny model; 1e-3 collapsed
+        lr=1e-4,
+        warmup_steps=3,
         kl_coef=0.006,
         num_envs=8,
         device="cpu",
@@ -166,6 +169,6 @@ def test_grpo_on_one_state_raises_its_reward(ladder):
         seed=0,
     )
     final = grpo_train(cfg)["final"]
-    after = state_rewards(ladder, Path(final), state_id, n=16, seed=2)
+    after = state_rewards(ladder, Path(final), state_id, n=32, seed=2)
     gain = sum(after) / len(after) - sum(before) / len(before)
     assert gain > GAIN_MIN, (before, after)
