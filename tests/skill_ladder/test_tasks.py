@@ -12,7 +12,6 @@ from bat_gym.envs.skill_ladder.tasks import draw, label_accuracy
 from bat_gym.protocol import get_protocol
 from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.sandbox import BlobStore
-from bat_gym.spec import E2E
 
 from .conftest import HELDOUT, TRACKS
 
