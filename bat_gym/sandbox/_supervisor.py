@@ -70,6 +70,8 @@ while :; do
 done
 """
 
+# Signals whose disposition a process may set (and so inherit as ignored).
+_CATCHABLE = frozenset(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _IPC_RMID = 0
@@ -299,8 +301,10 @@ class Supervisor:
                 dict(self.cfg["env"], __bat_call=self.cfg["call_file"]),
                 file_actions=actions,
                 setpgroup=0,
-                # Python ignores these two; bash and the commands it runs must not.
-                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                # Every disposition back to its default: Python ignores SIGPIPE and
+                # SIGXFSZ, and a host started under nohup or in the background ignores
+                # SIGHUP, SIGINT and SIGQUIT, which exec would pass on to agent code.
+                setsigdef=_CATCHABLE,
             )
         except OSError:
             return  # agent code holds every process slot; retried after the next request
@@ -476,7 +480,8 @@ def _child_python(code: str, cpu_s: int, out_w: int, workspace: str) -> None:
         # Undo the supervisor's signal set-up; SIGPIPE and SIGXFSZ stay ignored, as
         # in any Python process.
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sig in _CATCHABLE - {signal.SIGPIPE, signal.SIGXFSZ}:
+            signal.signal(sig, signal.SIG_DFL)  # also what the host ignored (see above)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setpgid(0, 0)
         null = os.open(os.devnull, os.O_RDONLY)
