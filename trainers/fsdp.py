@@ -10,9 +10,9 @@ process:
   and keeps them, so generation is local; they are resharded before the update.
 * The update: every rank must run the same number of forward/backward passes (each is
   a collective too); :meth:`Dist.all_max` tells a rank how many to pad with.
-* Checkpoints: a full (unsharded) state dict is gathered on every rank and written by
-  rank 0, so a checkpoint is an ordinary Hugging Face directory that one process can
-  load, resume from, or evaluate.
+* Checkpoints: every rank takes part in gathering a full (unsharded) state dict onto
+  rank 0, which writes it, so a checkpoint is an ordinary Hugging Face directory that
+  one process can load, resume from, or evaluate.
 
 With one process every function here is a no-op or the plain single-process call.
 """

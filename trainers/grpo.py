@@ -325,35 +325,48 @@ def _logprobs(
     return logp, entropy_from_logits(logits.detach(), temperature=temperature)
 
 
+class _RolloutRow(NamedTuple):
+    """What the step's metrics need of one rollout (small enough to gather from ranks)."""
+
+    reward: float
+    scored: bool
+    group: str
+    pool: str
+    tokens: int
+    turns: int
+    finished: bool
+
+
 def _rollout_metrics(
     rollouts: Sequence[EpisodeResult], pools: Sequence[str], dist: Dist
 ) -> dict[str, Any]:
     """Means over every rank's rollouts: reward (also per pool), length, turns, finishes."""
-    rows = dist.all_gather(
+    rows: list[_RolloutRow] = dist.all_gather(
         [
-            (r.reward, r.reward_or_none is not None, r.state_id, pool, sum(r.response_mask),
-             r.num_turns, r.stop_reason == "terminated")
+            _RolloutRow(r.reward, r.reward_or_none is not None, r.state_id, pool,
+                        sum(r.response_mask), r.num_turns, r.stop_reason == "terminated")
             for r, pool in zip(rollouts, pools, strict=True)
         ]
     )  # fmt: skip
     n = len(rows)
     by_pool: dict[str, list[float]] = {}
-    for reward, _, _, pool, *_ in rows:
-        by_pool.setdefault(pool, []).append(reward)
-    scored = [(reward, group) for reward, ok, group, *_ in rows if ok]
+    for row in rows:
+        by_pool.setdefault(row.pool, []).append(row.reward)
+    scored = [row for row in rows if row.scored]
     _, zero_share = filter_uniform_groups(
-        torch.tensor([r for r, _ in scored], dtype=torch.float), [g for _, g in scored]
+        torch.tensor([row.reward for row in scored], dtype=torch.float),
+        [row.group for row in scored],
     )
     return {
-        "reward": sum(r[0] for r in rows) / n,
+        "reward": sum(row.reward for row in rows) / n,
         # The pools differ in difficulty (a stage row vs a whole episode), so the mean
         # above moves with the batch's mix; per pool it shows learning.
         "reward_by_pool": {p: sum(v) / len(v) for p, v in by_pool.items()},
         "scored_rollouts": len(scored),
         "zero_advantage_groups": zero_share,
-        "response_tokens": sum(r[4] for r in rows) / n,
-        "turns": sum(r[5] for r in rows) / n,
-        "finished": sum(r[6] for r in rows) / n,
+        "response_tokens": sum(row.tokens for row in rows) / n,
+        "turns": sum(row.turns for row in rows) / n,
+        "finished": sum(row.finished for row in rows) / n,
     }
 
 
@@ -502,10 +515,10 @@ def train(
             t0 = time.perf_counter()
             # ---- rollouts: this rank's share of B groups, G episodes each ---------
             drawn = sampler.next(cfg.groups_per_step)[dist.rank :: dist.world]
+            episodes = [d for d in drawn for _ in range(cfg.group_size)]
             model.eval()
             with gathered(model, dist) if cfg.generator == "transformers" else nullcontext():
-                rollouts = workers.play([d.state_id for d in drawn for _ in range(cfg.group_size)])
-            pools = [d.pool for d in drawn for _ in range(cfg.group_size)]
+                rollouts = workers.play([d.state_id for d in episodes])
             t_rollout = time.perf_counter() - t0
 
             # ---- rewards and advantages ------------------------------------------
@@ -531,7 +544,7 @@ def train(
             step += 1
             record = {
                 "step": step,
-                **_rollout_metrics(rollouts, pools, dist),
+                **_rollout_metrics(rollouts, [d.pool for d in episodes], dist),
                 "lr": lr,
                 **stats,
                 "rollout_s": t_rollout,
@@ -633,8 +646,9 @@ def _update(
     # precision or kernel, stale weights), which the ratio then does not correct.
     sampled_lp = all(r.response_logprobs is not None for r in rollouts)
     model.train()
-    totals = dict.fromkeys(("loss", "entropy_sum", "kl_sum", "clip_fraction_sum", "tokens"), 0.0)
-    totals["gap_sum"] = 0.0
+    totals = dict.fromkeys(
+        ("loss", "entropy_sum", "kl_sum", "clip_fraction_sum", "gap_sum", "tokens"), 0.0
+    )
     for update in range(cfg.updates_per_batch):
         opt.zero_grad(set_to_none=True)
         for b in batches:
