@@ -86,7 +86,7 @@ TEMPERATURE = 0.7  # the BaT sampling temperature, in training and evaluation al
 # GRPO for a 128-wide model; the rest is BaT. After 300 SFT steps the policy is sharp
 # (token entropy ~0.04): lr 3e-4 moved it ~0.1 nats/token from the SFT model within
 # three steps and broke S2-S5 on held-out tasks, 1e-4 still cost S4/S5, 3e-5 with a
-# four-step warmup kept KL below 0.01 and raised the target stage.
+# four-step warmup kept KL below 0.02 over 16 steps and raised the target stage.
 GRPO_BASE: dict[str, Any] = {
     "lr": 3e-5,
     "warmup_steps": 4,
@@ -271,8 +271,10 @@ def pick_target(rule: str, scores: dict[str, float]) -> str:
     return rule
 
 
-def _training_curve(run: Path) -> tuple[float, float]:
-    """Mean target-pool rollout reward of the first and last quarter of a run's steps."""
+def _run_log(run: Path) -> tuple[float, float, float]:
+    """From a GRPO run's ``metrics.jsonl``: the mean target-pool rollout reward of the
+    first and last quarter of its steps, and its seconds (rollouts plus updates; also
+    right when a rerun reuses the finished run)."""
     steps = [
         json.loads(line)
         for line in (run.parent / "metrics.jsonl").read_text().splitlines()
@@ -280,7 +282,8 @@ def _training_curve(run: Path) -> tuple[float, float]:
     ]
     rewards = [m["reward_by_pool"].get("target", m["reward"]) for m in steps]
     k = max(1, len(rewards) // 4)
-    return statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])
+    seconds = sum(m["rollout_s"] + m["update_s"] for m in steps)
+    return statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:]), seconds
 
 
 def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tuple[str, list[Path]]:
@@ -304,14 +307,12 @@ def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tup
     base_overall = [r.aggregates.overall or 0.0 for r in reports]
     ci = reports[0].intervals[target]
 
-    runs, after, after_overall, t_runs, curves = [], [], [], [], []
+    runs, after, after_overall, logs = [], [], [], []
     for seed in range(plan.seeds):
-        t1 = time.perf_counter()
         final = grpo(sft, bank, out / "grpo" / f"{target}-seed{seed}", plan, seed, target=target)
-        t_runs.append(time.perf_counter() - t1)
         rep = held_out(final, out / "eval" / f"grpo-{target}-seed{seed}", plan)
         runs.append(final)
-        curves.append(_training_curve(final))
+        logs.append(_run_log(final))
         after.append(rep.aggregates.stages[target] or 0.0)
         after_overall.append(rep.aggregates.overall or 0.0)
 
@@ -329,7 +330,7 @@ def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tup
     _log(
         f"evaluation noise: {plan.noise_evals} sampling seeds of the SFT checkpoint; "
         f"{_fmt(ci.level, 2)} bootstrap CI of one evaluation [{_fmt(ci.low)}, {_fmt(ci.high)}]; "
-        f"noise evals {t_noise:.0f} s, GRPO runs {statistics.fmean(t_runs):.0f} s each"
+        f"noise evals {t_noise:.0f} s, GRPO runs {statistics.fmean(t for *_, t in logs):.0f} s each"
     )
     _log(f"| | {target} (held-out) | overall (held-out) | {target} per seed |")
     _log("|---|---|---|---|")
@@ -343,7 +344,7 @@ def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tup
     )
     _log(
         "training reward on the target pool, first -> last quarter of the steps: "
-        + ", ".join(f"seed {i} {a:.2f} -> {b:.2f}" for i, (a, b) in enumerate(curves))
+        + ", ".join(f"seed {i} {a:.2f} -> {b:.2f}" for i, (a, b, _) in enumerate(logs))
     )
     diff = statistics.fmean(after) - statistics.fmean(base)
     sd = statistics.stdev(base) if len(base) > 1 else 0.0
