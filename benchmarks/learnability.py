@@ -111,11 +111,14 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _var(xs: list[float]) -> float:
+    return statistics.variance(xs) if len(xs) > 1 else 0.0
+
+
 def _mean_sd(xs: list[float]) -> str:
     if not xs:
         return "-"
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.fmean(xs):.3f} ± {sd:.3f}"
+    return f"{statistics.fmean(xs):.3f} ± {_var(xs) ** 0.5:.3f}"
 
 
 # -------------------------------------------------------------------------- setup
@@ -178,6 +181,11 @@ def held_out(model: Path | str, out: Path, plan: Plan, seed: int = 0) -> Any:
         policy.close()
 
 
+def _eval_s(report: Any) -> float:
+    """Seconds an evaluation took, over every invocation (also on a rerun that reused it)."""
+    return float(report.manifest["timing"]["wall_s"])
+
+
 def grpo(model: Path, bank: Path, out: Path, plan: Plan, seed: int, **kw: Any) -> Path:
     """One GRPO run from ``model``; the final model directory."""
     from bat_gym.trainers.grpo import GRPOConfig, train
@@ -204,9 +212,7 @@ def section_sft(out: Path, plan: Plan, model: Path, sft_dir: Path) -> Path:
     """Before/after SFT on held-out cells; returns the SFT checkpoint."""
     from bat_gym.trainers.sft import SFTConfig, train
 
-    t0 = time.perf_counter()
     before = held_out(model, out / "eval" / "init", plan)
-    t_before = time.perf_counter() - t0
     cfg = SFTConfig(
         model=str(model),
         data_dir=str(sft_dir),
@@ -231,16 +237,14 @@ def section_sft(out: Path, plan: Plan, model: Path, sft_dir: Path) -> Path:
         done.write_text(json.dumps(summary, default=str))
     t_sft = summary["wall_s"]
     final = Path(summary["final_dir"])
-    t2 = time.perf_counter()
     after = held_out(final, out / "eval" / "sft-0", plan)
-    t_after = time.perf_counter() - t2
 
     a, b = before.aggregates, after.aggregates
     _log(f"\n## 1. SFT on the bank's teacher rows (held-out, {b.completion.runs} episodes)")
     _log(
         f"steps {summary['step']}, {summary['seconds_per_step'] or 0:.2f} s/step, "
         f"SFT {t_sft:.0f} s; loss {summary['train_loss'][0]:.2f} -> "
-        f"{summary['train_loss'][-1]:.3f}; evaluation {t_before:.0f} s / {t_after:.0f} s"
+        f"{summary['train_loss'][-1]:.3f}; evaluation {_eval_s(before):.0f} s / {_eval_s(after):.0f} s"
     )
     _log("| metric | random init | after SFT | 95% CI after |")
     _log("|---|---|---|---|")
@@ -290,11 +294,10 @@ def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tup
     """GRPO on the weakest stage over seeds, against the evaluation noise."""
     from bat_gym.selection import paper_target
 
-    t0 = time.perf_counter()
     reports = [
         held_out(sft, out / "eval" / f"sft-{s}", plan, seed=s) for s in range(plan.noise_evals)
     ]
-    t_noise = time.perf_counter() - t0
+    t_noise = sum(_eval_s(r) for r in reports)
     stages = list(reports[0].aggregates.stages)
     # Stage scores averaged over the sampling seeds: the least noisy view we have.
     mean_scores = {
@@ -350,10 +353,14 @@ def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tup
     sd = statistics.stdev(base) if len(base) > 1 else 0.0
     above = sum(x > max(base) for x in after)
     beyond = abs(diff) > 2 * sd and abs(diff) > 0
+    # Welch's standard error of the difference of the two means: the training seeds'
+    # spread holds the evaluation noise and the seed-to-seed spread of GRPO itself.
+    se = (_var(base) / len(base) + _var(after) / len(after)) ** 0.5
     _log(
         f"change {diff:+.3f} on {target}; evaluation std {sd:.3f}: "
         f"{'beyond' if beyond else 'within'} 2 std of the noise; "
-        f"{above}/{len(after)} seeds above every SFT evaluation"
+        f"{above}/{len(after)} seeds above every SFT evaluation; "
+        f"standard error of the change {se:.3f} ({diff / se if se else float('inf'):+.1f} SE)"
     )
     return target, runs
 
@@ -464,7 +471,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, help="GRPO seeds (default: 3)")
     p.add_argument("--grpo-steps", type=int, help="GRPO steps per run")
     p.add_argument("--sft-steps", type=int, help="SFT steps")
+    p.add_argument("--tasks-per-track", type=int, help="training tasks per track in the bank")
     p.add_argument("--eval-repeats", type=int, help="held-out tasks per track per evaluation")
+    p.add_argument("--noise-evals", type=int, help="sampling seeds of the SFT evaluation")
     p.add_argument(
         "--target",
         default="deficit",
@@ -485,7 +494,9 @@ def main(argv: list[str] | None = None) -> None:
         "seeds": args.seeds,
         "grpo_steps": args.grpo_steps,
         "sft_steps": args.sft_steps,
+        "tasks_per_track": args.tasks_per_track,
         "eval_repeats": args.eval_repeats,
+        "noise_evals": args.noise_evals,
     }
     plan = replace(plan, **{k: v for k, v in overrides.items() if v is not None})
     if args.fresh and args.out.exists():

@@ -77,7 +77,9 @@ def test_a_third_party_benchmark_registers_without_touching_the_core(tmp_path):
         PYTHONPATH=str(pkg),
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "['medbench_lite', 'mine', 'skill_ladder', 'toy_pipeline'] mine mine"
+    assert (
+        proc.stdout.strip() == "['medbench_lite', 'mine', 'skill_ladder', 'toy_pipeline'] mine mine"
+    )
 
 
 def test_register_benchmark_in_process_and_env_var_default(monkeypatch, toy):

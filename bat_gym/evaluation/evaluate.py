@@ -96,6 +96,25 @@ def _check_resumable(out: Path, identity: dict[str, Any]) -> None:
         )
 
 
+def _timing(out: Path, started: str, wall_s: float) -> dict[str, Any]:
+    """This invocation's timing, added to what earlier invocations of the run recorded.
+
+    ``started`` is the first invocation's start, ``wall_s`` the seconds of every
+    invocation together and ``invocations`` their count, so a resumed evaluation
+    reports its whole cost, not only what its last part took.
+    """
+    try:
+        before = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))["timing"]
+        return {
+            "started": str(before["started"]),
+            "wall_s": wall_s + float(before["wall_s"]),
+            "invocations": int(before.get("invocations", 1)) + 1,
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        # The first invocation, or a manifest it could not finish: this one is the start.
+        return {"started": started, "wall_s": wall_s, "invocations": 1}
+
+
 def evaluate(
     benchmark: str | Benchmark | None,
     policy: Policy,
@@ -128,7 +147,8 @@ def evaluate(
 
     started, t0 = datetime.now(UTC), time.perf_counter()
     results = run_cells(bench, policy, cells, out, cfg)
-    wall = time.perf_counter() - t0
+    timing = _timing(out, started.isoformat(), time.perf_counter() - t0)
+    timing["episode_wall_s_total"] = sum(r.wall_s for r in results)
 
     aggregates = aggregate(results, bench.spec)
     metrics = ["overall", "task", "agentic", *aggregates.stages]
@@ -143,11 +163,7 @@ def evaluate(
             **{k: v for k, v in asdict(cfg).items() if k != "budgets"},
         },
         "versions": _versions(),
-        "timing": {
-            "started": started.isoformat(),
-            "wall_s": wall,
-            "episode_wall_s_total": sum(r.wall_s for r in results),
-        },
+        "timing": timing,
     }
     report = EvalReport(
         manifest=manifest, aggregates=aggregates, intervals=intervals, cells=tuple(results)

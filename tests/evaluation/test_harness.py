@@ -61,6 +61,18 @@ def test_teacher_evaluation_writes_every_report(toy, tmp_path):
     assert manifest["timing"]["wall_s"] > 0
 
 
+def test_a_rerun_adds_its_time_to_the_manifest(toy, tmp_path):
+    """A finished evaluation run again (a resume) reports the time of both invocations."""
+    evaluate(toy, make_policy("teacher"), tmp_path, CFG)
+    first = json.loads((tmp_path / "manifest.json").read_text())["timing"]
+    evaluate(toy, make_policy("teacher"), tmp_path, CFG)
+    both = json.loads((tmp_path / "manifest.json").read_text())["timing"]
+    assert first["invocations"] == 1 and both["invocations"] == 2
+    assert both["started"] == first["started"]
+    assert both["wall_s"] > first["wall_s"]
+    assert both["episode_wall_s_total"] == first["episode_wall_s_total"]
+
+
 @pytest.mark.slow
 def test_medbench_naive_scores_below_the_teacher(tmp_path):
     cfg = EvalConfig(repeats=1, tracks=("segmentation", "vqa"), progress=False)
