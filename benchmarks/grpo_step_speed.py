@@ -357,9 +357,17 @@ class ReferenceStep:
 
     @staticmethod
     def logprobs(model: Any, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-        z = logits[:, :-1].float() / TEMPERATURE
-        return z.gather(-1, b["input_ids"][:, 1:, None]).squeeze(-1) - z.logsumexp(-1)  # (B, L-1)
+        """Log-probabilities (B, T) of the last T tokens, T the columns of ``loss_mask``.
+
+        Logits only for the T positions that predict them (``logits_to_keep``), as
+        ``bat_gym`` computes them: the floor skips the same prompt-only positions.
+        """
+        t = b["loss_mask"].size(1)
+        out = model(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], logits_to_keep=t + 1
+        )
+        z = out.logits[:, :-1].float() / TEMPERATURE
+        return z.gather(-1, b["input_ids"][:, -t:, None]).squeeze(-1) - z.logsumexp(-1)
 
     def step(self) -> float:
         with torch.no_grad():
