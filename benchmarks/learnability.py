@@ -393,12 +393,10 @@ def section_bicurl(out: Path, plan: Plan, sft: Path, bank: Path, rule: str = "de
         selector=rule if rule in ("paper", "deficit") else "deficit",
         grpo=grpo_kw,
     )
-    t0 = time.perf_counter()
     state = run_loop(cfg)
-    wall = time.perf_counter() - t0
     _log(
         f"\n## 3. BiCuRL, {plan.rounds} rounds x {plan.steps_per_round} GRPO steps, "
-        f"selector {cfg.selector} ({wall:.0f} s)"
+        f"selector {cfg.selector} ({state.seconds:.0f} s)"
     )
     _log(
         "| round | target | candidate overall | incumbent overall | decision | failed checks "

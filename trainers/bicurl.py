@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,6 +92,16 @@ class LoopState:
     selector: dict[str, Any] = field(default_factory=dict)
     rounds: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    start_eval_s: float = 0.0
+    """Seconds of the starting evaluation; each round records ``train_s`` and ``eval_s``
+    (a phase interrupted by a kill counts only the invocation that finished it)."""
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of every finished phase together."""
+        return self.start_eval_s + sum(
+            r.get("train_s", 0.0) + r.get("eval_s", 0.0) for r in self.rounds
+        )
 
     def save(self, path: Path) -> None:
         """Write atomically."""
@@ -190,7 +201,9 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
         state.save(state_path)
 
     if state.phase == "evaluate_start":
+        t0 = time.perf_counter()
         start = evaluate_checkpoint(state.incumbent, Path(state.incumbent_eval), cfg)
+        state.start_eval_s = time.perf_counter() - t0
         # The starting scores paired with themselves: the paper rule picks the lowest stage.
         state.target = selector.select(gate(start, start, thresholds))
         state.phase = "train"
@@ -202,14 +215,24 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
         r = state.round
         round_dir = out / "rounds" / f"round-{r:02d}"
         if state.phase == "train":
+            t0 = time.perf_counter()
             candidate = _grpo_block(state.incumbent, state.target or "E2E", round_dir / "grpo", cfg)
-            state.rounds.append({"round": r, "target": state.target, "candidate": candidate})
+            state.rounds.append(
+                {
+                    "round": r,
+                    "target": state.target,
+                    "candidate": candidate,
+                    "train_s": time.perf_counter() - t0,
+                }
+            )
             state.phase = "evaluate"
             save()
         if state.phase == "evaluate":
             record = state.rounds[-1]
             eval_dir = out / "evals" / f"round-{r:02d}"
+            t0 = time.perf_counter()
             cand = evaluate_checkpoint(record["candidate"], eval_dir, cfg)
+            record["eval_s"] = time.perf_counter() - t0
             base = Aggregates.read(Path(state.incumbent_eval) / "aggregates.json")
             decision = gate(base, cand, thresholds)
             record.update(
@@ -245,8 +268,12 @@ def write_loop_report(state: LoopState, out: Path) -> None:
         "",
         f"Best eligible checkpoint: `{state.incumbent}`",
         "",
-        "| round | target | candidate overall | best so far | decision | failed checks | next |",
-        "|---|---|---|---|---|---|---|",
+        f"Time: {state.seconds:.0f} s (the starting evaluation, then each round's GRPO block "
+        "and evaluation).",
+        "",
+        "| round | target | candidate overall | best so far | decision | failed checks | next "
+        "| GRPO s | eval s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for rec in state.rounds:
         if "decision" not in rec:
@@ -254,7 +281,8 @@ def write_loop_report(state: LoopState, out: Path) -> None:
         lines.append(
             f"| {rec['round']} | {rec['target']} | {_fmt(rec['candidate_overall'])} | "
             f"{_fmt(rec['best_overall'])} | {rec['decision']} | "
-            f"{', '.join(rec['failed_checks']) or '-'} | {rec['next_target']} |"
+            f"{', '.join(rec['failed_checks']) or '-'} | {rec['next_target']} | "
+            f"{rec.get('train_s', 0):.0f} | {rec.get('eval_s', 0):.0f} |"
         )
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     scored = [r for r in state.rounds if "decision" in r]

@@ -99,6 +99,11 @@ def test_rounds_gate_and_keep_the_best_eligible_checkpoint(world, tmp_path):
     assert [r["best_overall"] for r in state.rounds] == pytest.approx([0.60, 0.60, 0.62])
     report = (tmp_path / "loop" / "report.md").read_text()
     assert "| 1 | S3 | 0.300 | 0.600 | catastrophic |" in report
+    # Each phase's time is kept in the state file, so a resumed loop reports all of it.
+    assert all(r["train_s"] >= 0 and r["eval_s"] >= 0 for r in state.rounds)
+    saved = LoopState.load(tmp_path / "loop" / "loop_state.json")
+    assert saved.seconds == pytest.approx(state.seconds)
+    assert f"Time: {state.seconds:.0f} s" in report
     assert (tmp_path / "loop" / "rounds.png").stat().st_size > 0
 
 
