@@ -23,8 +23,11 @@ Sections (each prints a table):
    an E2E-only pool at the same rollout budget (steps x groups x group size), same
    seeds; held-out overall and the target stage.
 
-    python benchmarks/learnability.py --quick          # the short version
-    python benchmarks/learnability.py --out runs/learn # the full version
+    python benchmarks/learnability.py --quick          # the short version (~1.5 h)
+    python benchmarks/learnability.py --out runs/learn # the full version (~3.5 h)
+
+Times are for two CPU cores; a GRPO step (8 groups x 4 rollouts) takes about 35 s
+there, most of it rollouts.
 """
 
 from __future__ import annotations
