@@ -24,7 +24,7 @@ Sections (each prints a table):
    seeds; held-out overall and the target stage.
 
     python benchmarks/learnability.py --quick          # the short version (~1.5 h)
-    python benchmarks/learnability.py --out runs/learn # the full version (~3.5 h)
+    python benchmarks/learnability.py --out runs/learn # the full version (~3 h)
 
 Times are for two CPU cores; a GRPO step (8 groups x 4 rollouts) takes about 35 s
 there, most of it rollouts.
