@@ -10,8 +10,8 @@ Sections (each prints a table):
 
 1. SFT: held-out overall / task / stage scores of the random-init model and of the
    model after cold-start SFT on the bank's teacher rows.
-2. GRPO on the weakest stage: the SFT checkpoint is evaluated three times with
-   different sampling seeds (the evaluation noise: std over those, and the bootstrap
+2. GRPO on the weakest stage: the SFT checkpoint is evaluated ``--noise-evals`` times
+   with different sampling seeds (the evaluation noise: std over those, and the bootstrap
    CI of one evaluation); ``--target`` picks the weakest stage (default: the weighted
    deficit of :class:`bat_gym.selection.DeficitSelector`; ``paper``: the lowest
    score); GRPO with ``target=`` that stage runs for ``--grpo-steps`` steps per seed;
@@ -47,7 +47,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Plan:
-    """Sizes of one run; ``--quick`` shrinks every one of them."""
+    """Sizes of one run; ``--quick`` shrinks the evaluations and the GRPO runs."""
 
     tasks_per_track: int = 8
     """Training tasks per track in the bank (success and recovery trajectories each).
@@ -91,7 +91,8 @@ TEMPERATURE = 0.7  # the BaT sampling temperature, in training and evaluation al
 # GRPO for a 128-wide model; the rest is BaT. After 300 SFT steps the policy is sharp
 # (token entropy ~0.04): lr 3e-4 moved it ~0.1 nats/token from the SFT model within
 # three steps and broke S2-S5 on held-out tasks, 1e-4 still cost S4/S5, 3e-5 with a
-# four-step warmup kept KL below 0.02 over 16 steps and raised the target stage.
+# four-step warmup kept KL below 0.02 over 16 steps (0.02-0.04 over 32) and raised the
+# target stage.
 GRPO_BASE: dict[str, Any] = {
     "lr": 3e-5,
     "warmup_steps": 4,
@@ -213,8 +214,8 @@ def grpo(model: Path, bank: Path, out: Path, plan: Plan, seed: int, **kw: Any) -
 # -------------------------------------------------------------------------- sections
 
 
-def section_sft(out: Path, plan: Plan, model: Path, sft_dir: Path) -> Path:
-    """Before/after SFT on held-out cells; returns the SFT checkpoint."""
+def section_sft(out: Path, plan: Plan, model: Path, sft_dir: Path) -> tuple[Path, Any]:
+    """Before/after SFT on held-out cells; the SFT checkpoint and its evaluation (seed 0)."""
     from bat_gym.trainers.sft import SFTConfig, train
 
     before = held_out(model, out / "eval" / "init", plan)
@@ -259,7 +260,7 @@ def section_sft(out: Path, plan: Plan, model: Path, sft_dir: Path) -> Path:
         ci = after.intervals[m]
         _log(f"| {m} | {_fmt(v0)} | {_fmt(v1)} | [{_fmt(ci.low)}, {_fmt(ci.high)}] |")
     _log(f"| finished | {a.completion.finished} | {b.completion.finished} | |")
-    return final
+    return final, after
 
 
 def pick_target(rule: str, scores: dict[str, float]) -> str:
@@ -295,12 +296,18 @@ def _run_log(run: Path) -> tuple[float, float, float]:
     return statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:]), seconds
 
 
-def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tuple[str, list[Path]]:
-    """GRPO on the weakest stage over seeds, against the evaluation noise."""
+def section_grpo(
+    out: Path, plan: Plan, sft: Path, sft_eval: Any, bank: Path, rule: str
+) -> tuple[str, list[Any]]:
+    """GRPO on the weakest stage over seeds, against the evaluation noise.
+
+    ``sft_eval`` is section 1's evaluation of ``sft`` (sampling seed 0), the first of
+    the noise evaluations. Returns the target and each seed's held-out evaluation.
+    """
     from bat_gym.selection import paper_target
 
-    reports = [
-        held_out(sft, out / "eval" / f"sft-{s}", plan, seed=s) for s in range(plan.noise_evals)
+    reports = [sft_eval] + [
+        held_out(sft, out / "eval" / f"sft-{s}", plan, seed=s) for s in range(1, plan.noise_evals)
     ]
     t_noise = sum(_eval_s(r) for r in reports)
     stages = list(reports[0].aggregates.stages)
@@ -315,11 +322,10 @@ def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tup
     base_overall = [r.aggregates.overall or 0.0 for r in reports]
     ci = reports[0].intervals[target]
 
-    runs, trained, logs = [], [], []
+    trained, logs = [], []
     for seed in range(plan.seeds):
         final = grpo(sft, bank, out / "grpo" / f"{target}-seed{seed}", plan, seed, target=target)
         trained.append(held_out(final, out / "eval" / f"grpo-{target}-seed{seed}", plan))
-        runs.append(final)
         logs.append(_run_log(final))
     after = [r.aggregates.stages[target] or 0.0 for r in trained]
     after_overall = [r.aggregates.overall or 0.0 for r in trained]
@@ -357,7 +363,7 @@ def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tup
         + ", ".join(f"seed {i} {a:.2f} -> {b:.2f}" for i, (a, b, _) in enumerate(logs))
     )
     diff = statistics.fmean(after) - statistics.fmean(base)
-    sd = statistics.stdev(base) if len(base) > 1 else 0.0
+    sd = _var(base) ** 0.5
     above = sum(x > max(base) for x in after)
     beyond = abs(diff) > 2 * sd and abs(diff) > 0
     # Welch's standard error of the difference of the two means: the training seeds'
@@ -369,7 +375,7 @@ def section_grpo(out: Path, plan: Plan, sft: Path, bank: Path, rule: str) -> tup
         f"{above}/{len(after)} seeds above every SFT evaluation; "
         f"standard error of the change {se:.3f} ({diff / se if se else float('inf'):+.1f} SE)"
     )
-    return target, runs
+    return target, trained
 
 
 def section_bicurl(out: Path, plan: Plan, sft: Path, bank: Path, rule: str = "deficit") -> None:
@@ -418,13 +424,12 @@ def section_bicurl(out: Path, plan: Plan, sft: Path, bank: Path, rule: str = "de
 
 
 def section_ablation(
-    out: Path, plan: Plan, sft: Path, bank: Path, target: str, mix_runs: list[Path]
+    out: Path, plan: Plan, sft: Path, bank: Path, target: str, mix_evals: list[Any]
 ) -> None:
-    """Three-pool mix (section 2's runs) vs E2E-only at the same rollout budget."""
+    """Three-pool mix (section 2's runs and ``mix_evals``) vs E2E-only, same rollout budget."""
     e2e_only = {"target_per_batch": 0, "mix_per_batch": 0, "e2e_per_batch": 8}
     rows: dict[str, dict[str, list[float]]] = {"three-pool": {}, "E2E only": {}}
     for seed in range(plan.seeds):
-        mix_eval = held_out(mix_runs[seed], out / "eval" / f"grpo-{target}-seed{seed}", plan)
         final = grpo(
             sft,
             bank,
@@ -435,7 +440,7 @@ def section_ablation(
             curriculum=e2e_only,
         )
         e2e_eval = held_out(final, out / "eval" / f"grpo-e2e-only-seed{seed}", plan)
-        for name, rep in (("three-pool", mix_eval), ("E2E only", e2e_eval)):
+        for name, rep in (("three-pool", mix_evals[seed]), ("E2E only", e2e_eval)):
             agg = rep.aggregates
             for key, v in (
                 ("overall", agg.overall),
@@ -518,12 +523,12 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     bank, model, sft_data = build_setup(args.out, plan)
     _log(f"setup (bank, tokenizer, model, SFT export): {time.perf_counter() - t0:.0f} s")
-    sft = section_sft(args.out, plan, model, sft_data)
-    target, mix_runs = section_grpo(args.out, plan, sft, bank, args.target)
+    sft, sft_eval = section_sft(args.out, plan, model, sft_data)
+    target, mix_evals = section_grpo(args.out, plan, sft, sft_eval, bank, args.target)
     if "bicurl" not in args.skip:
         section_bicurl(args.out, plan, sft, bank, args.target)
     if "ablation" not in args.skip:
-        section_ablation(args.out, plan, sft, bank, target, mix_runs)
+        section_ablation(args.out, plan, sft, bank, target, mix_evals)
     _log(f"\ntotal {time.perf_counter() - t0:.0f} s")
 
 

@@ -111,7 +111,8 @@ def _timing(out: Path, started: str, wall_s: float) -> dict[str, Any]:
             "invocations": int(before.get("invocations", 1)) + 1,
         }
     except (OSError, ValueError, KeyError, TypeError):
-        # The first invocation, or a manifest it could not finish: this one is the start.
+        # No manifest (the first invocation, or one killed before writing it) or an
+        # unreadable one: the run's time is counted from this invocation.
         return {"started": started, "wall_s": wall_s, "invocations": 1}
 
 
