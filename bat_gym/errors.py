@@ -14,6 +14,9 @@ __all__ = [
     "SandboxCrashed",
     "UnsafeSnapshot",
     "SnapshotNotFound",
+    "WorkspaceRejected",
+    "UnsafeWorkspace",
+    "WorkspaceQuotaExceeded",
     "StageNotFound",
     "BenchmarkNotFound",
     "StateNotFound",
@@ -79,6 +82,39 @@ class UnsafeSnapshot(SandboxError, ValueError):
         self.path = path
         self.reason = reason
         super().__init__(f"refusing snapshot member {path!r}: {reason}")
+
+
+class WorkspaceRejected(BatGymError):
+    """The workspace, as agent code left it, cannot be taken as it is.
+
+    Agent code caused this, not the host: an env ends the episode with a zero-credit
+    verdict whose failure category is :attr:`category`, and never counts it as an
+    infrastructure failure. Subclasses name the category.
+
+    Attributes:
+        path: the workspace-relative path at fault, or ``""`` for the whole workspace.
+        reason: what was wrong, in one line.
+    """
+
+    category: str = "unsafe_workspace"
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        where = f" at {path!r}" if path else ""
+        super().__init__(f"workspace refused{where}: {reason}")
+
+
+class UnsafeWorkspace(WorkspaceRejected):
+    """A file the host must not follow or store: an escaping link, an unreadable name."""
+
+    category = "unsafe_workspace"
+
+
+class WorkspaceQuotaExceeded(WorkspaceRejected):
+    """The workspace holds more bytes (apparent size) or files than the sandbox allows."""
+
+    category = "quota_exceeded"
 
 
 class SnapshotNotFound(SandboxError, KeyError):
