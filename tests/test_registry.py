@@ -40,6 +40,18 @@ def test_ids_resolve_without_importing_bat_gym():
     assert proc.stdout.split() == ["StageEnv", "medbench_lite"]
 
 
+def test_the_start_up_hook_imports_neither_bat_gym_nor_gymnasium():
+    # The .pth runs in every interpreter of the environment: it must stay near free
+    # until gymnasium is imported (benchmarks/startup_cost.py measures the time).
+    proc = run_python("""
+        import sys
+        print(sorted(m for m in ("bat_gym", "gymnasium") if m in sys.modules))
+        print(any(getattr(f, "bat_gym_autoregister", False) for f in sys.meta_path))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["[]", "True"]
+
+
 def test_the_shipped_suites_arrive_through_their_entry_points():
     assert {"medbench_lite", "toy_pipeline"} <= set(list_benchmarks())
     assert set(env_ids()) <= set(gym.registry)
