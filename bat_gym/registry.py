@@ -85,8 +85,30 @@ def list_benchmarks() -> list[str]:
     return sorted(_factories)
 
 
+def _spelling(name: str) -> str:
+    """A name as users may spell it: case and ``-`` versus ``_`` do not matter."""
+    return name.strip().lower().replace("-", "_")
+
+
+def _resolve(name: str) -> str:
+    """The registered name ``name`` spells (``MedBench-Lite`` is ``medbench_lite``).
+
+    Raises:
+        BenchmarkNotFound: no registered name, or more than one, is spelled so.
+    """
+    if name in _factories:
+        return name
+    matches = [n for n in _factories if _spelling(n) == _spelling(name)]
+    if len(matches) != 1:
+        raise BenchmarkNotFound(name, list(_factories))
+    return matches[0]
+
+
 def get_benchmark(name: str | None = None) -> Benchmark:
     """Load a benchmark by name (``None``: the default benchmark).
+
+    Names match regardless of case and of ``-`` versus ``_``: ``medbench-lite``,
+    ``MedBench-Lite`` and ``medbench_lite`` are one benchmark.
 
     Raises:
         BenchmarkNotFound: naming the installed benchmarks and close matches.
@@ -97,8 +119,9 @@ def get_benchmark(name: str | None = None) -> Benchmark:
     if name in _loaded:
         return _loaded[name]
     _discover()
-    if name not in _factories:
-        raise BenchmarkNotFound(name, list(_factories))
+    name = _resolve(name)
+    if name in _loaded:
+        return _loaded[name]
     target = _factories[name]
     if isinstance(target, str):
         module, _, attr = target.partition(":")

@@ -58,6 +58,11 @@ def test_the_shipped_suites_arrive_through_their_entry_points():
     assert default_benchmark_name() == "medbench_lite"  # the highest default_priority
 
 
+@pytest.mark.parametrize("spelling", ["medbench-lite", "MedBench-Lite", "MEDBENCH_LITE"])
+def test_a_benchmark_is_found_whatever_its_case_and_dashes(spelling):
+    assert get_benchmark(spelling) is get_benchmark("medbench_lite")
+
+
 def test_unknown_benchmark_suggests_close_names():
     with pytest.raises(BenchmarkNotFound, match="Did you mean 'toy_pipeline'"):
         get_benchmark("toy_pipelin")
