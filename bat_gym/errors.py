@@ -19,6 +19,7 @@ __all__ = [
     "WorkspaceQuotaExceeded",
     "StageNotFound",
     "BenchmarkNotFound",
+    "EnvNotFound",
     "StateNotFound",
     "TrackNotFound",
     "ResetNeeded",
@@ -153,6 +154,12 @@ class BenchmarkNotFound(_NotFound):
     """A benchmark name that no installed package registers."""
 
     kind = "benchmark"
+
+
+class EnvNotFound(_NotFound):
+    """An env id that Gymnasium's registry does not hold (``bat-gym envs`` lists ours)."""
+
+    kind = "env id"
 
 
 class TrackNotFound(_NotFound):

@@ -2,6 +2,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
+from bat_gym.errors import EnvNotFound
 
 runner = CliRunner()
 
@@ -17,14 +18,31 @@ def test_demo_runs_the_teacher_end_to_end(monkeypatch):
     monkeypatch.setenv("BAT_GYM_BENCHMARK", "toy_pipeline")
     result = runner.invoke(app, ["demo"])
     assert result.exit_code == 0, result.output
-    assert "terminated=True truncated=False reward=1.0" in result.output and "ok=5" in result.output
+    assert "finished after 5 tool calls (5 exited 0)" in result.output
+    assert "reward 1.000 = 0.5 x task score 1.000 + 0.5 x weighted stage credit 1.000" in result.output
+
+
+def test_demo_in_a_stage_env_plays_that_stage_only(monkeypatch):
+    monkeypatch.setenv("BAT_GYM_BENCHMARK", "toy_pipeline")
+    result = runner.invoke(app, ["demo", "--env", "bat/Plan-v0"])
+    assert result.exit_code == 0, result.output
+    assert "finished after 1 tool calls (1 exited 0)" in result.output
+    assert "stage credit S1 1.00" in result.output
+    assert "reward 1.000 (the stage's credit" in result.output
+
+
+def test_demo_with_a_mistyped_env_id_says_so_in_one_line():
+    result = runner.invoke(app, ["demo", "--env", "bat/Validat-v0"])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, EnvNotFound)
+    assert "Did you mean 'bat/Validate-v0'" in str(result.exception)
 
 
 @pytest.mark.slow
 def test_demo_on_the_default_benchmark():
     result = runner.invoke(app, ["demo"])
     assert result.exit_code == 0, result.output
-    assert "terminated=True truncated=False" in result.output
+    assert "finished after" in result.output and "reward 0.9" in result.output
 
 
 def test_bank_build_then_show(tmp_path):

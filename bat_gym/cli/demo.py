@@ -1,4 +1,9 @@
-"""``bat-gym demo``: one end-to-end episode of the default benchmark, solved by its teacher."""
+"""``bat-gym demo``: one episode of the default benchmark, played by its teacher.
+
+The teacher is the benchmark's scripted careful engineer. In the E2E env it works
+through every stage; in a stage env (``--env bat/Plan-v0``) it plays only that stage's
+turns and then calls ``finish``, as a policy trained on the stage would.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +12,39 @@ from typing import Annotated
 
 import typer
 
+from bat_gym.protocol import ToolCall
+
+__all__ = ["demo"]
+
 
 def demo(
-    env_id: Annotated[str, typer.Option("--env", help="Env id to run.")] = "bat/E2E-v0",
+    env_id: Annotated[
+        str, typer.Option("--env", help="Env id to run (bat-gym envs lists them).")
+    ] = "bat/E2E-v0",
     backend: Annotated[
         str, typer.Option("--backend", help="Sandbox backend: local or docker.")
     ] = "local",
-    seed: Annotated[int, typer.Option("--seed", help="Seed for picking the start state.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed of the reset: picks the start state at random.")
+    ] = 0,
 ) -> None:
     """Make an env, let the scripted teacher play one episode through reset/step, print it."""
     import gymnasium as gym
 
-    from bat_gym.errors import BankError
+    from bat_gym.errors import BankError, EnvNotFound
     from bat_gym.protocol import get_protocol
 
+    if env_id not in gym.registry:
+        raise EnvNotFound(env_id, [k for k in gym.registry if k.startswith("bat/")])
     start = time.perf_counter()
     env = gym.make(env_id, backend=backend)
     try:
         obs, info = env.reset(seed=seed)
         base = env.unwrapped
         typer.echo(
-            f"{env_id}: state {info['state_id']} (track {info['track']}, focus {info['stage']}), "
-            f"sandbox isolation: {info['isolation']}, ready in {time.perf_counter() - start:.2f} s"
+            f"{env_id}: state {info['state_id']} (track {info['track']}, focus {info['stage']}) "
+            f"from the bank at {getattr(base.states, 'root', '(in memory)')}\n"
+            f"sandbox isolation: {info['isolation']}; ready in {time.perf_counter() - start:.2f} s"
         )
         state = base.state
         bench = base.benchmark
@@ -39,35 +55,56 @@ def demo(
                 "the teacher needs the row's task, and its provenance cannot regenerate it",
             )
         proto = get_protocol("hermes")
+        focus = info["stage"]
         turns = [
-            t
+            (t.content, list(t.calls))
             for t in bench.teacher_turns(task)
-            if info["stage"] == "E2E" or t.stage >= info["stage"]
+            if focus == "E2E" or t.stage == focus
         ]
+        if focus != "E2E":  # the stage's own work, then done: later stages are not asked for
+            turns = [(c, [k for k in calls if k.name != "finish"]) for c, calls in turns]
+            turns.append(
+                (
+                    f"Stage {focus} is done.",
+                    [ToolCall(name="finish", arguments={"summary": f"{focus} done"})],
+                )
+            )
         terminated = truncated = False
-        for turn in turns:
+        reward = 0.0
+        for content, calls in turns:
             if terminated or truncated:
                 break
             t0 = time.perf_counter()
-            obs, reward, terminated, truncated, info = env.step(
-                proto.render(turn.content, list(turn.calls))
-            )
+            obs, reward, terminated, truncated, info = env.step(proto.render(content, calls))
             first = obs.splitlines()[0] if obs else ""
             typer.echo(
-                f"  [{turn.stage}] {turn.content}\n      -> {first}  ({(time.perf_counter() - t0) * 1e3:.0f} ms)"
+                f"  {content}\n      -> {first}  ({(time.perf_counter() - t0) * 1e3:.0f} ms)"
             )
         record = info["record"]
         typer.echo(
-            f"episode over: terminated={terminated} truncated={truncated} reward={reward} "
-            f"tool calls={len(record.calls)} ok={sum(c.succeeded for c in record.calls)} "
-            f"workspace changed={record.any_change} in {time.perf_counter() - start:.2f} s"
+            f"episode over: {'finished' if terminated else 'budget spent' if truncated else 'stopped'}"
+            f" after {len(record.calls)} tool calls ({sum(c.succeeded for c in record.calls)} exited 0)"
+            f" in {time.perf_counter() - start:.1f} s"
         )
         verdict = info.get("verdict")
-        if verdict is not None:
-            stages = " ".join(f"{s.stage}={s.score}" for s in verdict.stages)
+        if verdict is None:
+            return
+        stages = ", ".join(
+            f"{s.stage} {s.credit:.2f}" if s.credit is not None else f"{s.stage} null"
+            for s in verdict.stages
+        )
+        typer.echo(
+            f"verdict (contract {verdict.contract.id} {verdict.contract.version}, "
+            f"sha256 {verdict.contract.sha256[:12]}): stage credit {stages}; "
+            f"evidence completeness {verdict.eta:.2f}"
+        )
+        if verdict.task_score is not None:
+            tw = bench.spec.task_weight
             typer.echo(
-                f"verdict ({verdict.contract.id} {verdict.contract.version}, sha256 {verdict.contract.sha256[:12]}): "
-                f"stages {stages}; task {verdict.task_score}; evidence completeness {verdict.eta:.2f}"
+                f"reward {reward:.3f} = {tw:g} x task score {verdict.task_score:.3f} "
+                f"+ {1 - tw:g} x weighted stage credit {verdict.stage_score or 0.0:.3f}"
             )
+        else:
+            typer.echo(f"reward {reward:.3f} (the stage's credit; stage rows have no task score)")
     finally:
         env.close()
