@@ -73,8 +73,16 @@ if ! engine_answers; then
 fi
 say "engine answers: $(docker version --format '{{.Server.Version}}' 2>/dev/null)"
 
-# 3. The base image: built offline with debootstrap, cached, imported once.
-"$PYTHON" -c "from bat_gym.sandbox.docker_image import ensure_image; print(ensure_image())" \
-    || give_up "building the sandbox base image failed"
+# 3. The sandbox image: built offline with debootstrap, cached, imported once. It has
+#    what every installed benchmark's sandbox_requirements() asks for (MedBench-Lite's
+#    nibabel, pydicom and Pillow included), so each benchmark's envs, and the tests,
+#    find an image that covers them instead of building one of their own.
+"$PYTHON" -c "
+from bat_gym.sandbox.docker_image import ensure_image
+from bat_gym.sandbox.requirements import installed_requirements
+req = installed_requirements()
+print('sandbox image for modules', ', '.join(req.modules) or '-', '...', flush=True)
+print(ensure_image(req))
+" || give_up "building the sandbox image failed"
 say "ready"
 exit 0

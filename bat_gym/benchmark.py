@@ -18,6 +18,7 @@ from bat_gym.spec import E2E, BenchmarkSpec, ContractRef, StageState, Task
 if TYPE_CHECKING:
     from bat_gym.rubrics.contract import ContractLibrary
     from bat_gym.rubrics.workspace import FrozenWorkspace
+    from bat_gym.sandbox.requirements import SandboxRequirements
 
 __all__ = ["Benchmark", "TeacherTurn"]
 
@@ -179,6 +180,23 @@ class Benchmark(ABC):
         """The generator seeds of a split."""
         r = self.spec.splits.train if split == "train" else self.spec.splits.heldout
         return range(r.start, r.stop)
+
+    # -- sandbox ----------------------------------------------------------------------
+
+    def sandbox_requirements(self) -> SandboxRequirements:
+        """The python modules code inside this benchmark's sandbox imports.
+
+        Declare what the pipelines your teacher writes, the scripts and model files among
+        your public files, and your skills' suggestions import, with the packages that
+        provide them: ``pip`` names (for the ``local`` backend, which runs this
+        interpreter), Debian bookworm packages and pure-Python distributions to copy from
+        this interpreter (for the ``docker`` image, built with them). An env whose backend cannot provide them refuses to start with
+        :class:`~bat_gym.errors.SandboxUnavailable` instead of failing every episode.
+        Default: numpy only (:data:`bat_gym.sandbox.requirements.DEFAULT_REQUIREMENTS`).
+        """
+        from bat_gym.sandbox.requirements import DEFAULT_REQUIREMENTS
+
+        return DEFAULT_REQUIREMENTS
 
     # -- contracts --------------------------------------------------------------------
 

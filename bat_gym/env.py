@@ -7,7 +7,13 @@ format), the tool schemas and the execution record ride in ``info``, so chat-tem
 users need no re-parsing.
 
 * ``terminated``: the policy called ``finish``.
-* ``truncated``: a budget ran out (turns, tool calls, response tokens).
+* ``truncated``: a budget ran out (turns, tool calls, response tokens), or the
+  workspace was refused (:attr:`StageEnv.rejection`).
+
+Nothing a message or agent code does makes ``step`` raise. A workspace the host cannot
+take as the agent left it (past its quota, or holding what the host must not follow
+or store) ends the episode at once; :attr:`StageEnv.rejection` holds why, and the
+rubric wrapper scores it as a zero with that failure category.
 
 The reward is always 0 here; the rubric verifier is a reward wrapper on top.
 """
@@ -22,8 +28,8 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import ResetNeeded
-from bat_gym.protocol import TOOLS, ToolProtocol, get_protocol, validate_call
+from bat_gym.errors import ResetNeeded, WorkspaceRejected
+from bat_gym.protocol import TOOLS, ToolProtocol, clean_text, get_protocol, validate_call
 from bat_gym.record import ExecutionRecord, ToolCallRecord
 from bat_gym.sandbox import ExecResult, Sandbox, SandboxLimits, make_sandbox
 from bat_gym.spec import Budgets, StageState
@@ -131,6 +137,8 @@ class StageEnv(gym.Env[str, str]):
         self.state: StageState | None = None
         self.messages: list[dict[str, Any]] = []
         self.record: ExecutionRecord | None = None
+        self.rejection: WorkspaceRejected | None = None
+        """Why the workspace was refused mid-episode, if it was; the episode ended there."""
         self._done = True
         self.turns = self.tool_calls = self.response_tokens = 0
 
@@ -155,6 +163,8 @@ class StageEnv(gym.Env[str, str]):
         if self.sandbox is None:
             opts = {
                 "limits": SandboxLimits(timeout_s=self.budgets.tool_timeout_s),
+                # The backend refuses to start (SandboxUnavailable) when it cannot provide them.
+                "requirements": self.benchmark.sandbox_requirements(),
                 **self.sandbox_options,
             }
             self.sandbox = make_sandbox(self.backend, store=self.states.store, **opts)
@@ -192,6 +202,7 @@ class StageEnv(gym.Env[str, str]):
         self.state = state
         self.messages = [dict(m) for m in state.messages]
         self.record = ExecutionRecord(start_digest=snapshot.digest)
+        self.rejection = None
         self.turns = self.tool_calls = self.response_tokens = 0
         self._done = False
         return self._render_messages(self.messages), self._info()
@@ -206,6 +217,7 @@ class StageEnv(gym.Env[str, str]):
             )
         self.turns += 1
         self.response_tokens += self._count_tokens(action)
+        action = clean_text(action)  # a lone surrogate reaches no process, file or log
         parsed = self.protocol.parse(action)
         error = parsed.error
         if error is None:
@@ -241,6 +253,9 @@ class StageEnv(gym.Env[str, str]):
                         call, self._execute(call.arguments["language"], call.arguments["code"])
                     )
                 )
+                if self.rejection is not None:
+                    truncated = True
+                    break
         if not terminated and (
             self.turns >= self.budgets.max_turns
             or self.response_tokens >= self.budgets.max_response_tokens
@@ -274,9 +289,18 @@ class StageEnv(gym.Env[str, str]):
 
     def _execute(self, language: str, code: str) -> str:
         assert self.sandbox is not None and self.record is not None
-        before = self.sandbox.digest()
+        try:
+            before = self.sandbox.digest()
+        except WorkspaceRejected as exc:  # changed since the last call returned
+            self.rejection = exc
+            return f"[not run: {exc}. Failure category: {exc.category}]"
         res = self.sandbox.execute_code(language, code, timeout_s=self.budgets.tool_timeout_s)  # type: ignore[arg-type]
-        after = self.sandbox.digest()
+        try:
+            after = self.sandbox.digest()
+        except WorkspaceRejected as exc:
+            # The call left a workspace the host will not take: the episode ends here.
+            self.rejection = exc
+            after = ""
         self.record.append(
             ToolCallRecord(
                 index=self.tool_calls,
@@ -294,7 +318,13 @@ class StageEnv(gym.Env[str, str]):
             )
         )
         self.tool_calls += 1
-        return format_result(res, self.budgets.max_observation_chars)
+        text = format_result(res, self.budgets.max_observation_chars)
+        if self.rejection is not None:
+            text += (
+                f"\n[the episode ends here: {self.rejection}. "
+                f"Failure category: {self.rejection.category}]"
+            )
+        return text
 
     @staticmethod
     def _tool_message(call: Any, content: str) -> dict[str, Any]:

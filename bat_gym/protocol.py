@@ -1,4 +1,4 @@
-"""Tool schemas and the adapters that read tool calls out of an assistant message.
+r"""Tool schemas and the adapters that read tool calls out of an assistant message.
 
 The env's action is the assistant's whole message as text. A :class:`ToolProtocol`
 extracts the tool calls from it (and renders calls back into text, for teachers and
@@ -11,7 +11,11 @@ SFT rows). Three are built in:
   whose ``function.arguments`` is a JSON string.
 
 Nothing here raises on bad input: problems come back as :attr:`ParsedMessage.error`,
-a sentence that says what was wrong and how to write the call instead.
+a sentence that says what was wrong and how to write the call instead. That includes
+JSON a model (or an adversary) can write but Python cannot hold: nesting deeper than
+the interpreter's recursion limit, integers past ``sys.get_int_max_str_digits()``,
+arguments nested deeper than :data:`MAX_ARGUMENT_DEPTH`. Lone surrogates (``"\ud800"``)
+in decoded strings become U+FFFD, since no process or file can take them.
 """
 
 from __future__ import annotations
@@ -36,7 +40,61 @@ __all__ = [
     "PROTOCOLS",
     "get_protocol",
     "validate_call",
+    "clean_text",
+    "MAX_ARGUMENT_DEPTH",
 ]
+
+MAX_ARGUMENT_DEPTH = 16
+"""Deepest nesting of lists and objects accepted inside a call's arguments."""
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (a no-op for valid text)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+def _raw_decode(text: str, pos: int = 0) -> tuple[Any, int]:
+    """``json.JSONDecoder().raw_decode`` that fails only with ``JSONDecodeError``."""
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("the JSON nests too deeply to read", text, pos) from None
+    except ValueError as exc:  # an integer literal past the digit limit
+        raise json.JSONDecodeError(f"unreadable value: {exc}", text, pos) from None
+
+
+def _tame(obj: Any) -> tuple[Any, str | None]:
+    """Clean decoded JSON: surrogates replaced, depth checked; (value, error)."""
+    # Iterative, since the input came from outside: [(container, key, value, depth)].
+    root: list[Any] = [None]
+    todo: list[tuple[Any, Any, Any, int]] = [(root, 0, obj, 0)]
+    while todo:
+        parent, key, value, depth = todo.pop()
+        if isinstance(value, str):
+            parent[key] = clean_text(value)
+        elif isinstance(value, (dict, list)):
+            if depth >= MAX_ARGUMENT_DEPTH:
+                return None, f"the call nests deeper than {MAX_ARGUMENT_DEPTH} levels"
+            if isinstance(value, dict):
+                copy: Any = {}
+                for k, v in value.items():
+                    k = clean_text(k)
+                    copy[k] = None
+                    todo.append((copy, k, v, depth + 1))
+            else:
+                copy = [None] * len(value)
+                todo.extend((copy, i, v, depth + 1) for i, v in enumerate(value))
+            parent[key] = copy
+        else:
+            parent[key] = value
+    return root[0], None
+
 
 EXECUTE_CODE: dict[str, Any] = {
     "type": "function",
@@ -73,6 +131,7 @@ FINISH: dict[str, Any] = {
 }
 
 TOOLS: tuple[dict[str, Any], ...] = (EXECUTE_CODE, FINISH)
+_DECODER = json.JSONDecoder()
 
 
 class ToolCall(BaseModel):
@@ -146,6 +205,9 @@ def validate_call(call: ToolCall, tools: tuple[dict[str, Any], ...] = TOOLS) -> 
 
 
 def _call_from_obj(obj: Any, where: str) -> ToolCall | str:
+    obj, error = _tame(obj)
+    if error is not None:
+        return f"{where}: {error}."
     if not isinstance(obj, dict):
         return (
             f"{where} must be a JSON object with 'name' and 'arguments', got {type(obj).__name__}."
@@ -155,8 +217,14 @@ def _call_from_obj(obj: Any, where: str) -> ToolCall | str:
         return f"{where} has no string 'name'."
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # some models emit the arguments as a JSON string
+        text = args.strip()
         try:
-            args = json.loads(args)
+            args, end = _raw_decode(text)
+            if end != len(text):
+                raise json.JSONDecodeError("extra data", text, end)
+            args, error = _tame(args)
+            if error is not None:
+                return f"{where}: {error}."
         except json.JSONDecodeError as exc:
             return f"{where}: 'arguments' is a string that is not valid JSON ({exc.msg} at char {exc.pos})."
     if not isinstance(args, dict):
@@ -199,7 +267,6 @@ class HermesProtocol(ToolProtocol):
         starts = [m.start() for m in re.finditer(re.escape(self._OPEN), message)]
         if not starts:
             return ParsedMessage(content=message.strip(), error=self.no_call_error())
-        decoder = json.JSONDecoder()
         calls: list[ToolCall] = []
         kept: list[str] = []
         cursor = 0
@@ -212,7 +279,7 @@ class HermesProtocol(ToolProtocol):
             while pos < len(message) and message[pos].isspace():
                 pos += 1
             try:
-                obj, end = decoder.raw_decode(message, pos)
+                obj, end = _raw_decode(message, pos)
             except json.JSONDecodeError as exc:
                 return ParsedMessage(
                     content=message,
@@ -255,7 +322,7 @@ class JsonProtocol(ToolProtocol):
         if start < 0:
             return ParsedMessage(content=message.strip(), error=self.no_call_error())
         try:
-            obj, end = json.JSONDecoder().raw_decode(body[start:])
+            obj, end = _raw_decode(body[start:])
         except json.JSONDecodeError as exc:
             return ParsedMessage(
                 content=message,
@@ -291,7 +358,9 @@ class OpenAIProtocol(ToolProtocol):
 
     def parse(self, message: str) -> ParsedMessage:  # noqa: D102
         try:
-            obj = json.loads(message)
+            obj, end = _raw_decode(message.strip())
+            if end != len(message.strip()):
+                raise json.JSONDecodeError("extra data", message.strip(), end)
         except json.JSONDecodeError as exc:
             return ParsedMessage(
                 content=message,

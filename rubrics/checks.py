@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar, get_type_hints
@@ -32,6 +33,15 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from bat_gym.errors import CheckNotFound, SandboxError
 from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckResult, CheckUnscorable
+
+log = logging.getLogger(__name__)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` in one line of at most 300 characters."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
 
 __all__ = [
     "CheckFn",
@@ -144,8 +154,11 @@ def run_check(name: str, ctx: CheckContext, args: dict[str, Any]) -> CheckResult
     """Run check ``name`` on ``ctx``, turning failures and infrastructure faults into results.
 
     ``CheckFailed`` becomes a failure; ``CheckUnscorable`` and sandbox or blob-store
-    errors (a missing or corrupted blob) become null. Anything else is a bug in the
-    check and propagates.
+    errors (a missing or corrupted blob) become null. Any other exception also becomes
+    a failure: a check reads files the agent made, and agent files can make any parser
+    raise (JSON nested past the recursion limit, a truncated NIfTI header), which must
+    end as a verdict, never as an exception out of ``step``. It is logged with its
+    traceback, since a bug in the check looks the same from here.
     """
     fn = get_check(name)
     model = validate_args(name, args)
@@ -157,3 +170,6 @@ def run_check(name: str, ctx: CheckContext, args: dict[str, Any]) -> CheckResult
         return CheckResult.null(str(exc))
     except SandboxError as exc:
         return CheckResult.null(f"infrastructure fault while reading the workspace: {exc}")
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("check %s raised on this workspace", name, exc_info=True)
+        return CheckResult.fail(f"the check could not read what the agent left: {_describe(exc)}")

@@ -6,6 +6,12 @@ contract from the benchmark's library (refused unless its digest equals the one 
 state pins), verifies from outside the sandbox, returns the reward on that final step
 and puts the :class:`~bat_gym.rubrics.verifier.Verdict` in ``info["verdict"]``.
 
+A workspace the host refuses (the env's :attr:`~bat_gym.env.StageEnv.rejection`, or
+a :class:`~bat_gym.errors.WorkspaceRejected` from the freeze: an escaping link, a name
+no manifest can hold, a workspace past its quota) is the agent's doing: the verdict is
+a zero with that category in :attr:`~bat_gym.rubrics.verifier.Verdict.rejected`,
+never an exception.
+
 ``gym.make("bat/...-v0")`` applies it through :func:`make_env`; pass
 ``rubric_reward=False`` for the bare env.
 """
@@ -17,10 +23,10 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from bat_gym.env import StageEnv
-from bat_gym.errors import RubricContractError
+from bat_gym.errors import RubricContractError, WorkspaceRejected
 from bat_gym.rubrics.context import CheckContext, TaskOracle
 from bat_gym.rubrics.contract import ContractLibrary
-from bat_gym.rubrics.verifier import Verdict, verify
+from bat_gym.rubrics.verifier import Verdict, rejected_verdict, verify
 from bat_gym.rubrics.workspace import FrozenWorkspace
 
 __all__ = ["RubricReward", "make_env"]
@@ -77,7 +83,6 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
         state, record, sandbox = base.state, base.record, base.sandbox
         if state is None or record is None or sandbox is None:
             raise RuntimeError("score_episode() needs an episode: call reset() first")
-        final = sandbox.freeze()
         library = self.contracts or base.benchmark.contract_library()
         ref = state.contract or base.benchmark.contract_ref(state.focus)
         if ref is None:
@@ -87,9 +92,15 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
                 f"for focus {state.focus}; add one to the benchmark's contract library",
             )
         contract = library.get(ref)
+        try:
+            if base.rejection is not None:
+                raise base.rejection
+            final = sandbox.freeze()
+        except WorkspaceRejected as exc:
+            return rejected_verdict(contract, exc, library=library)
         task = base.benchmark.task_of_state(state)
         ctx = CheckContext(
-            workspace=FrozenWorkspace(final, sandbox.store),
+            workspace=FrozenWorkspace(final, sandbox.frozen_store),
             start=FrozenWorkspace.load(base.states.store, state.snapshot),
             record=record,
             task=None if task is None else TaskOracle.of(base.benchmark, task),

@@ -16,19 +16,23 @@ are not in the context at all, so a claim of success earns nothing by itself.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bat_gym.errors import SandboxError
+from bat_gym.errors import SandboxError, WorkspaceRejected
 from bat_gym.record import ExecutionRecord
-from bat_gym.rubrics.checks import run_check
+from bat_gym.rubrics.checks import _describe, run_check
 from bat_gym.rubrics.context import CheckContext, Evidence, EvidenceKind
 from bat_gym.rubrics.contract import ContractLibrary, GateName, RubricContract
 from bat_gym.rubrics.scoring import agentic_score, e2e_reward, level_score, stage_score
 from bat_gym.spec import E2E, ContractRef
 
 __all__ = [
+    "RejectionCategory",
+    "rejected_verdict",
     "ItemVerdict",
     "StageVerdict",
     "GateVerdict",
@@ -37,8 +41,14 @@ __all__ = [
     "verify",
 ]
 
+log = logging.getLogger(__name__)
+
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 _UNIT = {"ge": 0.0, "le": 1.0}
+
+
+RejectionCategory = Literal["unsafe_workspace", "quota_exceeded"]
+"""Why a workspace was refused (:attr:`bat_gym.errors.WorkspaceRejected.category`)."""
 
 
 class ItemVerdict(BaseModel):
@@ -108,6 +118,13 @@ class Verdict(BaseModel):
         **_UNIT,
     )
     notes: tuple[str, ...] = Field((), description="Nulls, gates applied, anything excluded.")
+    rejected: RejectionCategory | None = Field(
+        None,
+        description=(
+            "Set when the workspace could not be taken as the agent left it: every stage "
+            "scores 0 and so does the reward (see :func:`rejected_verdict`)."
+        ),
+    )
 
 
 def evidence_completeness(items: Sequence[ItemVerdict]) -> float:
@@ -194,9 +211,62 @@ def _task_score(ctx: CheckContext, notes: list[str]) -> float | None:
     except SandboxError as exc:  # a missing or corrupted blob is no fault of the agent
         notes.append(f"infrastructure fault while computing the task score: {exc}")
         return None
+    except Exception as exc:  # noqa: BLE001 - agent files can make any reader raise
+        log.warning("the task metric raised on this workspace", exc_info=True)
+        notes.append(
+            f"the task metric could not read the submission, so it scores 0: {_describe(exc)}"
+        )
+        return 0.0
     if task is None:
         notes.append("the benchmark could not score the task")
     return task
+
+
+def rejected_verdict(
+    contract: RubricContract,
+    rejection: WorkspaceRejected,
+    *,
+    library: ContractLibrary | None = None,
+) -> Verdict:
+    """The verdict of an episode whose workspace the host refused to take.
+
+    Agent code caused it (an escaping link, a name no manifest can hold, a workspace
+    past its quota), so it is a scored zero, not an infrastructure failure: every stage
+    the contract covers gets score and credit 0, the task (for an E2E contract that
+    scores one) 0, the reward 0, and :attr:`Verdict.rejected` names the category.
+    """
+    if contract.focus == E2E:
+        library = library or ContractLibrary.reference()
+        components = [library.component(c) for c in contract.components]
+    else:
+        components = [contract]
+    stages = tuple(
+        StageVerdict(
+            stage=c.focus,
+            contract=c.ref,
+            items=(),
+            null_items=(),
+            score=0.0,
+            eta=1.0,
+            credit=0.0,
+        )
+        for c in components
+    )
+    category: RejectionCategory = (
+        "quota_exceeded" if rejection.category == "quota_exceeded" else "unsafe_workspace"
+    )
+    return Verdict(
+        contract=contract.ref,
+        focus=contract.focus,
+        stages=stages,
+        stage_score=0.0,
+        task_score=0.0 if contract.focus == E2E and contract.task_score else None,
+        eta=1.0,
+        gates=(),
+        reward=0.0,
+        notes=(f"{category}: {rejection}",),
+        rejected=category,
+    )
 
 
 def verify(

@@ -43,3 +43,29 @@ def local_ray():
         yield
         ray.shutdown()
     shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A Docker SDK client to a live engine that has the sandbox base image, or a skip.
+
+    ``.ci/docker-setup.sh`` sets the engine and the image up.
+    """
+    pytest.importorskip(
+        "docker", reason="the docker SDK is not installed: pip install 'bat-gym[docker]'"
+    )
+    from bat_gym.errors import SandboxUnavailable
+    from bat_gym.sandbox.docker import connect
+    from bat_gym.sandbox.docker_image import ensure_image
+
+    try:
+        client = connect(timeout_s=30)
+    except SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        ensure_image(client=client)
+    except SandboxUnavailable as exc:
+        client.close()
+        pytest.skip(f"the sandbox base image is not available: {exc}")
+    yield client
+    client.close()

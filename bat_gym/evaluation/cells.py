@@ -24,6 +24,8 @@ FailureCategory = Literal[
     "task_zero",  # task score 0: no submission, a malformed one, or a wrong one
     "low_task_score",  # task score above 0 and below 0.5
     "stage_incomplete",  # some stage's credit below 1
+    "unsafe_workspace",  # the agent left what the host must not follow or store: scored 0
+    "quota_exceeded",  # the agent's workspace outgrew its byte or file quota: scored 0
     "infrastructure",  # sandbox crash or policy/server failure: the cell is invalid
 ]
 FAILURE_CATEGORIES: tuple[str, ...] = FailureCategory.__args__  # type: ignore[attr-defined]

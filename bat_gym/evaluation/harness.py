@@ -134,6 +134,8 @@ def _failures(
     """The closed-set failure categories of a scored episode."""
     out: list[FailureCategory] = []
     verdict = info["verdict"]
+    if verdict.rejected is not None:  # the agent's doing: a scored zero, not infrastructure
+        out.append(verdict.rejected)
     if not result["finished"]:
         if info["tool_calls"] >= budgets.max_tool_calls:
             out.append("tool_call_budget")

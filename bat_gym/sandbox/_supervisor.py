@@ -14,9 +14,11 @@ fresh child with its own output pipe.
   ``__main__``, as ``python -c`` would, with modules named in ``preload`` imported.
 * ``bash`` calls go from the host straight to a long-lived bash server that this
   process starts from an execute-only copy of bash (the kernel marks such a process
-  non-dumpable too). The server keeps one subshell forked ahead, waiting for the next
-  call line, ``CPU_SECONDS SEQ``. The subshell writes ``SEQ`` and a space on the status
-  pipe, closes it, and runs the call; the server then completes the line with ``$?``.
+  non-dumpable too). The server reads the next call line, ``CPU_SECONDS SEQ``, and
+  forks a subshell for it, which writes ``SEQ`` and a space on the status pipe, closes
+  it, and runs the call; the server then completes the line with ``$?``. Between calls
+  the server is the only process of the agent's cgroup, so the host can tell from one
+  count whether a call left anything running.
   Each call starts from the server's pristine state, so nothing one call does to its
   shell can change how a later call runs or is reported; the host accepts only the
   status line tagged with the call it sent. If the server dies, this process kills its
@@ -30,7 +32,10 @@ also empties ``/tmp`` and ``/dev/shm`` and removes System V IPC objects: nothing
 agent leaves there survives into the next episode.
 
 This module must import nothing outside the standard library: it runs under the
-sandbox's interpreter, where bat_gym itself is hidden.
+sandbox's interpreter, where bat_gym itself is hidden. The one exception is
+``trees.py`` (standard library only itself), which the host hands over as a file of
+its own (``cfg["trees"]``) and which is loaded under a private name, so that emptying
+``/tmp`` walks any tree agent code made without recursing.
 """
 
 from __future__ import annotations
@@ -39,13 +44,13 @@ import builtins
 import contextlib
 import ctypes
 import fcntl
+import importlib.util
 import io
 import json
 import linecache
 import os
 import resource
 import select
-import shutil
 import signal
 import struct
 import sys
@@ -57,18 +62,43 @@ __all__ = ["send_frame", "recv_frame", "BASH_SERVER"]
 
 _HEADER = struct.Struct("!Q")
 
-# Runs each call in a subshell that reads its call line on fd 3, writes the call's tag
-# on the status descriptor (fd 4), closes both and limits its CPU time; the parent
+# Reads each call line on fd 3 and runs the call in a subshell that writes the call's
+# tag on the status descriptor (fd 4), closes both and limits its CPU time; the parent
 # reports the status. stdin is /dev/null throughout. Variables are prefixed so agent
 # code is unlikely to collide with them, and they are unset in the subshell.
 BASH_SERVER = r"""
-while :; do
-  ( IFS=' ' read -r -u 3 __bat_cpu __bat_seq || kill -KILL $$  # host gone: stop, never spin
-    printf '%s ' "$__bat_seq" >&4; exec 3<&- 4>&-
+while IFS=' ' read -r -u 3 __bat_cpu __bat_seq || kill -KILL $$; do  # host gone: stop
+  ( printf '%s ' "$__bat_seq" >&4; exec 3<&- 4>&-
     ulimit -t "$__bat_cpu"; unset __bat_cpu __bat_seq; . "$__bat_call" )
   printf '%s\n' "$?" >&4
 done
 """
+
+# Where the host caps the sandbox (cgroups), the bash server joins the agent group
+# through descriptors 5 and up before it serves any call (see _join).
+_JOIN_FD = 5
+
+
+def _bash_server(joins: int) -> str:
+    """The server script, first moving itself into the agent group through ``joins`` fds."""
+    fds = range(_JOIN_FD, _JOIN_FD + joins)
+    prefix = "".join(f"printf 0 >&{fd} || exit 1; exec {fd}>&-\n" for fd in fds)
+    return prefix + BASH_SERVER
+
+
+def _join(fds: list[int]) -> None:
+    """Move this process into the cgroups behind ``fds`` and close them.
+
+    The protocol of ``bat_gym.sandbox.cgroups.join``, copied: this file imports only
+    the standard library. A failed write raises; the caller must not run agent code.
+    """
+    try:
+        for fd in fds:
+            os.write(fd, b"0")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
 
 # Signals whose disposition a process may set (and so inherit as ignored).
 _CATCHABLE = frozenset(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}
@@ -167,30 +197,29 @@ def _drain(fd: int) -> None:
             pass
 
 
-def _empty_dir(path: str) -> None:
-    """Delete everything in ``path``, including trees agent code made read-only."""
+def _load_trees(path: str) -> types.ModuleType:
+    """Load ``trees.py`` from ``path`` under a name agent code will not import by accident."""
+    spec = importlib.util.spec_from_file_location("_bat_gym_trees", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def unlock(d: str) -> None:
-        # Agent code owns everything here and may have left a directory without
-        # write or search permission to keep its contents past a reset.
-        with contextlib.suppress(OSError):
-            os.chmod(d, 0o700)
-            with os.scandir(d) as it:
-                for entry in it:
-                    if entry.is_dir(follow_symlinks=False):
-                        unlock(entry.path)
 
-    with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(path):
-            child = os.path.join(path, name)
-            if os.path.ismount(child):
+def _empty_dir(path: str, trees: types.ModuleType) -> None:
+    """Delete everything in ``path``, including deep trees agent code made read-only."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        for name in os.listdir(fd):
+            if os.path.ismount(os.path.join(path, name)):
                 continue
-            if os.path.isdir(child) and not os.path.islink(child):
-                unlock(child)
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(child)
+            with contextlib.suppress(OSError):
+                trees.remove_tree(fd, name)
+    finally:
+        os.close(fd)
 
 
 def _remove_sysv_ipc() -> None:
@@ -219,6 +248,7 @@ class Supervisor:
         self.cfg = cfg
         self.workspace = cfg["workspace"]
         self.pid_namespace = cfg["pid_namespace"]
+        self.trees = _load_trees(cfg["trees"])
         # Whatever this process inherited is close-on-exec from here on, and its own
         # pipe ends move above 4, where handing fds 0-4 to the bash server cannot
         # overwrite one still to be handed.
@@ -229,6 +259,9 @@ class Supervisor:
         self.req_fd, self.resp_fd = _above_4(cfg["req_fd"]), _above_4(cfg["resp_fd"])
         # The host holds the other ends of these: it writes calls and reads output.
         self.bash_ctl, self.bash_out, self.bash_status = map(_above_4, cfg["bash_fds"])
+        # Joins the agent cgroup: handed to every process that runs agent code, which
+        # writes to it and closes it first. Never inherited past that.
+        self.agent_fds = [_above_4(fd) for fd in cfg.get("agent_cgroup_fds", [])]
         self.bash: int | None = None  # pid (and process group) of the bash server
         self.bash_pidfd = -1
         self.child: int | None = None  # pid of the python call running now
@@ -294,10 +327,11 @@ class Supervisor:
             (os.POSIX_SPAWN_DUP2, self.bash_ctl, 3),
             (os.POSIX_SPAWN_DUP2, self.bash_status, 4),
         ]
+        actions += [(os.POSIX_SPAWN_DUP2, fd, _JOIN_FD + i) for i, fd in enumerate(self.agent_fds)]
         try:
             pid = os.posix_spawn(
                 self.cfg["bash"],
-                ["bash", "--noprofile", "--norc", "-c", BASH_SERVER],
+                ["bash", "--noprofile", "--norc", "-c", _bash_server(len(self.agent_fds))],
                 dict(self.cfg["env"], __bat_call=self.cfg["call_file"]),
                 file_actions=actions,
                 setpgroup=0,
@@ -323,7 +357,7 @@ class Supervisor:
         """The server was killed from inside: end its calls, report, start another."""
         assert self.bash is not None
         group = self.bash
-        # Its forked-ahead subshell may still be waiting for a call line; left alive
+        # A subshell it forked may still be running a call; left alive
         # it would race the next server for the host's next call.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
@@ -389,7 +423,7 @@ class Supervisor:
 
     def _clear_scratch(self) -> None:
         for path in (self.cfg["tmp"], *self.cfg.get("scratch", [])):
-            _empty_dir(path)
+            _empty_dir(path, self.trees)
         if self.pid_namespace:  # unisolated, the IPC namespace is the host's
             _remove_sysv_ipc()
         self._make_dirs()
@@ -412,6 +446,10 @@ class Supervisor:
             return _not_started(exc, start)
         if pid == 0:
             os.close(out_r)
+            try:
+                _join([os.dup(fd) for fd in self.agent_fds])
+            except OSError:
+                os._exit(126)  # never run agent code outside its caps
             _child_python(req["code"], int(req["cpu_s"]), out_w, self.workspace)
         os.close(out_w)
         with contextlib.suppress(OSError):
@@ -550,6 +588,9 @@ def _apply_limits(limits: dict) -> None:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    # Into the supervisor's own (uncapped) cgroup first: an agent process that runs
+    # the sandbox out of memory is then the one the kernel kills, never this one.
+    _join(cfg.get("supervisor_cgroup_fds", []))
     if cfg.get("drop_to"):
         uid, gid = cfg["drop_to"]
         os.setgroups([])

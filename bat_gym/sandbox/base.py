@@ -22,7 +22,13 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
+from bat_gym.sandbox.snapshot import (
+    BlobStore,
+    ScratchStore,
+    Snapshot,
+    SnapshotLimits,
+    WorkspaceIndex,
+)
 
 __all__ = [
     "AGENT_ENV",
@@ -62,10 +68,13 @@ class Isolation(enum.StrEnum):
 
 
 class SandboxLimits(BaseModel):
-    """Resource limits applied to every process the agent starts.
+    """Resource limits applied to every process the agent starts, and to the sandbox.
 
     Defaults follow the reference runtime (120 s per tool call, 2,048 characters of
-    output shown to the agent); the record keeps up to ``record_output_bytes``.
+    output shown to the agent); the record keeps up to ``record_output_bytes``. The
+    workspace quota (``workspace_mb``, ``workspace_files``) follows the reference
+    release's sealed-state caps; a call that leaves the workspace past it ends the
+    episode with a zero-credit verdict of category ``quota_exceeded``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -85,6 +94,27 @@ class SandboxLimits(BaseModel):
     record_output_bytes: int = Field(
         65536, ge=1024, description="Output bytes kept per call in the execution record."
     )
+    total_memory_mb: int = Field(
+        4096,
+        ge=64,
+        description="Memory of every agent process together, page cache and tmpfs included "
+        "(a cgroup limit), MiB. Past it the kernel kills the largest agent process.",
+    )
+    workspace_mb: int = Field(
+        512,
+        ge=1,
+        description="Workspace bytes, MiB, by apparent size: a sparse file counts in full.",
+    )
+    workspace_files: int = Field(
+        8000, ge=16, description="Files, directories and links in the workspace."
+    )
+
+    def workspace_limits(self) -> SnapshotLimits:
+        """The workspace quota as the bounds a scan or capture enforces."""
+        total = self.workspace_mb << 20
+        return SnapshotLimits(
+            max_files=self.workspace_files, max_file_bytes=total, max_total_bytes=total
+        )
 
 
 class ExecResult(BaseModel):
@@ -152,6 +182,7 @@ class Sandbox(ABC):
 
     isolation: Isolation
     limits: SandboxLimits
+    _slot: Any  # the backend's Slot: a locked directory of its own
     store: BlobStore
     index: WorkspaceIndex
 
@@ -178,14 +209,45 @@ class Sandbox(ABC):
         """Store the workspace's files in the blob store and return its snapshot."""
         return self.index.capture(self.store)
 
+    @property
+    def frozen_store(self) -> BlobStore:
+        """Where :meth:`freeze` puts an episode's final workspace.
+
+        A :class:`~bat_gym.sandbox.snapshot.ScratchStore` over :attr:`store` in the
+        sandbox's own directory: it shares what the store already holds, and the next
+        freeze empties it, so frozen episodes never accumulate.
+        """
+        scratch = getattr(self, "_frozen_store", None)
+        if scratch is None or scratch.base is not self.store:
+            scratch = ScratchStore(self.scratch_dir / "frozen", self.store)
+            self._frozen_store = scratch
+        return scratch
+
+    @property
+    def scratch_dir(self) -> Path:
+        """A host directory of this sandbox's own, deleted with it."""
+        return self._slot.dir
+
     def freeze(self) -> Snapshot:
         """Capture the workspace for scoring once an episode is over.
 
-        The verifier reads only this snapshot, through the blob store. The default is
-        :meth:`capture`; a backend may override it to stop the agent's background
-        processes first, so nothing is still writing while the workspace is read.
+        The snapshot goes to :attr:`frozen_store`, emptied first; the verifier reads
+        only it. A backend stops the agent's processes first (:meth:`_stop_agent`), so
+        nothing is still writing while the workspace is read.
+
+        Raises:
+            WorkspaceRejected: the workspace is past its quota or holds what the host
+                must not follow or store; nothing of it is kept.
         """
-        return self.capture()
+        self._stop_agent()
+        store = self.frozen_store
+        assert isinstance(store, ScratchStore)
+        store.clear()
+        return self.index.capture(store)
+
+    @abstractmethod
+    def _stop_agent(self) -> None:
+        """Kill every process agent code started (the sandbox stays usable)."""
 
     @abstractmethod
     def close(self) -> None:

@@ -37,6 +37,7 @@ from bat_gym.sandbox.base import (
     SandboxLimits,
 )
 from bat_gym.sandbox.docker_image import ensure_image
+from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
 
@@ -181,6 +182,21 @@ sys.stdout.write("done\n")
 """
 
 
+# Imports each required module in a fresh container; prints those that fail.
+_IMPORT_CHECK = """
+import importlib, sys
+bad = []
+for name in {modules!r}:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        bad.append(f"{{name}} ({{type(exc).__name__}}: {{exc}})")
+print("\\n".join(bad))
+sys.exit(1 if bad else 0)
+"""
+_checked_images: set[tuple[str, tuple[str, ...]]] = set()
+
+
 # A first kill from the shell, which starts in a fraction of Python's time: under a
 # fork bomb of CPU-bound processes, every millisecond of CPU the reset needs takes long.
 _RESET_SH = f'kill -9 -1 2>/dev/null; exec python3 -I -S {_RUN_DIR}/reset.py "$1"'
@@ -234,24 +250,86 @@ def _finalize(
             client.close()
 
 
+_LEFTOVER_POLLS = 5
+
+
+def _pids_current_path(pid: int) -> Path | None:
+    """The ``pids.current`` file of the cgroup process ``pid`` is in, if the host shows it."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup/pids") / path.lstrip("/") / "pids.current"
+        elif controllers == "":
+            candidate = Path("/sys/fs/cgroup") / path.lstrip("/") / "pids.current"
+        else:
+            continue
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+class _TaskCount:
+    """The container's task count, read from the host's cgroupfs in one ``pread``.
+
+    Unavailable (``None``) where the engine's cgroups are not visible here: a rootless
+    or remote engine. Located lazily from the container's init pid, again after a
+    restart (which makes the cgroup anew).
+    """
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.idle = 0
+
+    def reset(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def read(self, api: Any, cid: str) -> int | None:
+        if self.fd < 0:
+            with contextlib.suppress(Exception):
+                path = _pids_current_path(int(api.inspect_container(cid)["State"]["Pid"]))
+                if path is not None:
+                    self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                    self.idle = int(os.pread(self.fd, 32, 0))  # init and sleep, at start
+            if self.fd < 0:
+                return None
+        try:
+            return int(os.pread(self.fd, 32, 0))
+        except (OSError, ValueError):
+            self.reset()
+            return None
+
+
 class DockerSandbox(Sandbox):
     """A sandbox in a warm Docker container.
 
     Args:
         limits: resource limits for agent code.
-        image: the image to run; by default the offline-built base image
-            (:func:`bat_gym.sandbox.docker_image.ensure_image`), built on first use.
+        image: the image to run; by default the offline-built base image with what
+            ``requirements`` ask for (:func:`bat_gym.sandbox.docker_image.ensure_image`),
+            built on first use.
+        requirements: the modules agent code must be able to import (the benchmark's
+            :meth:`~bat_gym.benchmark.Benchmark.sandbox_requirements`); checked in the
+            first container of each image in this process.
         store: blob store for snapshots (default: one under the slot directory).
         client: a Docker SDK client (default: :func:`connect`); one passed in is not
             closed with the sandbox.
 
-    Unlike the ``local`` backend, ``limits.memory_mb`` bounds the whole container (a
-    cgroup limit, which also counts files in ``/tmp``), not each process's address
-    space, and ``limits.max_processes`` bounds the container's tasks (threads count).
+    ``limits.total_memory_mb`` bounds the whole container (a cgroup limit, which also
+    counts files in ``/tmp``), as on the ``local`` backend; ``limits.memory_mb`` (a
+    per-process address-space limit there) is not applied here. ``limits.max_processes``
+    bounds the container's tasks (threads count). Processes a call leaves running are
+    killed when it returns, where the engine's cgroups are visible from this host.
 
     Raises:
-        SandboxUnavailable: the Docker SDK is missing, no engine answers, or the image
-            cannot be had. The message says what to do.
+        SandboxUnavailable: the Docker SDK is missing, no engine answers, the image
+            cannot be had, or it cannot import a module ``requirements`` name. The
+            message says what to do.
     """
 
     backend = "docker"
@@ -263,14 +341,16 @@ class DockerSandbox(Sandbox):
         image: str | None = None,
         store: BlobStore | None = None,
         client: docker.DockerClient | None = None,
+        requirements: SandboxRequirements | None = None,
     ) -> None:
         self.limits = limits or SandboxLimits()
+        self.requirements = requirements
         self.isolation = Isolation.CONTAINER
         self._sdk = _sdk()
         self._client = client or connect()
         self._api = self._client.api
         try:
-            self.image = image or ensure_image(client=self._client)
+            self.image = image or ensure_image(requirements, client=self._client)
             self._slot = Slot(runtime_dir(), "docker")
         except BaseException:
             if client is None:
@@ -285,31 +365,63 @@ class DockerSandbox(Sandbox):
         self._uid = self._lease.uid if self._lease else os.getuid()
         self._gid = self._lease.uid if self._lease else os.getgid()
         self._box: list[str] = []  # the container id, shared with the finalizer
+        self._tasks = _TaskCount()
         self._finalizer = weakref.finalize(
             self, _finalize, self._client, self._box, self._slot, self._lease, client is None
         )
         # A container labelled with our slot belongs to a process that died holding it:
         # the slot's lock is ours now, so nobody else can be using it.
         self._remove_stale()
-        self._ws = self._slot.dir / "workspace"
-        self._ws.mkdir(mode=0o755)
+        # On a tmpfs of the quota's size where the host may mount one (see mounts.py).
+        self._ws, self.workspace_capped = self._slot.make_workspace(
+            size_mb=self.limits.workspace_mb,
+            files=self.limits.workspace_files,
+            owner=(self._uid, self._gid) if self._root else None,
+        )
         # Read-only inside: boot.py, and code too long to pass as an argument.
         self._run = self._slot.dir / "run"
         self._run.mkdir(mode=0o755)
         for name, text in (("boot.py", _BOOT), ("reset.py", _RESET)):
             (self._run / name).write_text(text)
             (self._run / name).chmod(0o644)
-        if self._root:
-            os.chown(self._ws, self._uid, self._gid)
         self.store = store or BlobStore(self._slot.dir / "store")
         self.index = WorkspaceIndex(
-            self._ws, owner=(self._uid, self._gid) if self._root else None, watch=True
+            self._ws,
+            owner=(self._uid, self._gid) if self._root else None,
+            watch=True,
+            limits=self.limits.workspace_limits(),
         )
         try:
             self._create()
+            self._check_requirements(chosen=image is not None)
         except BaseException:
             self.close()
             raise
+
+    def _check_requirements(self, *, chosen: bool) -> None:
+        """Refuse an image that cannot import a required module (once per image and set)."""
+        modules = self.requirements.modules if self.requirements else ()
+        if not modules:
+            return
+        try:
+            key = (self._api.inspect_image(self.image)["Id"], modules)
+        except Exception:  # noqa: BLE001 - the container runs it, so it exists
+            key = (self.image, modules)
+        if key in _checked_images:
+            return
+        r = self.execute_code("python", _IMPORT_CHECK.format(modules=list(modules)), timeout_s=60)
+        if not r.ok:
+            fix = (
+                "pass an image that has them, or leave image= unset so that bat-gym builds one"
+                if chosen
+                else f"remove it (`docker rmi {self.image}`) so that the next start rebuilds it"
+            )
+            raise SandboxUnavailable(
+                "docker",
+                f"image {self.image!r} cannot import what the sandbox needs:\n"
+                f"{r.output.strip()[-2000:]}\nFix: {fix}",
+            )
+        _checked_images.add(key)
 
     # -- the container ----------------------------------------------------------------
 
@@ -349,8 +461,8 @@ class DockerSandbox(Sandbox):
             network_mode="none",
             read_only=True,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.tmp_mb}m,mode=1777"},
-            mem_limit=lim.memory_mb * mib,
-            memswap_limit=lim.memory_mb * mib,  # no swap beyond the memory limit
+            mem_limit=lim.total_memory_mb * mib,
+            memswap_limit=lim.total_memory_mb * mib,  # no swap beyond the memory limit
             pids_limit=lim.max_processes,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
@@ -392,6 +504,7 @@ class DockerSandbox(Sandbox):
 
     def _restart(self) -> None:
         """Kill everything in the container and start it again; the workspace stays."""
+        self._tasks.reset()
         cid = self._box[0] if self._box else None
         if cid is not None:
             with contextlib.suppress(Exception):
@@ -488,6 +601,8 @@ class DockerSandbox(Sandbox):
         deadline = start + timeout
         cap = _Capture(self.limits.record_output_bytes)
         status = bytearray()
+        if self._tasks.fd < 0 and self._box:  # the idle count, before anything runs
+            self._tasks.read(self._api, self._box[0])
         try:
             exec_id, stream = self._start_exec(self._argv(language, code, cpu_s))
         except Exception:
@@ -504,6 +619,8 @@ class DockerSandbox(Sandbox):
             stream.close()
             return self._crashed(start)
         stream.close()
+        if self._stop_leftovers():
+            cap.feed(b"\n[processes this call left running were stopped: none outlives its call]\n")
         rc = _parse_status(status)
         if rc is None:
             # boot never reported: the call killed it (it runs as the agent's uid), it
@@ -552,6 +669,30 @@ class DockerSandbox(Sandbox):
         """Restart the container and report that nothing is known about the call."""
         self._restart()
         return ExecResult.lost(time.monotonic() - start)
+
+    def _stop_leftovers(self) -> bool:
+        """Kill what a finished call left running; True if there was anything.
+
+        Compares the container's task count with the count it had idle; where the
+        count cannot be read from here (see :class:`_TaskCount`), leftovers live on.
+        """
+        if not self._box:
+            return False
+        # The engine reaps a finished exec's process a moment after its stream ends:
+        # give it a few milliseconds before calling what is left a leftover.
+        for _ in range(_LEFTOVER_POLLS):
+            count = self._tasks.read(self._api, self._box[0])
+            if count is None or count <= self._tasks.idle:
+                return False
+            time.sleep(0.002)
+        self._stop_agent()
+        return True
+
+    def _stop_agent(self) -> None:
+        """Kill the agent's processes before a freeze (a fresh container if that fails)."""
+        self._check_open()
+        if not self._kill_all(clear_tmp=False):
+            self._restart()
 
     def restore(self, snapshot: Snapshot) -> None:
         """Kill the agent's processes, clear ``/tmp``, and restore the workspace in place."""

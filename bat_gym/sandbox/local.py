@@ -18,6 +18,14 @@ signal; when it exits, the kernel kills everything else in the sandbox. A step c
 one round trip over two pipes; a reset kills the sandbox's processes, clears ``/tmp``,
 ``/dev/shm`` and System V IPC objects, and restores only the workspace files that
 changed.
+
+The whole sandbox is capped through cgroups (:mod:`~bat_gym.sandbox.cgroups`):
+``limits.total_memory_mb`` for every agent process together and
+``limits.max_processes`` tasks. Without a cgroup to cap with, a sandbox refuses to
+start unless asked to run uncapped (``caps="none"`` or ``BAT_GYM_ALLOW_UNCAPPED=1``),
+as with isolation. Processes do not outlive their call: when a call returns and the
+agent group still holds more than the idle bash server, the rest are killed, so an
+idle env burns no CPU.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from bat_gym.errors import SandboxCrashed, SandboxUnavailable
-from bat_gym.sandbox import _supervisor
+from bat_gym.sandbox import _supervisor, trees
 from bat_gym.sandbox.base import (
     AGENT_ENV,
     ExecResult,
@@ -49,6 +57,8 @@ from bat_gym.sandbox.base import (
     Sandbox,
     SandboxLimits,
 )
+from bat_gym.sandbox.cgroups import CapSupport, SandboxCgroup, require_caps
+from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.sandbox.seccomp import filter_fd
 from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
@@ -65,6 +75,8 @@ _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 # another thread of this process, numpy's BLAS threads say; that does not interrupt
 # the wait, and Python runs the handler only once this thread runs bytecode again.
 _SIGNAL_POLL_S = 0.5
+# Agent-group tasks of an idle sandbox: the bash server, waiting for its next call.
+_IDLE_TASKS = 1
 
 
 def _wait_s(deadline: float) -> float:
@@ -244,6 +256,7 @@ def _finalize(
     lease: UidLease | None,
     index: WorkspaceIndex,
     call_fd: int,
+    cgroup: SandboxCgroup | None,
 ) -> None:
     for running in box:
         running.stop()
@@ -251,6 +264,8 @@ def _finalize(
             with contextlib.suppress(OSError):
                 running.proc.stderr.close()
     box.clear()
+    if cgroup is not None:  # only once its processes are gone
+        cgroup.close()
     os.close(call_fd)
     index.close()
     slot.release()
@@ -269,6 +284,11 @@ class LocalSandbox(Sandbox):
             only for code you trust.
         store: blob store for snapshots (default: one under the slot directory).
         preload: modules the supervisor imports once, so python calls start warm.
+        caps: ``"auto"`` (cap memory and processes with cgroups; uncapped only where
+            none can be had and ``BAT_GYM_ALLOW_UNCAPPED=1`` is set) or ``"none"``
+            (uncapped: only for code you trust).
+        requirements: modules agent code must import (the benchmark's
+            ``sandbox_requirements()``); this interpreter is checked once per process.
 
     Raises:
         SandboxUnavailable: bubblewrap cannot isolate here and no unisolated run was
@@ -285,7 +305,11 @@ class LocalSandbox(Sandbox):
         isolation: str = "auto",
         store: BlobStore | None = None,
         preload: tuple[str, ...] = ("numpy", "numpy.random"),
+        requirements: SandboxRequirements | None = None,
+        caps: str = "auto",
     ) -> None:
+        if requirements is not None:  # agent code runs this interpreter: it must import them
+            requirements.check_host("local")
         self.limits = limits or SandboxLimits()
         self.preload = preload
         if isolation not in ("auto", "bwrap", "none"):
@@ -304,6 +328,9 @@ class LocalSandbox(Sandbox):
             )
         else:
             self.isolation = Isolation.BWRAP
+        if caps not in ("auto", "none"):
+            raise ValueError(f"caps must be 'auto' or 'none', got {caps!r}")
+        self.caps = require_caps(opt_out=caps == "none")
         rt = runtime_dir()
         # Root-run bubblewrap drops agent code to a uid of its own; otherwise code runs
         # as the caller (mapped by a user namespace when isolated).
@@ -317,26 +344,43 @@ class LocalSandbox(Sandbox):
             raise
         self._uid = self._lease.uid if self._lease else os.getuid()
         self._gid = self._lease.uid if self._lease else os.getgid()
-        self._ws = self._slot.dir / "workspace"
-        self._ws.mkdir(mode=0o755)
+        # On a tmpfs of the quota's size where the host may mount one (see mounts.py).
+        self._ws, self.workspace_capped = self._slot.make_workspace(
+            size_mb=self.limits.workspace_mb,
+            files=self.limits.workspace_files,
+            owner=(self._uid, self._gid) if self._root else None,
+        )
         # The host writes each bash call here; the sandbox sees it read-only.
         self._run = self._slot.dir / "run"
         self._run.mkdir(mode=0o755)
         self._call_fd = os.open(self._run / "call.sh", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        if self._root:
-            os.chown(self._ws, self._uid, self._gid)
         self.store = store or BlobStore(self._slot.dir / "store")
         self.index = WorkspaceIndex(
-            self._ws, owner=(self._uid, self._gid) if self._root else None, watch=True
+            self._ws,
+            owner=(self._uid, self._gid) if self._root else None,
+            watch=True,
+            limits=self.limits.workspace_limits(),
         )
         self._bash = _exec_only_bash(rt)
+        self._cgroup = (
+            SandboxCgroup(self.limits.total_memory_mb, self.limits.max_processes)
+            if self.caps is not CapSupport.NONE
+            else None
+        )
         self._proc_box: list[_Running] = []
         self._req = self._resp = self._bash_out = self._bash_status = self._bash_ctl = -1
         self._seq = 0  # tags bash calls; the host accepts only its own call's status
         self._status_buf = b""  # status bytes read past the last complete line
         self._closed = False
         self._finalizer = weakref.finalize(
-            self, _finalize, self._proc_box, self._slot, self._lease, self.index, self._call_fd
+            self,
+            _finalize,
+            self._proc_box,
+            self._slot,
+            self._lease,
+            self.index,
+            self._call_fd,
+            self._cgroup,
         )
         self._start()
 
@@ -424,6 +468,9 @@ class LocalSandbox(Sandbox):
             "--ro-bind-data",
             str(supervisor_fd),
             "/opt/bat/supervisor.py",
+            "--ro-bind",
+            trees.__file__,
+            "/opt/bat/trees.py",
             "--seccomp",
             str(seccomp_fd),
             "--chdir",
@@ -467,6 +514,8 @@ class LocalSandbox(Sandbox):
         os.set_inheritable(ctl_w, False)
         ours.append(ctl_w)
         theirs.append(ctl_r)
+        sup_cg, agent_cg = self._cgroup.join_fds() if self._cgroup else ([], [])
+        theirs += sup_cg + agent_cg
         cfg = {
             "workspace": ws,
             "tmp": tmp,
@@ -477,9 +526,12 @@ class LocalSandbox(Sandbox):
             "bash_fds": [ctl_r, theirs[2], theirs[3]],
             "pid_namespace": self.isolation is Isolation.BWRAP,
             "bash": "/opt/bat/bash" if self.isolation is Isolation.BWRAP else self._bash,
+            "trees": "/opt/bat/trees.py" if self.isolation is Isolation.BWRAP else trees.__file__,
             "env": self._env(tmp),
             "preload": list(self.preload),
             "drop_to": [self._uid, self._gid] if self._root else None,
+            "supervisor_cgroup_fds": sup_cg,
+            "agent_cgroup_fds": agent_cg,
             "rlimits": {
                 "RLIMIT_AS": self.limits.memory_mb << 20,
                 "RLIMIT_NPROC": self.limits.max_processes,
@@ -609,6 +661,8 @@ class LocalSandbox(Sandbox):
         output = reply["output"]
         if reply["timed_out"]:
             output += f"\n[timed out after {timeout:g} s: every process in the sandbox was killed]"
+        elif self._stop_leftovers():
+            output += "\n[processes this call left running were stopped: none outlives its call]"
         return ExecResult(
             exit_code=reply["exit_code"],
             output=output,
@@ -617,11 +671,30 @@ class LocalSandbox(Sandbox):
             timed_out=reply["timed_out"],
         )
 
+    def _stop_leftovers(self) -> bool:
+        """Kill what a finished call left running; True if there was anything.
+
+        One ``pread`` of the agent group's task count when nothing was left, so the
+        common case costs microseconds; without caps there is no count to read.
+        """
+        if self._cgroup is None or self._cgroup.agent_pids() <= _IDLE_TASKS:
+            return False
+        # A child that exited just now counts until the supervisor reaps it, and it
+        # reaps what has exited before it answers a request.
+        reply = self._call({"op": "ping"}, _REPLY_GRACE_S)
+        if reply is not None and self._cgroup.agent_pids() <= _IDLE_TASKS:
+            return False
+        self._stop_agent()
+        return True
+
     def _exec_bash(self, code: str, timeout: float, cpu_s: int) -> dict | None:
         """Hand a call to the bash server's waiting subshell and collect its status."""
         cap = _supervisor._Capture(self.limits.record_output_bytes)
         _supervisor._Capture(0).drain(self._bash_out)  # left by earlier background jobs
-        data = code.encode("utf-8", errors="surrogateescape")
+        try:
+            data = code.encode("utf-8", errors="surrogateescape")  # raw bytes of odd names
+        except UnicodeEncodeError:  # a lone surrogate no byte stands for
+            data = code.encode("utf-8", errors="replace")
         os.pwrite(self._call_fd, data, 0)
         os.ftruncate(self._call_fd, len(data))
         start = time.monotonic()
@@ -689,12 +762,11 @@ class LocalSandbox(Sandbox):
         os.set_blocking(self._bash_status, True)
         self._status_buf = b""
 
-    def freeze(self) -> Snapshot:
-        """Kill the agent's processes, then capture: nothing writes while it is read.
+    def _stop_agent(self) -> None:
+        """Kill the agent's processes; the next call or reset starts a fresh shell.
 
-        A background job left running by the last call could otherwise change a file
-        between its hash and its copy. The sandbox stays usable (the next call or
-        reset starts a fresh shell).
+        Before a freeze: a background job left running by the last call could
+        otherwise change a file between its hash and its copy.
         """
         reply = self._call({"op": "kill"}, _REPLY_GRACE_S)
         if reply is None or not reply.get("ok"):
@@ -702,7 +774,6 @@ class LocalSandbox(Sandbox):
         else:
             _supervisor._Capture(0).drain(self._bash_out)
             self._drain_status()
-        return self.capture()
 
     def restore(self, snapshot: Snapshot) -> None:
         """Kill the agent's processes, clear its scratch space, restore the workspace in place.

@@ -5,20 +5,30 @@ dir and an exclusive lock on ``slot-N.lock``. The lock dies with its process, so
 directory whose lock nobody holds belongs to a process that died and may be swept.
 When the host process is root, agent code runs as a leased uid of its own, so the
 process limit (``RLIMIT_NPROC``, counted per uid) is per sandbox.
+
+Agent code shapes what is inside a slot directory (any depth, locked directories), so
+removal is iterative (:func:`~bat_gym.sandbox.trees.remove_path`); a directory that
+still cannot be removed is moved aside into ``quarantine/`` and never handed to
+another sandbox.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
-import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 from bat_gym.errors import SandboxUnavailable
+from bat_gym.sandbox.mounts import mount_tmpfs, unmount_under
+from bat_gym.sandbox.trees import remove_path
 
-__all__ = ["SANDBOX_UID_BASE", "Slot", "UidLease", "runtime_dir", "sweep_stale"]
+__all__ = ["SANDBOX_UID_BASE", "Slot", "UidLease", "runtime_dir", "sweep_stale", "discard_dir"]
+
+log = logging.getLogger(__name__)
 
 SANDBOX_UID_BASE = int(os.environ.get("BAT_GYM_SANDBOX_UID", "62000"))
 _SLOTS = 512
@@ -32,6 +42,31 @@ def runtime_dir() -> Path:
     )
     root.mkdir(mode=0o711, parents=True, exist_ok=True)
     return root
+
+
+def discard_dir(path: Path) -> bool:
+    """Remove ``path`` and all under it; if that fails, move it into quarantine.
+
+    Returns:
+        True once nothing is left at ``path`` (removed or quarantined). Never raises
+        for what is inside the tree.
+    """
+    try:
+        if os.geteuid() == 0:
+            unmount_under(path)  # a workspace tmpfs left by a process that died
+        remove_path(path)
+        return True
+    except (OSError, RecursionError) as exc:
+        reason = exc
+    quarantine = path.parent / "quarantine"
+    try:
+        quarantine.mkdir(mode=0o700, exist_ok=True)
+        os.rename(path, quarantine / f"{path.name}-{uuid.uuid4().hex[:12]}")
+    except OSError as exc:
+        log.warning("cannot remove or quarantine %s (%s; %s)", path, reason, exc)
+        return False
+    log.warning("quarantined %s, which could not be removed: %s", path, reason)
+    return True
 
 
 def _lock(path: Path) -> int:
@@ -88,14 +123,40 @@ class Slot:
         else:
             raise SandboxUnavailable(backend, f"all {_SLOTS} sandbox slots under {rt} are in use")
         self.dir = rt / f"slot-{self.index}"
-        if self.dir.exists():  # left by a process that died: its lock is ours now
-            shutil.rmtree(self.dir, ignore_errors=True)
+        # Left by a process that died: its lock is ours now.
+        if os.path.lexists(self.dir) and not discard_dir(self.dir):
+            os.close(self.fd)
+            self.fd = -1
+            raise SandboxUnavailable(
+                backend, f"{self.dir} was left by a dead process and cannot be removed"
+            )
         self.dir.mkdir(mode=0o711)
+
+    def make_workspace(
+        self, *, size_mb: int, files: int, owner: tuple[int, int] | None
+    ) -> tuple[Path, bool]:
+        """Create ``workspace/`` in the slot, on a capped tmpfs where one can be mounted.
+
+        Args:
+            size_mb: the workspace quota in MiB (the tmpfs size).
+            files: the file quota; the tmpfs gets a few inodes more, so the scan, not
+                ``ENOSPC``, is what reports a workspace that reached it.
+            owner: ``(uid, gid)`` of the workspace root, or None for the caller's.
+
+        Returns:
+            The path, and whether the kernel enforces the quota (a tmpfs).
+        """
+        ws = self.dir / "workspace"
+        ws.mkdir(mode=0o755)
+        capped = mount_tmpfs(ws, size_bytes=size_mb << 20, inodes=files + 64)
+        if owner is not None:
+            os.chown(ws, *owner)
+        return ws, capped
 
     def release(self) -> None:
         """Delete the slot directory and unlock it (idempotent)."""
         if self.fd >= 0:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            discard_dir(self.dir)
             os.close(self.fd)
             self.fd = -1
 
@@ -112,8 +173,7 @@ def sweep_stale() -> int:
             continue
         else:
             d = lock.with_suffix("")
-            if d.exists():
-                shutil.rmtree(d, ignore_errors=True)
+            if os.path.lexists(d) and discard_dir(d):
                 removed += 1
         finally:
             os.close(fd)

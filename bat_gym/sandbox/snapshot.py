@@ -12,11 +12,18 @@ plus O(changed bytes), never a re-run of history or a rehash of everything.
 
 Every walk goes through directory file descriptors opened with ``O_NOFOLLOW``: code in
 the sandbox may plant symlinks, FIFOs or swap directories, and the host side (often
-root) must never follow one out of the workspace.
+root) must never follow one out of the workspace. Walks are iterative and bounded:
+agent code decides how deep and how wide a tree is, so a scan stops with
+:class:`~bat_gym.errors.WorkspaceQuotaExceeded` past :class:`SnapshotLimits`, and a tree
+deeper than :data:`MAX_DEPTH` levels is refused as
+:class:`~bat_gym.errors.UnsafeWorkspace`. What :meth:`WorkspaceIndex.capture` stores
+can always be loaded again: it refuses what a manifest could not hold (names that are
+not UTF-8, links that leave the workspace) with ``UnsafeWorkspace`` instead.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -32,14 +39,23 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bat_gym.errors import SnapshotNotFound, UnsafeSnapshot
+from bat_gym.errors import (
+    SnapshotNotFound,
+    UnsafeSnapshot,
+    UnsafeWorkspace,
+    WorkspaceQuotaExceeded,
+    WorkspaceRejected,
+)
+from bat_gym.sandbox.trees import open_dir, remove_tree
 from bat_gym.sandbox.watch import ChangeWatch
 
 __all__ = [
+    "MAX_DEPTH",
     "Entry",
     "Snapshot",
     "SnapshotLimits",
     "BlobStore",
+    "ScratchStore",
     "WorkspaceIndex",
     "check_member_path",
     "import_tar",
@@ -49,7 +65,14 @@ __all__ = [
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK = 1 << 20
+_MAX_OPEN_DIRS = 256  # directory descriptors a restore keeps open at once
 _KIND_NAMES = {"f": "file", "d": "directory", "l": "symlink"}
+# Setuid, setgid and sticky bits are never recorded: a file restored or materialized
+# by a root host must not become a setuid binary of the agent's choosing.
+_MODE_BITS = 0o777
+
+MAX_DEPTH = 128
+"""Deepest directory level a snapshot may hold (``a/b/c`` is level 3)."""
 
 
 class Entry(NamedTuple):
@@ -69,23 +92,46 @@ class SnapshotLimits(BaseModel):
 
     max_files: int = Field(20_000, ge=1, description="Entries (files, dirs, links).")
     max_file_bytes: int = Field(512 << 20, ge=1, description="Largest single file, bytes.")
-    max_total_bytes: int = Field(2 << 30, ge=1, description="All file bytes together.")
+    max_total_bytes: int = Field(
+        2 << 30,
+        ge=1,
+        description="All file bytes together (apparent size: sparse files count in full).",
+    )
 
 
 def check_member_path(path: str) -> str:
     """Return ``path`` if it is a safe relative workspace path, else raise UnsafeSnapshot.
 
-    Safe means: relative, normalized, no ``..`` component, no NUL or newline.
+    Safe means: relative, normalized, no ``..`` component, no NUL, valid UTF-8 (no
+    surrogate escapes), at most :data:`MAX_DEPTH` levels. Any other character, a
+    newline included, is a legal file name and round-trips through a manifest.
     """
     if not path or path in (".", "/"):
         raise UnsafeSnapshot(path, "empty path")
-    if "\x00" in path or "\n" in path:
-        raise UnsafeSnapshot(path, "NUL or newline in the name")
+    if "\x00" in path:
+        raise UnsafeSnapshot(path, "NUL in the name")
+    if not _is_utf8(path):
+        raise UnsafeSnapshot(_printable(path), "the name is not valid UTF-8")
+    if path.count("/") >= MAX_DEPTH:
+        raise UnsafeSnapshot(path[:200] + "...", f"more than {MAX_DEPTH} directory levels")
     if path.startswith("/"):
         raise UnsafeSnapshot(path, "absolute path")
     if posixpath.normpath(path) != path.rstrip("/") or ".." in path.split("/"):
         raise UnsafeSnapshot(path, "path is not normalized or climbs out with '..'")
     return path.rstrip("/")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(path: str) -> str:
+    r"""``path`` with undecodable bytes shown as ``\xNN``, for messages."""
+    return os.fsencode(path).decode("utf-8", errors="backslashreplace")
 
 
 def _check_link(path: str, target: str) -> None:
@@ -109,7 +155,8 @@ def _check_link(path: str, target: str) -> None:
 
 def _manifest_digest(entries: tuple[Entry, ...]) -> str:
     canonical = json.dumps([list(e) for e in entries], separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    # A name that is not UTF-8 (mid-episode scans see them) hashes as its raw bytes.
+    return hashlib.sha256(canonical.encode("utf-8", errors="surrogateescape")).hexdigest()
 
 
 class Snapshot(BaseModel):
@@ -190,6 +237,9 @@ class BlobStore:
         (self.root / "snapshots").mkdir(parents=True, exist_ok=True)
         self._known: set[str] = set()
         self._snapshots: dict[str, Snapshot] = {}
+        # digest -> (inode, size, ctime) of the blob file when its content was last
+        # hashed; ctime cannot be set from user space, so any later write shows.
+        self._verified: dict[str, tuple[int, int, int]] = {}
 
     def blob_path(self, digest: str) -> Path:
         """Where the blob with this sha256 lives (it may not exist)."""
@@ -254,6 +304,37 @@ class BlobStore:
         except FileNotFoundError:
             raise SnapshotNotFound(f"blob {digest} is not in the store at {self.root}") from None
 
+    def open_verified(self, digest: str) -> int:
+        """Open a blob whose content is known to hash to ``digest``; return the fd.
+
+        A blob is hashed the first time it is opened so, and again whenever its file
+        changed since: restores stay O(changed bytes) and a corrupted store never
+        reaches a workspace silently.
+
+        Raises:
+            SnapshotNotFound: the blob is missing.
+            UnsafeSnapshot: its content does not hash to ``digest`` (the store is
+                corrupted: ``bat-gym bank verify`` checks every blob).
+        """
+        fd = self.open_blob(digest)
+        try:
+            st = os.fstat(fd)
+            key = (st.st_ino, st.st_size, st.st_ctime_ns)
+            if self._verified.get(digest) != key:
+                actual, _ = _hash_fd(fd)
+                if actual != digest:
+                    raise UnsafeSnapshot(
+                        digest,
+                        f"stored blob at {self.blob_path(digest)} is corrupted (sha256 "
+                        f"{actual}); run `bat-gym bank verify` and rebuild what it names",
+                    )
+                self._verified[digest] = key
+                os.lseek(fd, 0, os.SEEK_SET)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
     def read_blob(self, digest: str) -> bytes:
         """Return a blob's bytes, checking them against the digest."""
         fd = self.open_blob(digest)
@@ -293,6 +374,61 @@ class BlobStore:
         return snap
 
 
+class ScratchStore(BlobStore):
+    """A blob store that writes to a directory of its own and reads through to ``base``.
+
+    What an episode leaves behind when it is frozen for scoring is needed only until
+    it is scored: kept in the base store (a Stage Bank's, say) it would grow that store
+    by up to a workspace quota per episode, forever. A scratch store holds it instead,
+    shares every blob the base already has, and :meth:`clear` drops it all.
+
+    Args:
+        root: the scratch directory (emptied by :meth:`clear`).
+        base: the store read through to; never written.
+    """
+
+    def __init__(self, root: str | Path, base: BlobStore) -> None:
+        super().__init__(root)
+        self.base = base
+
+    def _has_own(self, digest: str) -> bool:
+        if digest in self._known:
+            return True
+        if BlobStore.blob_path(self, digest).is_file():
+            self._known.add(digest)
+            return True
+        return False
+
+    def has(self, digest: str) -> bool:  # noqa: D102
+        return self._has_own(digest) or self.base.has(digest)
+
+    def blob_path(self, digest: str) -> Path:  # noqa: D102
+        if not self._has_own(digest) and self.base.has(digest):
+            return self.base.blob_path(digest)
+        return BlobStore.blob_path(self, digest)
+
+    def get_snapshot(self, digest: str) -> Snapshot:  # noqa: D102
+        try:
+            return super().get_snapshot(digest)
+        except SnapshotNotFound:
+            return self.base.get_snapshot(digest)
+
+    def clear(self) -> None:
+        """Drop every blob and manifest written here; the base is untouched."""
+        for sub in ("blobs", "snapshots"):
+            remove_tree_at = self.root / sub
+            if remove_tree_at.exists():
+                fd = os.open(self.root, _DIR_FLAGS)
+                try:
+                    remove_tree(fd, sub)
+                finally:
+                    os.close(fd)
+            remove_tree_at.mkdir()
+        self._known.clear()
+        self._snapshots.clear()
+        self._verified.clear()
+
+
 @dataclass
 class _Seen:
     key: tuple[int, int, int, int, int]
@@ -317,6 +453,10 @@ def _hash_fd(fd: int) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+def _sendfile(src: int, dst: int, count: int) -> int:
+    return os.sendfile(dst, src, None, count)
+
+
 class WorkspaceIndex:
     """Incremental digests and in-place restore for one workspace directory.
 
@@ -326,19 +466,30 @@ class WorkspaceIndex:
             sandbox user can edit them; ``None`` keeps the caller's.
         watch: keep an inotify watch on the tree, so a scan with nothing changed since
             the last one costs one ``read`` instead of a walk.
+        limits: what a scan may find before it stops with ``WorkspaceQuotaExceeded``.
+        max_watches: directories watched at most; past it every scan walks the tree
+            (inotify watches are a host-wide budget of the user, shared by every
+            process).
     """
 
     def __init__(
-        self, root: str | Path, owner: tuple[int, int] | None = None, *, watch: bool = False
+        self,
+        root: str | Path,
+        owner: tuple[int, int] | None = None,
+        *,
+        watch: bool = False,
+        limits: SnapshotLimits | None = None,
+        max_watches: int = 2048,
     ) -> None:
         self.root = Path(root)
         self.owner = owner
+        self.limits = limits or SnapshotLimits()
         self._seen: dict[str, _Seen] = {}
         self._last: Snapshot | None = None
         self._watch: ChangeWatch | None = None
         if watch:
             try:
-                self._watch = ChangeWatch()
+                self._watch = ChangeWatch(max_watches)
             except OSError:
                 self._watch = None  # no inotify: every scan walks the tree
 
@@ -355,6 +506,11 @@ class WorkspaceIndex:
 
         With a change watch and no event since the last scan, this is one ``read``.
         FIFOs, sockets and devices are left out: they have no content to restore.
+
+        Raises:
+            WorkspaceQuotaExceeded: more entries or (apparent) file bytes than
+                :attr:`limits` allow; the walk stops there, so its cost is bounded.
+            UnsafeWorkspace: the tree is deeper than :data:`MAX_DEPTH` levels.
         """
         if self._last is not None and self._watch is not None and not self._watch.changed():
             return self._last
@@ -365,11 +521,7 @@ class WorkspaceIndex:
         entries: list[Entry] = []
         seen: dict[str, _Seen] = {}
         try:
-            root_fd = os.open(self.root, _DIR_FLAGS)
-            try:
-                self._scan_dir(root_fd, "", entries, seen)
-            finally:
-                os.close(root_fd)
+            self._walk(entries, seen)
         except BaseException:
             if self._watch is not None:
                 self._watch.dirty = True  # the walk is unfinished: never trust _last
@@ -384,83 +536,169 @@ class WorkspaceIndex:
         self._last = Snapshot._trusted(entries)
         return self._last
 
-    def _scan_dir(
-        self, dir_fd: int, prefix: str, entries: list[Entry], seen: dict[str, _Seen]
-    ) -> None:
+    def _children(self, dir_fd: int) -> list[os.DirEntry[str]]:
         if self._watch is not None:
             self._watch.add(dir_fd)
         with os.scandir(dir_fd) as it:
-            children = list(it)
-        for child in children:
-            path = prefix + child.name
-            try:
-                st = child.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            key = _stat_key(st)
-            old = self._seen.get(path)
-            mode = stat.S_IMODE(st.st_mode)
-            if stat.S_ISDIR(st.st_mode):
-                entry = Entry(path, "d", mode, "", 0)
+            return list(it)
+
+    def _walk(self, entries: list[Entry], seen: dict[str, _Seen]) -> None:
+        """Depth first, one open descriptor per level, counting against the limits."""
+        limits = self.limits
+        total = 0
+        root_fd = os.open(self.root, _DIR_FLAGS)
+        stack = [(root_fd, "", iter(self._children(root_fd)))]
+        try:
+            while stack:
+                dir_fd, prefix, children = stack[-1]
+                child = next(children, None)
+                if child is None:
+                    os.close(dir_fd)
+                    stack.pop()
+                    continue
+                path = prefix + child.name
+                try:
+                    st = child.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if len(entries) >= limits.max_files:
+                    raise WorkspaceQuotaExceeded(
+                        "", f"more than {limits.max_files} files, directories and links"
+                    )
+                key = _stat_key(st)
+                mode = stat.S_IMODE(st.st_mode) & _MODE_BITS
+                if stat.S_ISDIR(st.st_mode):
+                    entry = Entry(path, "d", mode, "", 0)
+                    seen[path] = _Seen(key, entry)
+                    entries.append(entry)
+                    if len(stack) >= MAX_DEPTH:
+                        raise UnsafeWorkspace(
+                            _printable(path)[:200] + "...",
+                            f"more than {MAX_DEPTH} directory levels",
+                        )
+                    try:
+                        sub = os.open(child.name, _DIR_FLAGS, dir_fd=dir_fd)
+                    except (FileNotFoundError, NotADirectoryError, PermissionError):
+                        continue
+                    try:
+                        listing = self._children(sub)
+                    except OSError:
+                        os.close(sub)
+                        continue
+                    stack.append((sub, path + "/", iter(listing)))
+                    continue
+                entry = self._entry(dir_fd, child, path, key, mode, st)
+                if entry is None:
+                    continue
+                if entry.kind == "f":
+                    total += entry.size
+                    if total > limits.max_total_bytes:
+                        raise WorkspaceQuotaExceeded(
+                            "",
+                            f"more than {limits.max_total_bytes >> 20} MiB of files "
+                            "(apparent size: sparse files count in full)",
+                        )
                 seen[path] = _Seen(key, entry)
                 entries.append(entry)
-                try:
-                    sub = os.open(child.name, _DIR_FLAGS, dir_fd=dir_fd)
-                except (FileNotFoundError, NotADirectoryError, PermissionError):
-                    continue
-                try:
-                    self._scan_dir(sub, path + "/", entries, seen)
-                finally:
-                    os.close(sub)
-                continue
-            if old is not None and old.key == key:
-                entry = old.entry
-            elif stat.S_ISREG(st.st_mode):
-                try:
-                    fd = os.open(child.name, _READ_FLAGS, dir_fd=dir_fd)
-                except (FileNotFoundError, OSError):
-                    continue
-                try:
-                    if not stat.S_ISREG(os.fstat(fd).st_mode):
-                        continue
-                    entry = Entry(path, "f", mode, *_hash_fd(fd))
-                finally:
-                    os.close(fd)
-            elif stat.S_ISLNK(st.st_mode):
-                target = os.readlink(child.name, dir_fd=dir_fd)
-                entry = Entry(
-                    path, "l", 0o777, hashlib.sha256(target.encode()).hexdigest(), len(target)
-                )
-            else:
-                continue
-            seen[path] = _Seen(key, entry)
-            entries.append(entry)
+        finally:
+            for fd, _, _ in stack:
+                os.close(fd)
+
+    def _entry(
+        self,
+        dir_fd: int,
+        child: os.DirEntry[str],
+        path: str,
+        key: tuple[int, int, int, int, int],
+        mode: int,
+        st: os.stat_result,
+    ) -> Entry | None:
+        """The manifest line of a non-directory, rehashed only if its key changed."""
+        old = self._seen.get(path)
+        if old is not None and old.key == key:
+            return old.entry
+        if stat.S_ISREG(st.st_mode):
+            try:
+                fd = os.open(child.name, _READ_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                return None
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
+                return Entry(path, "f", mode, *_hash_fd(fd))
+            finally:
+                os.close(fd)
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.fsencode(os.readlink(child.name, dir_fd=dir_fd))
+            except OSError:
+                return None
+            return Entry(path, "l", 0o777, hashlib.sha256(target).hexdigest(), len(target))
+        return None
 
     def link_target(self, path: str) -> str:
-        """The target of a symlink in the workspace (for capture)."""
-        return os.readlink(self.root / path)
+        """The target of a symlink in the workspace (for capture), read without following."""
+        parent, _, name = path.rpartition("/")
+        fd = self._open_nofollow(parent) if parent else os.open(self.root, _DIR_FLAGS)
+        try:
+            return os.readlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
 
     # -- capture ----------------------------------------------------------------------
 
     def capture(self, store: BlobStore, limits: SnapshotLimits | None = None) -> Snapshot:
-        """Scan, copy new file contents into ``store`` and store the manifest."""
+        """Scan, copy new file contents into ``store`` and store the manifest.
+
+        Raises:
+            WorkspaceQuotaExceeded: the workspace is past ``limits`` (default: the
+                index's own).
+            UnsafeWorkspace: it holds what a manifest cannot keep or the host must not
+                follow (an escaping link, a name that is not UTF-8, a tree too deep),
+                or it changed while it was read. Nothing of it is stored then.
+        """
         snap = self.scan()
-        limits = limits or SnapshotLimits()
-        snap.check(limits)
-        for e in snap.entries:
-            if e.kind == "l":
-                _check_link(e.path, self.link_target(e.path))
-                store.put_bytes(self.link_target(e.path).encode())
-            elif e.kind == "f" and not store.has(e.digest):
-                fd = self._open_nofollow(e.path)
-                try:
-                    store.put_fd(fd, expected=e.digest)
-                finally:
-                    os.close(fd)
+        if limits is not None:
+            try:
+                snap.check(limits)
+            except UnsafeSnapshot as exc:
+                raise WorkspaceQuotaExceeded(exc.path.strip("<>"), exc.reason) from None
+        try:
+            targets: dict[str, str] = {}
+            for e in snap.entries:
+                check_member_path(e.path)
+                if e.kind == "l":
+                    target = self.link_target(e.path)
+                    if not _is_utf8(target):
+                        raise UnsafeSnapshot(e.path, "the link target is not valid UTF-8")
+                    _check_link(e.path, target)
+                    targets[e.path] = target
+            for e in snap.entries:
+                if e.kind == "l":
+                    store.put_bytes(targets[e.path].encode())
+                elif e.kind == "f" and not store.has(e.digest):
+                    fd = self._open_nofollow(e.path)
+                    try:
+                        store.put_fd(fd, expected=e.digest)
+                    finally:
+                        os.close(fd)
+        except WorkspaceRejected:
+            raise
+        except UnsafeSnapshot as exc:
+            raise UnsafeWorkspace(exc.path, exc.reason) from None
+        except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+            raise UnsafeWorkspace("", f"the workspace changed while it was read ({exc})") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a directory swapped for a link meanwhile
+                raise UnsafeWorkspace(
+                    "", f"the workspace changed while it was read ({exc})"
+                ) from None
+            raise
         store.put_snapshot(snap)
         return snap
 
     def _open_nofollow(self, path: str) -> int:
+        """Open ``path`` (a file, or a directory) without following any link on the way."""
         parts = path.split("/")
         fd = os.open(self.root, _DIR_FLAGS)
         try:
@@ -495,12 +733,17 @@ class WorkspaceIndex:
 
         def dir_fd(path: str) -> int:
             if path not in fds:
+                if len(fds) > _MAX_OPEN_DIRS:  # a wide tree: reopen through the parents
+                    for p in [p for p in fds if p]:
+                        os.close(fds.pop(p))
                 parent, name = posixpath.split(path)
                 fds[path] = os.open(name, _DIR_FLAGS, dir_fd=dir_fd(parent))
             return fds[path]
 
         try:
             if self._watch is not None:
+                if self._watch.overflowed:  # the tree is the snapshot's again: watch it
+                    self._watch.reset()
                 self._watch.add(root_fd)
             keep: dict[str, _Seen] = {}
             changed = self._prune(root_fd, "", want, keep)
@@ -521,7 +764,7 @@ class WorkspaceIndex:
                 elif e.kind == "f":
                     self._write_file(pfd, name, e, store)
                 else:
-                    target = store.read_blob(e.digest).decode()
+                    target = store.read_blob(e.digest).decode()  # read_blob verifies
                     _check_link(e.path, target)  # a manifest may come from anywhere
                     os.symlink(target, name, dir_fd=pfd)
                     if self.owner:
@@ -529,10 +772,16 @@ class WorkspaceIndex:
                 if e.kind != "d":
                     st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
                     keep[e.path] = _Seen(_stat_key(st), e)
-            # Directory modes last: a read-only directory must not block its children.
-            for e in created_dirs:
+            # Directory modes last, deepest first: a read-only directory must not block
+            # its children.
+            for e in reversed(created_dirs):
                 os.chmod(dir_fd(e.path), e.mode)
                 keep[e.path] = _Seen(_stat_key(os.fstat(dir_fd(e.path))), e)
+        except BaseException:
+            if self._watch is not None:
+                self._watch.dirty = True  # half restored: the next scan must walk
+            self._last = None
+            raise
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -561,7 +810,7 @@ class WorkspaceIndex:
             if stat.S_ISDIR(st.st_mode) and target is not None and target.kind == "d":
                 if stat.S_IMODE(st.st_mode) != target.mode:
                     os.chmod(child.name, target.mode, dir_fd=dir_fd, follow_symlinks=False)
-                sub = os.open(child.name, _DIR_FLAGS, dir_fd=dir_fd)
+                sub = open_dir(child.name, dir_fd)
                 if self._watch is not None:
                     self._watch.add(sub)
                 try:
@@ -580,20 +829,30 @@ class WorkspaceIndex:
                 keep[path] = old
                 continue
             removed += 1
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(child.name, dir_fd=dir_fd)
-            else:
-                os.unlink(child.name, dir_fd=dir_fd)
+            remove_tree(dir_fd, child.name)  # iterative: agent trees may be any depth
         return removed
 
     def _write_file(self, pfd: int, name: str, e: Entry, store: BlobStore) -> None:
-        src = store.open_blob(e.digest)
+        src = store.open_verified(e.digest)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         dst = os.open(name, flags, 0o600, dir_fd=pfd)
         try:
             remaining = e.size
+            copy = os.copy_file_range
             while remaining > 0:
-                n = os.copy_file_range(src, dst, remaining)
+                try:
+                    n = copy(src, dst, remaining)
+                except OSError as exc:
+                    # The store and a tmpfs workspace are different file systems, which
+                    # copy_file_range refuses on some kernels; sendfile copies anyway.
+                    if copy is _sendfile or exc.errno not in (
+                        errno.EXDEV,
+                        errno.EINVAL,
+                        errno.ENOSYS,
+                    ):
+                        raise
+                    copy = _sendfile
+                    continue
                 if n == 0:
                     raise UnsafeSnapshot(e.path, "blob is shorter than the manifest says")
                 remaining -= n

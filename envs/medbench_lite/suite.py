@@ -15,11 +15,25 @@ from bat_gym.envs.medbench_lite.spec import SPEC
 from bat_gym.envs.medbench_lite.tracks import get_track
 from bat_gym.envs.medbench_lite.tracks.base import STAGE_ARTIFACTS, Draw
 from bat_gym.rubrics.workspace import FrozenWorkspace
+from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import Task
 
-__all__ = ["MedBenchLite"]
+__all__ = ["MedBenchLite", "SANDBOX_REQUIREMENTS"]
 
 _CACHE_SIZE = 16
+
+SANDBOX_REQUIREMENTS = SandboxRequirements(
+    # What the teacher's pipelines, the task cards and the skills use; the model files
+    # (model/infer_lib.py) are numpy only. For docker, numpy and Pillow come from Debian
+    # bookworm. nibabel and pydicom are pure Python and come from this interpreter, at
+    # the versions local runs: bookworm's pydicom is 2.3, without pydicom.pixels (new in
+    # 3), and its python3-nibabel depends on scipy, which pulls in gcc and boost (an
+    # image of about 1 GB instead of 300 MB).
+    modules=("numpy", "nibabel", "pydicom", "pydicom.pixels", "PIL"),
+    pip=("numpy", "nibabel>=5", "pydicom>=3.0", "Pillow>=10"),
+    debian=("python3-numpy", "python3-pil"),
+    from_host=("nibabel", "packaging", "importlib_resources", "typing_extensions", "pydicom"),
+)
 
 
 class MedBenchLite(Benchmark):
@@ -144,6 +158,10 @@ class MedBenchLite(Benchmark):
 
     def private_answers(self, task: Task) -> dict[str, Any]:  # noqa: D102
         return dict(self._task_draw(task).answers)
+
+    def sandbox_requirements(self) -> SandboxRequirements:
+        """numpy, nibabel, pydicom (3, for ``pydicom.pixels``) and Pillow."""
+        return SANDBOX_REQUIREMENTS
 
     def teacher_turns(self, task: Task, outcome: str = "success") -> list[TeacherTurn]:
         """The scripted careful engineer for ``task``.

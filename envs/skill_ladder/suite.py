@@ -11,6 +11,7 @@ from bat_gym.envs.skill_ladder import teacher
 from bat_gym.envs.skill_ladder.spec import SPEC
 from bat_gym.envs.skill_ladder.tasks import Draw, draw, label_accuracy, public_files, reduce_draw
 from bat_gym.protocol import ToolProtocol
+from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import Task
 
 if TYPE_CHECKING:
@@ -87,6 +88,10 @@ class SkillLadder(Benchmark):
         """``labels`` of the submission cases, and ``examples``: labels a pilot may also name."""
         d = self._draw(task)
         return {"labels": dict(d.labels), "examples": dict(d.examples)}
+
+    def sandbox_requirements(self) -> SandboxRequirements:
+        """Nothing beyond python3: ``tool/pipe.py``, all that runs inside, is standard library."""
+        return SandboxRequirements()
 
     # -- teacher ----------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from bat_gym.benchmark import Benchmark, Split, TeacherTurn
 from bat_gym.protocol import ToolCall
+from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
 
 if TYPE_CHECKING:
@@ -219,6 +220,10 @@ class ToyPipeline(Benchmark):
     def private_answers(self, task: Task) -> dict[str, Any]:  # noqa: D102
         d = self._draw(task.track, task.seed)
         return {"labels": dict(zip(d["ids"], d["labels"], strict=True))}
+
+    def sandbox_requirements(self) -> SandboxRequirements:
+        """numpy: the teacher's setup records its version."""
+        return SandboxRequirements(modules=("numpy",), pip=("numpy",), debian=("python3-numpy",))
 
     def teacher_turns(self, task: Task) -> list[TeacherTurn]:  # noqa: D102
         return _teacher_turns(task.track)

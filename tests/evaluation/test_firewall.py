@@ -39,8 +39,10 @@ def test_no_task_id_path_answer_or_log_text_reaches_aggregates(toy):
     agg = aggregate(leaky_results(toy), toy.spec)
     text = agg.model_dump_json()
     assert CANARY not in text
+    # Category names may say "workspace" (unsafe_workspace); a path, an error or a note may not.
+    words = text.replace('"unsafe_workspace"', '"unsafe_"')
     for forbidden in ("1000000", "/tmp", "workspace", "answer", "crashed"):
-        assert forbidden not in text
+        assert forbidden not in words
 
 
 def _string_leaves(schema, defs, path="$"):

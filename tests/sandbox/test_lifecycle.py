@@ -21,6 +21,9 @@ from bat_gym.sandbox.local import detect_isolation
 from bat_gym.sandbox.slots import sweep_stale
 
 LIMITS = SandboxLimits(timeout_s=20)
+# Background jobs left by a call are killed when it returns where the sandbox is capped;
+# tests of what close and reset kill keep them alive past their call by running uncapped.
+UNCAPPED = {"caps": "none"}
 
 
 @pytest.fixture
@@ -96,7 +99,7 @@ if os.fork() == 0:
 
 @pytest.mark.usefixtures("isolated")
 def test_close_kills_every_process_and_removes_the_slot(runtime: Path) -> None:
-    sb = make_sandbox("local", limits=LIMITS)
+    sb = make_sandbox("local", limits=LIMITS, **UNCAPPED)
     slot = sb.workspace.parent
     pid_ns, uid = identify(sb)
     assert sb.execute_code("bash", BACKGROUND).exit_code == 0
@@ -207,7 +210,7 @@ for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null | tr '\\0' ' '; echo; done 
 
 @pytest.mark.usefixtures("isolated")
 def test_reset_leaves_nothing_of_the_episode(runtime: Path) -> None:
-    with make_sandbox("local", limits=LIMITS) as sb:
+    with make_sandbox("local", limits=LIMITS, **UNCAPPED) as sb:
         before = sb.execute_code("bash", LOOK).output
         snap = sb.capture()
         r = sb.execute_code("python", SCRATCH)
@@ -252,7 +255,7 @@ def test_calls_behave_like_fresh_processes(runtime: Path) -> None:
 
 def test_unisolated_sandbox_works_and_close_stops_its_jobs(runtime: Path) -> None:
     marker = f"bat-gym-test-{uuid.uuid4().hex}"
-    with make_sandbox("local", limits=LIMITS, isolation="none") as sb:
+    with make_sandbox("local", limits=LIMITS, isolation="none", **UNCAPPED) as sb:
         assert sb.isolation is Isolation.NONE
         assert sb.execute_code("bash", "echo hi > a.txt; cat a.txt").output == "hi\n"
         assert sb.execute_code("python", "print(open('a.txt').read())").output == "hi\n\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bat_gym.errors import SnapshotNotFound, UnsafeSnapshot
+from bat_gym.errors import SnapshotNotFound, UnsafeSnapshot, UnsafeWorkspace
 from bat_gym.sandbox import snapshot as snapshot_mod
 from bat_gym.sandbox.snapshot import (
     BlobStore,
@@ -250,9 +250,10 @@ def test_capture_refuses_a_symlink_chain_that_leaves_the_workspace(tmp_path: Pat
     (ws / "e").symlink_to("a/b/l/..")
     assert not (ws / "e").resolve().is_relative_to(ws)
 
-    with pytest.raises(UnsafeSnapshot) as err:
+    with pytest.raises(UnsafeWorkspace) as err:  # the agent's doing: a verdict, not a crash
         WorkspaceIndex(ws).capture(BlobStore(tmp_path / "store"))
     assert err.value.path == "e"
+    assert err.value.category == "unsafe_workspace"
 
 
 def test_export_then_import_round_trips(tmp_path: Path) -> None:
