@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from bat_gym.rubrics.workspace import FrozenWorkspace
     from bat_gym.sandbox.requirements import SandboxRequirements
 
-__all__ = ["Benchmark", "TeacherTurn"]
+__all__ = ["Benchmark", "PlanFact", "TeacherTurn"]
 
 Split = Literal["train", "heldout"]
 
@@ -31,6 +31,20 @@ class TeacherTurn(NamedTuple):
     stage: str
     content: str
     calls: tuple[ToolCall, ...]
+
+
+class PlanFact(NamedTuple):
+    """Something a plan can state only after reading the task and the model card.
+
+    Attributes:
+        name: what the fact is, in a few words ("the number of cases"); verdicts name
+            a missing fact by it, never by its patterns.
+        patterns: regular expressions, matched case-insensitively against the plan;
+            the fact is stated when any of them matches.
+    """
+
+    name: str
+    patterns: tuple[str, ...]
 
 
 class Benchmark(ABC):
@@ -197,6 +211,54 @@ class Benchmark(ABC):
         from bat_gym.sandbox.requirements import DEFAULT_REQUIREMENTS
 
         return DEFAULT_REQUIREMENTS
+
+    # -- reference outputs ------------------------------------------------------------
+
+    def reference_script(self, task: Task) -> list[TeacherTurn] | None:
+        """The workflow whose outputs are the truth an agent's artifacts must agree with.
+
+        The verifier plays its tool calls in a fresh sandbox on the task's pristine
+        files (out of band, cached per task: :mod:`bat_gym.rubrics.reference`), and the
+        ``matches_reference`` checks compare the agent's artifacts with what it left:
+        predictions must be the provided model's outputs, a pilot's rows the model's
+        rows for its cases, recorded environment facts the real ones. Default: the
+        teacher's ``success`` workflow. Return None to declare no reference; those
+        checks are then null (excluded), and a stage rests on its other items.
+        """
+        return self.teacher_script(task, "success")
+
+    def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
+        """Task-specific facts a plan must state (the ``plan_states_facts`` guard).
+
+        Credit a plan for what only reading this task reveals: the card's input
+        convention, the number of cases, the pitfall the task plants. A plan of
+        generic headings states none of them. Default: none (the guard is null).
+        """
+        return ()
+
+    input_paths: tuple[str, ...] = ("data/", "model/", "task.json", "TASK.md")
+    """The task's inputs: what a reproduction puts back as it was (pristine)."""
+
+    def reproduction_command(self, task: Task) -> str | None:
+        """Bash that runs the agent's shipped pipeline on every case, or None.
+
+        The verifier runs it out of band in a fresh sandbox holding the agent's final
+        workspace with :attr:`input_paths` put back as they were, and the
+        ``pipeline_reproduces`` check asks that what it writes (the predictions) is
+        what the reference run wrote: the pipeline in the workspace gets the credit,
+        not whatever ran during the episode. Default: None (that check is null).
+        """
+        return None
+
+    def files_agree(self, task: Task, path: str, mine: bytes, reference: bytes) -> bool:
+        """Whether an output file the agent made equals the reference run's one.
+
+        ``path`` is the agent's file. Default: the same bytes, right for outputs of a
+        deterministic model written by the task's own pipeline. Override it where the
+        same result has several encodings (a NIfTI header, JSON key order), comparing
+        the decoded values exactly or within a documented tolerance.
+        """
+        return mine == reference
 
     # -- contracts --------------------------------------------------------------------
 

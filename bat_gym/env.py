@@ -358,4 +358,13 @@ class StageEnv(gym.Env[str, str]):
             "tool_calls": self.tool_calls,
             "response_tokens": self.response_tokens,
             "isolation": self.sandbox.isolation.value if self.sandbox else None,
+            # How the sandbox's memory and tasks are capped: "v1"/"v2" cgroups, "none"
+            # (uncapped, by opt-in), or "container" (the engine's own limits).
+            "caps": None if self.sandbox is None else _caps(self.sandbox),
         }
+
+
+def _caps(sandbox: Sandbox) -> str:
+    caps = getattr(sandbox, "caps", None)
+    return str(caps.value) if caps is not None else "container"
+

@@ -1,5 +1,6 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never part of it.
+"""Where bat_gym keeps files, and how it writes them.
 
+Atomic file writes: a reader sees the old file or the whole new one, never part of it.
 Resumable work (bank builds, evaluations, the BiCuRL loop) decides what is finished by
 what is on disk, so every such file is written through :func:`write_atomic`.
 """
@@ -10,7 +11,17 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["write_atomic"]
+__all__ = ["cache_dir", "write_atomic"]
+
+
+def cache_dir() -> Path:
+    """bat_gym's cache (``BAT_GYM_CACHE``, else ``$XDG_CACHE_HOME/bat_gym``)."""
+    base = os.environ.get("BAT_GYM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bat_gym"
+    )
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> None:

@@ -83,10 +83,18 @@ def _inotify_watches() -> int:
     return n
 
 
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def host_figures(bank: Path) -> dict[str, float]:
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
     return {
         "memory available, MiB": int(meminfo["MemAvailable"].split()[0]) / 1024,
+        "memory of this process (RSS), MiB": _rss_mib(),
         "runtime dir on disk, MiB": _du(runtime_dir()) / 2**20,
         "bank store on disk, MiB": _du(bank / "store") / 2**20,
         "open files (this process)": len(os.listdir("/proc/self/fd")),

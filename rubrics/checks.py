@@ -52,7 +52,11 @@ __all__ = [
     "run_check",
 ]
 
-BUILTIN_MODULES = ("bat_gym.rubrics.artifact_checks", "bat_gym.rubrics.episode_checks")
+BUILTIN_MODULES = (
+    "bat_gym.rubrics.artifact_checks",
+    "bat_gym.rubrics.episode_checks",
+    "bat_gym.rubrics.reference_checks",
+)
 
 CheckFn = Callable[..., CheckResult]
 F = TypeVar("F", bound=CheckFn)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bat_gym.record import ExecutionRecord, ToolCallRecord
+from bat_gym.rubrics.reference import reference_workspace, reproduce
 from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.spec import BenchmarkSpec, Task
 
@@ -134,7 +135,7 @@ def _unit_or_none(value: Any, what: str) -> float | None:
 
 
 class TaskOracle:
-    """What only the verifier may see about a task: private answers and the task metric.
+    """What only the verifier may see about a task: answers, metric, reference outputs.
 
     Everything is computed on first use, so checks that need none of it cost nothing
     extra.
@@ -144,6 +145,15 @@ class TaskOracle:
         metric: the task metric of a frozen workspace, in [0, 1], or None if unscorable.
         pilot: the task metric on a pilot's case(s) only: ``(workspace, pilot_path)``
             to [0, 1], or None if unscorable. Default: none (pilot quality is null).
+        reference: the workspace the benchmark's reference script leaves on the
+            pristine task (:mod:`bat_gym.rubrics.reference`), or None if it has none.
+            Default: none (reference checks are null).
+        files_agree: ``(path, mine, reference) -> bool``, the benchmark's comparison
+            of an output file with the reference's. Default: the same bytes.
+        plan_facts: the task's :class:`~bat_gym.benchmark.PlanFact` tuple. Default: none.
+        reproduce: ``(final workspace, outputs) -> workspace``: the agent's shipped
+            pipeline run again out of band (:func:`bat_gym.rubrics.reference.reproduce`),
+            or None. Default: none (reproduction checks are null).
     """
 
     def __init__(
@@ -151,26 +161,56 @@ class TaskOracle:
         answers: Callable[[], Mapping[str, Any]],
         metric: Callable[[FrozenWorkspace], float | None],
         pilot: Callable[[FrozenWorkspace, str], float | None] | None = None,
+        reference: Callable[[], FrozenWorkspace | None] | None = None,
+        files_agree: Callable[[str, bytes, bytes], bool] | None = None,
+        reproduce: Callable[[FrozenWorkspace, tuple[str, ...]], FrozenWorkspace | None]
+        | None = None,
+        plan_facts: Callable[[], tuple[Any, ...]] | None = None,
     ) -> None:
         self._answers = answers
         self._metric = metric
         self._pilot = pilot
+        self._reference = reference
+        self.files_agree = files_agree or (lambda path, mine, ref: mine == ref)
+        self._reproduce = reproduce
+        self._plan_facts = plan_facts
         self._scores: dict[str, float | None] = {}
         self._pilot_scores: dict[tuple[str, str], float | None] = {}
 
     @classmethod
-    def of(cls, benchmark: Benchmark, task: Task) -> TaskOracle:
+    def of(cls, benchmark: Benchmark, task: Task, *, backend: str = "local") -> TaskOracle:
         """The oracle of ``task`` under ``benchmark``: private answers, ``task_score``, ``pilot_score``."""
         return cls(
             lambda: benchmark.private_answers(task),
             lambda workspace: benchmark.task_score(task, workspace),
             lambda workspace, path: benchmark.pilot_score(task, workspace, path),
+            # On the episode's backend: its sandbox records the versions it really has.
+            reference=lambda: reference_workspace(benchmark, task, backend=backend),
+            files_agree=lambda path, mine, ref: benchmark.files_agree(task, path, mine, ref),
+            reproduce=lambda final, outputs: reproduce(
+                benchmark, task, final, outputs, backend=backend
+            ),
+            plan_facts=lambda: benchmark.plan_facts(task),
         )
 
     @cached_property
     def answers(self) -> Mapping[str, Any]:
         """The private answers."""
         return self._answers()
+
+    @cached_property
+    def reference(self) -> FrozenWorkspace | None:
+        """What the benchmark's reference script leaves on the pristine task, if anything."""
+        return None if self._reference is None else self._reference()
+
+    @cached_property
+    def plan_facts(self) -> tuple[Any, ...]:
+        """The facts a plan of this task must state (names and patterns)."""
+        return () if self._plan_facts is None else tuple(self._plan_facts())
+
+    def reproduce(self, final: FrozenWorkspace, outputs: tuple[str, ...]) -> FrozenWorkspace | None:
+        """The agent's pipeline run again on pristine inputs, or None if there is no way to."""
+        return None if self._reproduce is None else self._reproduce(final, outputs)
 
     def score(self, workspace: FrozenWorkspace) -> float | None:
         """The task metric of ``workspace`` (computed once per snapshot digest).

@@ -103,7 +103,9 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
             workspace=FrozenWorkspace(final, sandbox.frozen_store),
             start=FrozenWorkspace.load(base.states.store, state.snapshot),
             record=record,
-            task=None if task is None else TaskOracle.of(base.benchmark, task),
+            task=None
+            if task is None
+            else TaskOracle.of(base.benchmark, task, backend=base.backend),
             spec=base.benchmark.spec,
         )
         return verify(contract, ctx, library=library)

@@ -7,23 +7,13 @@ import fcntl
 import hashlib
 import os
 import shutil
-from pathlib import Path
 
 from bat_gym.bank.build import build_bank
 from bat_gym.bank.store import BANK_FORMAT, StageBank
 from bat_gym.benchmark import Benchmark
+from bat_gym.files import cache_dir
 
 __all__ = ["cache_dir", "default_bank"]
-
-
-def cache_dir() -> Path:
-    """bat_gym's cache (``BAT_GYM_CACHE``, else ``$XDG_CACHE_HOME/bat_gym``)."""
-    base = os.environ.get("BAT_GYM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bat_gym"
-    )
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def default_bank(bench: Benchmark) -> StageBank:

@@ -18,12 +18,14 @@ app = typer.Typer(
 
 def _register_commands() -> None:
     from bat_gym.cli import bank, demo, envs, evaluate, gate
+    from bat_gym.cli.audit_reward import audit_reward
 
     app.command("demo")(demo.demo)
     app.command("envs")(envs.envs)
     app.add_typer(bank.app, name="bank")
     app.command("eval")(evaluate.evaluate)
     app.command("gate")(gate.gate)
+    app.command("audit-reward")(audit_reward)
     # Commands of other packages (the trainers among them) arrive as entry points, so
     # the core names none of them.
     for ep in entry_points(group="bat_gym.commands"):

@@ -77,6 +77,7 @@ _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 _SIGNAL_POLL_S = 0.5
 # Agent-group tasks of an idle sandbox: the bash server, waiting for its next call.
 _IDLE_TASKS = 1
+_LEFTOVER_POLLS = 5
 
 
 def _wait_s(deadline: float) -> float:
@@ -680,10 +681,13 @@ class LocalSandbox(Sandbox):
         if self._cgroup is None or self._cgroup.agent_pids() <= _IDLE_TASKS:
             return False
         # A child that exited just now counts until the supervisor reaps it, and it
-        # reaps what has exited before it answers a request.
+        # reaps what has exited before it answers a request; an orphan's last exit may
+        # still be on its way, so look again for a few milliseconds.
         reply = self._call({"op": "ping"}, _REPLY_GRACE_S)
-        if reply is not None and self._cgroup.agent_pids() <= _IDLE_TASKS:
-            return False
+        for _ in range(_LEFTOVER_POLLS):
+            if reply is not None and self._cgroup.agent_pids() <= _IDLE_TASKS:
+                return False
+            time.sleep(0.001)
         self._stop_agent()
         return True
 

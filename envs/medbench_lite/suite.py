@@ -7,8 +7,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from bat_gym.benchmark import Benchmark, Split, TeacherTurn
-from bat_gym.envs.medbench_lite import teacher
+from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
+from bat_gym.envs.medbench_lite import agreement, teacher
 from bat_gym.envs.medbench_lite.formats import npz_bytes
 from bat_gym.envs.medbench_lite.models import model_source
 from bat_gym.envs.medbench_lite.spec import SPEC
@@ -34,6 +34,29 @@ SANDBOX_REQUIREMENTS = SandboxRequirements(
     debian=("python3-numpy", "python3-pil"),
     from_host=("nibabel", "packaging", "importlib_resources", "typing_extensions", "pydicom"),
 )
+
+
+# The convention each track's model card plants, as a plan that read the card states it.
+_PLAN_FACTS: dict[str, tuple[PlanFact, ...]] = {
+    "segmentation": (
+        PlanFact(
+            "the orientation the model wants", (r"RAS\+?", r"as_closest_canonical", r"reorient")
+        ),
+    ),
+    "classification": (
+        PlanFact("the MONOCHROME1 inversion", (r"MONOCHROME1", r"invert")),
+        PlanFact("the modality rescale", (r"rescale", r"modality[_ ]lut")),
+    ),
+    "detection": (
+        PlanFact(
+            "the model's (row, col) box order", (r"\(row, ?col\)", r"row[- ]col", r"x ?= ?col")
+        ),
+    ),
+    "enhancement": (PlanFact("the HU window the model wants", (r"-1000", r"\bwindow\b")),),
+    "synthesis": (PlanFact("the per-scan normalization", (r"95(th)? ?percentile", r"percentile")),),
+    "vqa": (PlanFact("the display convention", (r"radiological", r"neurological", r"convention")),),
+    "report": (PlanFact("the voxel spacing", (r"spacing", r"zooms", r"anisotrop")),),
+}
 
 
 class MedBenchLite(Benchmark):
@@ -173,6 +196,37 @@ class MedBenchLite(Benchmark):
                 is made and a shape-only check lets it through).
         """
         return teacher.teacher_turns(get_track(task.track).recipe(), outcome)
+
+    # -- reference outputs ------------------------------------------------------------
+
+    def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
+        """The convention the track's model card plants, which a plan must state."""
+        return _PLAN_FACTS.get(task.track, ())
+
+    def reproduction_command(self, task: Task) -> str:
+        """The shipped ``pipeline/infer.py`` on every case, as the teacher's S4 runs it.
+
+        ``infer.run(ids, "outputs/predictions.csv", out_dir)`` (the calling convention
+        the S2 skill asks for) with the task's case ids and the track's per-case
+        output directory (``outputs/masks``, ``outputs/detections``, ...; ``outputs``
+        for the tracks without per-case files), after removing the episode's
+        ``outputs/`` and ``validation/``: see
+        :func:`~bat_gym.envs.medbench_lite.agreement.reproduction_command`.
+        """
+        return agreement.reproduction_command(
+            self._task_draw(task).case_ids, get_track(task.track).recipe().out_dir
+        )
+
+    def files_agree(self, task: Task, path: str, mine: bytes, reference: bytes) -> bool:
+        """Decoded values, not bytes: NIfTI by shape, affine and voxels; JSON by value.
+
+        Label masks must be voxel for voxel equal, float volumes within ``1e-6``
+        (relative to the voxel and to the volume's largest magnitude), JSON numbers
+        within ``1e-9`` relative; text reports byte for byte. An unreadable file
+        disagrees. See :mod:`bat_gym.envs.medbench_lite.agreement`.
+        """
+        kind = self._task_draw(task).task_json.get("output", {}).get("kind")
+        return agreement.files_agree(kind, mine, reference)
 
     def naive_turns(self, task: Task) -> list[TeacherTurn]:
         """A naive baseline: no validation, the model's output in its default convention."""

@@ -11,8 +11,9 @@ discrete flag of the S3 pilot, and where its value comes from is the track's ski
   prints (read from a tool observation).
 
 The pilot records its flags and inference reuses them, so a wrong flag costs the S3
-quality check (S3 credit 1.0 -> 0.5) and the task score (at most 2/3), and the pilot's
-own check prints ``CHECK FAILED`` with what to change. No stage needs arithmetic or
+credit (1.0 -> 0: the pilot's rows are not the model's outputs under the right flag)
+and the task score (at most 2/3), and the pilot's own check prints ``CHECK FAILED``
+with what to change. No stage needs arithmetic or
 code writing.
 """
 

@@ -89,6 +89,10 @@ class SkillLadder(Benchmark):
         d = self._draw(task)
         return {"labels": dict(d.labels), "examples": dict(d.examples)}
 
+    def reproduction_command(self, task: Task) -> str:
+        """The shipped pipeline on every case, as the S4 instructions run it."""
+        return "mkdir -p outputs && python pipeline/infer.py outputs/predictions.csv"
+
     def sandbox_requirements(self) -> SandboxRequirements:
         """Nothing beyond python3: ``tool/pipe.py``, all that runs inside, is standard library."""
         return SandboxRequirements()

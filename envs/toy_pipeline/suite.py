@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bat_gym.benchmark import Benchmark, Split, TeacherTurn
+from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
 from bat_gym.protocol import ToolCall
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
@@ -221,12 +221,30 @@ class ToyPipeline(Benchmark):
         d = self._draw(task.track, task.seed)
         return {"labels": dict(zip(d["ids"], d["labels"], strict=True))}
 
+    def reproduction_command(self, task: Task) -> str:
+        """The shipped pipeline on every case, as the S4 instructions run it."""
+        return "mkdir -p outputs && python pipeline/infer.py outputs/predictions.csv"
+
     def sandbox_requirements(self) -> SandboxRequirements:
         """numpy: the teacher's setup records its version."""
         return SandboxRequirements(modules=("numpy",), pip=("numpy",), debian=("python3-numpy",))
 
     def teacher_turns(self, task: Task) -> list[TeacherTurn]:  # noqa: D102
-        return _teacher_turns(task.track)
+        d = self._draw(task.track, task.seed)
+        return _teacher_turns(task.track, cases=len(d["ids"]), unit=d.get("unit", ""))
+
+    def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
+        """What only reading the task reveals: how many cases, and the track's pitfall."""
+        d = self._draw(task.track, task.seed)
+        facts = [PlanFact("the number of cases", (rf"\b{len(d['ids'])}\b",))]
+        if task.track == "threshold":
+            facts.append(PlanFact("the unit the values are given in", (rf"\b{d['unit']}\b",)))
+            facts.append(PlanFact("the model's unit", (r"\bcm\b", r"centimet")))
+        else:
+            facts.append(
+                PlanFact("that codes must be lower-cased", (r"lower[- ]?case", r"\.lower\(\)"))
+            )
+        return tuple(facts)
 
     def task_score(self, task: Task, workspace: FrozenWorkspace) -> float:
         """Accuracy of ``outputs/submission.csv`` against the private labels.
@@ -293,14 +311,20 @@ with open(out, "w", newline="") as f:
 }
 
 
-def _teacher_turns(track: str) -> list[TeacherTurn]:
+def _teacher_turns(track: str, *, cases: int, unit: str) -> list[TeacherTurn]:
     check = {
         "threshold": "unit = json.load(open('task.json'))['value_unit']; print('values are in', unit, '; model threshold is in cm')",
         "lookup": "print('codes seen:', sorted({r['code'] for r in csv.DictReader(open('data/cases.csv'))}))",
     }[track]
     plan = (
-        "mkdir -p plan && cat > plan/plan.md <<'EOF'\n# Plan\n\n## Preprocess\nRead data/cases.csv and task.json; "
-        "normalize units and codes to what model/model.json expects.\n\n## Inference\nApply the model in "
+        "mkdir -p plan && cat > plan/plan.md <<'EOF'\n# Plan\n\n## Preprocess\n"
+        f"Read data/cases.csv ({cases} cases) and task.json; "
+        + (
+            f"convert the values from {unit} to cm, the model's unit."
+            if track == "threshold"
+            else "strip and lower-case the codes, as the model card says."
+        )
+        + "\n\n## Inference\nApply the model in "
         "pipeline/infer.py, one row per case id.\n\n## Postprocess\nWrite outputs/submission.csv in the schema of "
         "task.json with integer labels and a receipt.\nEOF\ncat task.json; head -3 data/cases.csv"
     )

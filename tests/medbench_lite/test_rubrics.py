@@ -113,9 +113,11 @@ def test_a_forged_pilot_receipt_stops_s3_at_the_shape_level(bench, bank):
     assert reward == 0.2
 
 
-def test_a_naive_pilot_with_a_true_receipt_stops_s3_below_full_credit(bench, bank):
+def test_a_naive_pilot_with_a_true_receipt_earns_nothing_on_s3(bench, bank):
     # The model's default convention, piloted on every case with an honest receipt:
-    # a real run, but its result is wrong, and the quality check sees it.
+    # a real run, but its result is wrong: the quality check sees it, and since the rows
+    # are not the provided model's outputs (run the way the card asks), the guards
+    # zero the stage.
     recipe = get_track(TRACK).recipe()
     naive = bash_call(
         "mkdir -p pipeline\ncat > pipeline/infer.py <<'EOF'\n" + recipe.naive_pipeline + "\nEOF"
@@ -134,7 +136,9 @@ def test_a_naive_pilot_with_a_true_receipt_stops_s3_below_full_credit(bench, ban
         items[i].passed for i in ("pilot_shape", "pilot_ran", "pilot_written", "pilot_receipt")
     ), [(i.id, i.detail) for i in items.values()]
     assert items["pilot_quality"].passed is False and "< 0.9" in items["pilot_quality"].detail
-    assert reward == 0.5
+    assert items["pilot_is_model_output"].passed is False
+    assert items["pipeline_reproduces"].passed is False
+    assert reward == 0.0
 
 
 def test_random_text_scores_zero_and_crashes_nothing(bench, heldout):

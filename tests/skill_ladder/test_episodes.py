@@ -79,10 +79,12 @@ def test_a_wrong_flag_costs_s3_credit_and_task_score(ladder, heldout):
     for flag in _wrong_flags(track, d):
         wrong = _with_pilot(ladder, task, flag)
         bad = play(env, e2e, wrong)
-        assert _credits(bad)["S3"] == 0.5, (flag, bad.notes)  # ran and receipted, quality fails
-        # reward = 0.5 * task + 0.5 * (1 - 0.35 * 0.5) <= 0.5 * 2/3 + 0.4125
-        assert bad.task_score <= 2 / 3 and bad.reward <= 0.75, (flag, bad.reward)
-        assert play(env, s3, from_stage(wrong, "S3")).reward == 0.5, flag
+        # Ran and receipted, but its rows are not the model's outputs under the right
+        # flag (the reference run's), so the guards zero the stage.
+        assert _credits(bad)["S3"] == 0.0, (flag, bad.notes)
+        # reward = 0.5 * task + 0.5 * (1 - 0.35) <= 0.5 * 2/3 + 0.325
+        assert bad.task_score <= 2 / 3 and bad.reward <= 0.66, (flag, bad.reward)
+        assert play(env, s3, from_stage(wrong, "S3")).reward == 0.0, flag
 
 
 def test_recovery_reads_the_failed_check_and_failure_keeps_the_mistake(ladder, heldout):
@@ -95,5 +97,5 @@ def test_recovery_reads_the_failed_check_and_failure_keeps_the_mistake(ladder, h
     )
     assert recovered.reward == 1.0
     failed = play(env, e2e, ladder.teacher_turns(task, "failure"))
-    assert _credits(failed)["S3"] == 0.5 and failed.task_score <= 2 / 3
+    assert _credits(failed)["S3"] == 0.0 and failed.task_score <= 2 / 3
     assert failed.reward < recovered.reward - 0.25

@@ -1,0 +1,235 @@
+"""The provided model's own outputs, computed by the verifier out of band.
+
+Shape is cheap to fake: a file with the right columns and case ids, a receipt with the
+real sha256 of that file. What the agent cannot produce without doing the work is what
+the task's own pipeline produces on the task's own inputs. So the verifier runs the
+benchmark's reference script (by default the teacher's ``success`` workflow,
+:meth:`~bat_gym.benchmark.Benchmark.reference_script`) in a fresh sandbox on the
+pristine task files, outside every episode, and checks compare the agent's artifacts
+with what that run left (:mod:`.reference_checks`).
+
+The shipped models are deterministic numpy, so a reference run is a pure function of
+the task: it is computed once per task and kept in bat_gym's cache
+(``<cache>/references/<benchmark>/``), keyed by the task id, the digest of its pristine
+files and the digest of the script, so a changed generator or teacher never reuses a
+stale run. Held-out tasks are run like any other, on the evaluation's side of the
+firewall: only verdicts leave it.
+
+:func:`reproduce` is the other half: reproduce, don't trust. It runs the benchmark's
+:meth:`~bat_gym.benchmark.Benchmark.reproduction_command` (the agent's shipped
+pipeline on every case) in a fresh sandbox holding the agent's final workspace with the
+task's inputs put back as they were, so the pipeline that is shipped is what gets
+credit, not whatever ran in memory during the episode or a file written by hand.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bat_gym.errors import WorkspaceRejected
+from bat_gym.files import cache_dir, write_atomic
+from bat_gym.rubrics.workspace import FrozenWorkspace, path_matches
+from bat_gym.sandbox import BlobStore, Snapshot, WorkspaceIndex, make_sandbox
+from bat_gym.spec import Task
+
+if TYPE_CHECKING:
+    from bat_gym.benchmark import Benchmark
+
+__all__ = ["reference_workspace", "reference_key", "reproduce"]
+
+log = logging.getLogger(__name__)
+
+_LOCK = threading.Lock()
+_MEMO: dict[tuple[str, str], FrozenWorkspace | None] = {}
+_MEMO_MAX = 256
+
+
+def _store(benchmark: Benchmark) -> BlobStore:
+    return BlobStore(cache_dir() / "references" / benchmark.name)
+
+
+def _pristine(benchmark: Benchmark, task: Task, store: BlobStore) -> Snapshot:
+    with tempfile.TemporaryDirectory(prefix="bat-gym-reference-") as tmp:
+        benchmark.write_public_files(task, Path(tmp))
+        return WorkspaceIndex(tmp).capture(store)
+
+
+def reference_key(
+    benchmark: Benchmark, task: Task, pristine_digest: str, backend: str = "local"
+) -> str | None:
+    """The cache key of ``task``'s reference run, or None if the benchmark has no script."""
+    script = benchmark.reference_script(task)
+    if script is None:
+        return None
+    calls = [[c.name, c.arguments] for turn in script for c in turn.calls]
+    blob = json.dumps(
+        [benchmark.name, task.task_id, pristine_digest, calls, backend], sort_keys=True
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def reference_workspace(
+    benchmark: Benchmark, task: Task, *, backend: str = "local"
+) -> FrozenWorkspace | None:
+    """The workspace the reference script leaves on ``task``'s pristine files.
+
+    Run on ``backend``, the episode's: the facts a run records (library versions) are
+    those of the sandbox it ran in.
+
+    None when the benchmark declares no reference script, or the script failed (then a
+    warning is logged: the checks that need it are null, never a guess).
+    """
+    store = _store(benchmark)
+    memo = (str(store.root), task.task_id, backend)
+    with _LOCK:
+        if memo in _MEMO:
+            return _MEMO[memo]
+    pristine = _pristine(benchmark, task, store)
+    key = reference_key(benchmark, task, pristine.digest, backend)
+    result: FrozenWorkspace | None = None
+    if key is not None:
+        index = store.root / f"{key}.ref"
+        try:
+            result = FrozenWorkspace.load(store, index.read_text().strip())
+        except (OSError, KeyError, ValueError):
+            result = _run(benchmark, task, store, pristine, backend)
+            if result is not None:
+                write_atomic(index, result.digest)
+    with _LOCK:
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[memo] = result
+    return result
+
+
+def _run(
+    benchmark: Benchmark, task: Task, store: BlobStore, pristine: Snapshot, backend: str
+) -> FrozenWorkspace | None:
+    """Play the reference script's tool calls in a fresh sandbox; capture what they leave."""
+    script = benchmark.reference_script(task) or []
+    with make_sandbox(
+        backend, store=store, requirements=benchmark.sandbox_requirements()
+    ) as sandbox:
+        sandbox.restore(pristine)
+        for turn in script:
+            for call in turn.calls:
+                if call.name != "execute_code":
+                    continue
+                res = sandbox.execute_code(call.arguments["language"], call.arguments["code"])
+                if res.exit_code != 0:
+                    log.warning(
+                        "the reference script of %s failed (exit %s): %s",
+                        task.task_id,
+                        res.exit_code,
+                        res.output[-500:],
+                    )
+                    return None
+        final = sandbox.capture()
+    return FrozenWorkspace(final, store)
+
+
+# -- reproduction ---------------------------------------------------------------------
+
+_REPRO_MAX = 4  # reproductions kept (each with its blobs in a temporary directory)
+_REPRO: dict[tuple[str, str, tuple[str, ...]], tuple[FrozenWorkspace | None, str]] = {}
+
+
+@atexit.register
+def _forget_reproductions() -> None:
+    for _, tmp in _REPRO.values():
+        shutil.rmtree(tmp, ignore_errors=True)
+    _REPRO.clear()
+
+
+def _pristine_digest(benchmark: Benchmark, task: Task) -> str:
+    key = (benchmark.name, task.task_id)
+    with _LOCK:
+        known = _PRISTINE.get(key)
+    if known is None:
+        known = _pristine(benchmark, task, _store(benchmark)).digest
+        with _LOCK:
+            _PRISTINE[key] = known
+    return known
+
+
+_PRISTINE: dict[tuple[str, str], str] = {}
+
+
+def reproduce(
+    benchmark: Benchmark,
+    task: Task,
+    final: FrozenWorkspace,
+    outputs: Sequence[str],
+    *,
+    backend: str = "local",
+) -> FrozenWorkspace | None:
+    """Run the agent's shipped pipeline again, out of band; return what it leaves.
+
+    The sandbox (on ``backend``, the episode's) starts from ``final``, the agent's
+    frozen workspace, with the task's :attr:`~bat_gym.benchmark.Benchmark.input_paths`
+    put back as they were and the ``outputs`` (with everything under their top
+    directory, ``outputs/``) removed, then runs the benchmark's reproduction command
+    once. None when the benchmark has no such command. A pipeline that fails, times
+    out, or leaves a workspace the host refuses leaves the outputs missing, never an
+    exception.
+
+    Runs are remembered by the digest of that starting workspace: the pipeline is
+    deterministic, so the rollouts of a group that ship the same pipeline (say, on an
+    Infer row whose pipeline they inherit) cost one run between them.
+    """
+    command = benchmark.reproduction_command(task)
+    if command is None:
+        return None
+    inputs = benchmark.input_paths
+    produced = {o.split("/", 1)[0] for o in outputs if "/" in o}
+
+    def is_input(path: str) -> bool:
+        return any(path_matches(path, p) for p in inputs)
+
+    def is_output(path: str) -> bool:
+        return path in outputs or any(path_matches(path, d) for d in produced)
+
+    kept = [e for e in final.snapshot.entries if not is_input(e.path) and not is_output(e.path)]
+    start_key = _pristine_digest(benchmark, task) + Snapshot.of(kept).digest + backend
+    memo = (task.task_id, start_key, tuple(outputs))
+    with _LOCK:
+        if memo in _REPRO:
+            return _REPRO[memo][0]
+    tmp = tempfile.mkdtemp(prefix="bat-gym-reproduce-")
+    store = BlobStore(tmp)
+    pristine = _pristine(benchmark, task, store)
+    for e in kept:  # the agent's blobs, copied beside the pristine ones
+        if e.kind != "d" and not store.has(e.digest):
+            store.put_bytes(final.store.read_blob(e.digest))
+    start = Snapshot.of(kept + [e for e in pristine.entries if is_input(e.path)])
+    store.put_snapshot(start)
+    result: FrozenWorkspace | None
+    with make_sandbox(
+        backend, store=store, requirements=benchmark.sandbox_requirements()
+    ) as sandbox:
+        sandbox.restore(start)
+        res = sandbox.execute_code("bash", command)
+        if res.exit_code != 0:
+            log.info("reproduction of %s exited %s", task.task_id, res.exit_code)
+        try:
+            result = FrozenWorkspace(sandbox.capture(), store)
+        except WorkspaceRejected as exc:  # the outputs count as missing
+            log.info("reproduction of %s left a refused workspace: %s", task.task_id, exc)
+            empty = Snapshot.of([])
+            store.put_snapshot(empty)
+            result = FrozenWorkspace(empty, store)
+    with _LOCK:
+        while len(_REPRO) >= _REPRO_MAX:
+            _, old_dir = _REPRO.pop(next(iter(_REPRO)))
+            shutil.rmtree(old_dir, ignore_errors=True)
+        _REPRO[memo] = (result, tmp)
+    return result

@@ -1,0 +1,220 @@
+"""Checks against out-of-band truth: the reference run, and the pipeline run again."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+
+from bat_gym.protocol import get_protocol
+from bat_gym.rubrics.checks import run_check
+from bat_gym.rubrics.context import CheckContext, TaskOracle
+from bat_gym.rubrics.reference import reference_workspace
+from bat_gym.rubrics.workspace import FrozenWorkspace
+
+from .conftest import START, call
+
+PREDICTIONS = "id,label\ncase001,1\ncase002,0\ncase003,1\n"
+REFERENCE = {
+    **START,
+    "outputs/predictions.csv": PREDICTIONS,
+    "outputs/submission.csv": PREDICTIONS,
+    "outputs/masks/case001.bin": "\x01\x02",
+    "outputs/with_files.csv": "id,mask,volume_ml\ncase001,outputs/masks/case001.bin,12.5\n",
+    "validation/pilot.csv": "id,label\nphantom,0\n",
+    "setup/environment.json": json.dumps({"python": "3.11.7", "numpy": "2.4.1"}),
+}
+
+
+@pytest.fixture
+def ctx_for(store):
+    """A context whose final workspace is ``START`` plus ``files``, with a reference run."""
+
+    def make(files, *, reproduced=None, files_agree=None):
+        ref = FrozenWorkspace.from_files(store, REFERENCE)
+        final = FrozenWorkspace.from_files(store, {**START, **files})
+        again = (
+            None
+            if reproduced is None
+            else FrozenWorkspace.from_files(store, {**START, **reproduced})
+        )
+        oracle = TaskOracle(
+            lambda: {},
+            lambda ws: None,
+            reference=lambda: ref,
+            files_agree=files_agree,
+            reproduce=None if reproduced is None else (lambda ws, outputs: again),
+        )
+        return CheckContext(
+            workspace=final,
+            start=FrozenWorkspace.from_files(store, START),
+            record=_record(),
+            task=oracle,
+        )
+
+    return make
+
+
+def _record():
+    from bat_gym.record import ExecutionRecord
+
+    record = ExecutionRecord(start_digest="0" * 64)
+    record.append(call(0, "python pipeline/infer.py outputs/predictions.csv"))
+    return record
+
+
+def rows(path="outputs/predictions.csv", **args):
+    return {"path": path, "mode": "rows", **args}
+
+
+def test_predictions_that_are_the_models_outputs_pass(ctx_for):
+    ctx = ctx_for({"outputs/predictions.csv": PREDICTIONS})
+    assert run_check("matches_reference", ctx, rows(complete=True)).passed is True
+
+
+@pytest.mark.parametrize(
+    "predictions",
+    [
+        "id,label\ncase001,0\ncase002,0\ncase003,1\n",  # one label is not the model's
+        "id,label\ncase001,1\ncase002,0\n",  # shape right, a case missing
+        "id,label\ncase001,1\ncase002,0\ncase003,1\nextra,1\n",  # a case the model never saw
+        "label,id\n1,case001\n0,case002\n1,case003\n",  # keyed otherwise
+    ],
+)
+def test_look_alike_predictions_fail(ctx_for, predictions):
+    ctx = ctx_for({"outputs/predictions.csv": predictions})
+    assert run_check("matches_reference", ctx, rows(complete=True)).passed is False
+
+
+def test_numbers_agree_within_float_printing_and_files_by_content(ctx_for):
+    mine = "id,mask,volume_ml\ncase001,outputs/mine/001.bin,12.50000000000001\n"
+    ctx = ctx_for({"outputs/with_files.csv": mine, "outputs/mine/001.bin": "\x01\x02"})
+    assert run_check("matches_reference", ctx, rows("outputs/with_files.csv")).passed is True
+    wrong_file = ctx_for({"outputs/with_files.csv": mine, "outputs/mine/001.bin": "\x01\x03"})
+    assert (
+        run_check("matches_reference", wrong_file, rows("outputs/with_files.csv")).passed is False
+    )
+    wrong_number = mine.replace("12.50000000000001", "12.6")
+    ctx = ctx_for({"outputs/with_files.csv": wrong_number, "outputs/mine/001.bin": "\x01\x02"})
+    assert run_check("matches_reference", ctx, rows("outputs/with_files.csv")).passed is False
+
+
+def test_a_benchmark_decides_when_two_encodings_of_a_file_agree(ctx_for):
+    mine = "id,mask,volume_ml\ncase001,outputs/mine/001.bin,12.5\n"
+    files = {"outputs/with_files.csv": mine, "outputs/mine/001.bin": "\x01\x02\x00"}
+    strict = ctx_for(files)
+    assert run_check("matches_reference", strict, rows("outputs/with_files.csv")).passed is False
+    lenient = ctx_for(files, files_agree=lambda path, a, b: a.rstrip(b"\x00") == b)
+    assert run_check("matches_reference", lenient, rows("outputs/with_files.csv")).passed is True
+
+
+def test_a_pilot_row_must_be_the_models_row_of_its_case(ctx_for):
+    args = rows("validation/pilot.csv", against=["outputs/predictions.csv", "validation/pilot.csv"])
+    assert run_check(
+        "matches_reference", ctx_for({"validation/pilot.csv": "id,label\ncase002,0\n"}), args
+    ).passed
+    assert run_check(
+        "matches_reference", ctx_for({"validation/pilot.csv": "id,label\nphantom,0\n"}), args
+    ).passed
+    guessed = ctx_for({"validation/pilot.csv": "id,label\ncase002,1\n"})
+    assert run_check("matches_reference", guessed, args).passed is False
+
+
+def test_recorded_facts_must_be_the_real_ones(ctx_for):
+    args = {"path": "setup/environment.json", "mode": "json", "keys": ["python", "numpy", "torch"]}
+    real = json.dumps({"python": "Python 3.11.7 (main)", "numpy": "2.4.1"})
+    assert run_check("matches_reference", ctx_for({"setup/environment.json": real}), args).passed
+    for made_up in ({"python": "3.11", "numpy": "2.4.1"}, {"python": "3.11.7"}):
+        ctx = ctx_for({"setup/environment.json": json.dumps(made_up)})
+        assert run_check("matches_reference", ctx, args).passed is False
+
+
+def test_without_a_reference_the_checks_are_null(store):
+    ctx = CheckContext(
+        workspace=FrozenWorkspace.from_files(store, START),
+        start=FrozenWorkspace.from_files(store, START),
+        record=_record(),
+        task=TaskOracle(lambda: {}, lambda ws: None),
+    )
+    assert run_check("matches_reference", ctx, rows()).passed is None
+    assert run_check("pipeline_reproduces", ctx, {"path": "outputs/predictions.csv"}).passed is None
+
+
+def test_the_shipped_pipeline_must_reproduce_the_models_outputs(ctx_for):
+    ok = ctx_for(
+        {"outputs/predictions.csv": PREDICTIONS},
+        reproduced={"outputs/predictions.csv": PREDICTIONS},
+    )
+    assert run_check("pipeline_reproduces", ok, {"path": "outputs/predictions.csv"}).passed is True
+    # The file was right, but the pipeline left in the workspace does not make it.
+    hand_written = ctx_for({"outputs/predictions.csv": PREDICTIONS}, reproduced={})
+    result = run_check("pipeline_reproduces", hand_written, {"path": "outputs/predictions.csv"})
+    assert result.passed is False and "run again" in result.detail
+
+
+# -- through the env, on toy_pipeline ------------------------------------------------------
+
+HERMES = get_protocol("hermes")
+
+
+FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "done"}}</tool_call>'
+
+
+def test_the_reference_run_is_cached_per_task(toy, tmp_path, monkeypatch):
+    monkeypatch.setenv("BAT_GYM_CACHE", str(tmp_path / "cache"))
+    task = toy.make_task(toy.spec.tracks[0].name, toy.seeds("train")[0], "train")
+    first = reference_workspace(toy, task)
+    assert first is not None and first.exists("outputs/predictions.csv")
+    assert list((tmp_path / "cache" / "references" / toy.name).glob("*.ref"))
+
+
+def test_hand_written_predictions_with_a_real_receipt_earn_nothing_on_infer(toy, toy_bank):
+    env = gym.make("bat/Infer-v0", benchmark="toy_pipeline", states=toy_bank)
+    try:
+        state_id = toy_bank.select(focus="S4")[0]
+        env.reset(options={"state_id": state_id})
+        junk = (
+            "import json, hashlib, os, csv\n"
+            "ids = json.load(open('task.json'))['submission']['case_ids']\n"
+            "os.makedirs('outputs', exist_ok=True)\n"
+            "w = csv.writer(open('outputs/predictions.csv', 'w')); w.writerow(['id', 'label'])\n"
+            "[w.writerow([i, 7]) for i in ids]\n"
+            "del w\n"
+            "d = hashlib.sha256(open('outputs/predictions.csv', 'rb').read()).hexdigest()\n"
+            "json.dump({'schema_version': 1, 'stage': 'S4', 'artifact': 'outputs/predictions.csv', 'sha256': d,"
+            " 'cases': len(ids), 'completed': len(ids)}, open('validation/s4_completion.json', 'w'))\n"
+        )
+        env.step(HERMES.render("", [_py(junk)]))
+        _, reward, *_, info = env.step(FINISH)
+        verdict = info["verdict"]
+        failed = {i.id for s in verdict.stages for i in s.items if i.passed is False}
+        assert reward == 0.0 and "predictions_are_model_outputs" in failed, verdict.notes
+    finally:
+        env.close()
+
+
+def _py(code):
+    from bat_gym.protocol import ToolCall
+
+    return ToolCall(name="execute_code", arguments={"language": "python", "code": code})
+
+
+def test_a_number_agrees_with_the_same_value_printed_to_other_precision(ctx_for):
+    ref = "id,label\ncase001,1\ncase002,0\ncase003,1\n"
+    honest = ctx_for({"outputs/predictions.csv": ref.replace("case001,1", "case001,1.0000000001")})
+    assert run_check("matches_reference", honest, rows()).passed is True
+    # A cell printed without a decimal point is exact: "1" is not "1.4".
+    made_up = ctx_for({"outputs/predictions.csv": ref.replace("case001,1", "case001,1.4")})
+    assert run_check("matches_reference", made_up, rows()).passed is False
+
+
+def test_a_fact_may_be_recorded_under_another_key(ctx_for):
+    args = {"path": "setup/environment.json", "mode": "json", "keys": ["numpy|packages.numpy"]}
+    nested = json.dumps({"python": "3.11.7", "packages": {"numpy": "2.4.1"}})
+    assert run_check("matches_reference", ctx_for({"setup/environment.json": nested}), args).passed
+    wrong = json.dumps({"packages": {"numpy": "1.26.0"}})
+    assert (
+        run_check("matches_reference", ctx_for({"setup/environment.json": wrong}), args).passed
+        is False
+    )
