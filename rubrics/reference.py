@@ -44,7 +44,7 @@ from bat_gym.spec import Task
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
 
-__all__ = ["reference_workspace", "reference_key", "reproduce"]
+__all__ = ["reference_workspace", "reference_key", "reproduce", "adopt_reference"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,61 @@ def reference_workspace(
             _MEMO.pop(next(iter(_MEMO)))
         _MEMO[memo] = result
     return result
+
+
+def _script_calls(benchmark: Benchmark, task: Task) -> list[tuple[str, str]] | None:
+    script = benchmark.reference_script(task)
+    if script is None:
+        return None
+    return [
+        (c.arguments["language"], c.arguments["code"])
+        for turn in script
+        for c in turn.calls
+        if c.name == "execute_code"
+    ]
+
+
+def adopt_reference(
+    benchmark: Benchmark,
+    task: Task,
+    start_digest: str,
+    calls: Sequence[tuple[str, str, int | None]],
+    final: FrozenWorkspace,
+    *,
+    backend: str = "local",
+) -> bool:
+    """Keep an episode's final workspace as the reference run, when it is exactly one.
+
+    An episode that started from the task's pristine files and ran exactly the
+    reference script's calls, every one exiting 0, on the same backend, did what
+    :func:`reference_workspace` would do (the runs are deterministic). The teacher's
+    own episodes, which a Stage Bank build plays for every task, then cost no second
+    run. ``calls`` are ``(language, code, exit_code)`` in order. Returns whether it was
+    adopted; anything else leaves the cache as it was.
+    """
+    store = _store(benchmark)
+    memo = (str(store.root), task.task_id, backend)
+    with _LOCK:
+        if memo in _MEMO:
+            return False
+    expected = _script_calls(benchmark, task)
+    if expected is None or [(lang, code) for lang, code, _ in calls] != expected:
+        return False
+    if any(rc != 0 for _, _, rc in calls):
+        return False
+    pristine = _pristine(benchmark, task, store)
+    key = reference_key(benchmark, task, pristine.digest, backend)
+    if key is None or pristine.digest != start_digest:
+        return False
+    for e in final.snapshot.entries:
+        if e.kind != "d" and not store.has(e.digest):
+            store.put_bytes(final.store.read_blob(e.digest))
+    store.put_snapshot(final.snapshot)
+    write_atomic(store.root / f"{key}.ref", final.digest)
+    adopted = FrozenWorkspace(final.snapshot, store)
+    with _LOCK:
+        _MEMO[memo] = adopted
+    return True
 
 
 def _run(
@@ -184,7 +239,8 @@ def reproduce(
 
     Runs are remembered by the digest of that starting workspace: the pipeline is
     deterministic, so the rollouts of a group that ship the same pipeline (say, on an
-    Infer row whose pipeline they inherit) cost one run between them.
+    Infer row whose pipeline they inherit) cost one run between them, and a workspace
+    that ships exactly the reference run's files is answered by the reference run.
     """
     command = benchmark.reproduction_command(task)
     if command is None:
@@ -199,7 +255,15 @@ def reproduce(
         return path in outputs or any(path_matches(path, d) for d in produced)
 
     kept = [e for e in final.snapshot.entries if not is_input(e.path) and not is_output(e.path)]
-    start_key = _pristine_digest(benchmark, task) + Snapshot.of(kept).digest + backend
+    kept_digest = Snapshot.of(kept).digest
+    ref = reference_workspace(benchmark, task, backend=backend)
+    if ref is not None and kept_digest == Snapshot.of(
+        [e for e in ref.snapshot.entries if not is_input(e.path) and not is_output(e.path)]
+    ).digest:
+        # The very files the reference run shipped, on the same pristine inputs: the
+        # pipeline is deterministic, so running it again would give the reference's.
+        return ref
+    start_key = _pristine_digest(benchmark, task) + kept_digest + backend
     memo = (task.task_id, start_key, tuple(outputs))
     with _LOCK:
         if memo in _REPRO:

@@ -26,6 +26,7 @@ from bat_gym.env import StageEnv
 from bat_gym.errors import RubricContractError, WorkspaceRejected
 from bat_gym.rubrics.context import CheckContext, TaskOracle
 from bat_gym.rubrics.contract import ContractLibrary
+from bat_gym.rubrics.reference import adopt_reference
 from bat_gym.rubrics.verifier import Verdict, rejected_verdict, verify
 from bat_gym.rubrics.workspace import FrozenWorkspace
 
@@ -99,8 +100,18 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
         except WorkspaceRejected as exc:
             return rejected_verdict(contract, exc, library=library)
         task = base.benchmark.task_of_state(state)
+        workspace = FrozenWorkspace(final, sandbox.frozen_store)
+        if task is not None:  # the teacher's own run on the pristine task is the reference
+            adopt_reference(
+                base.benchmark,
+                task,
+                state.snapshot,
+                [(c.language, c.code, c.exit_code) for c in record.calls],
+                workspace,
+                backend=base.backend,
+            )
         ctx = CheckContext(
-            workspace=FrozenWorkspace(final, sandbox.frozen_store),
+            workspace=workspace,
             start=FrozenWorkspace.load(base.states.store, state.snapshot),
             record=record,
             task=None

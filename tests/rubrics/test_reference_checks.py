@@ -218,3 +218,21 @@ def test_a_fact_may_be_recorded_under_another_key(ctx_for):
         run_check("matches_reference", ctx_for({"setup/environment.json": wrong}), args).passed
         is False
     )
+
+
+def test_the_teachers_own_run_on_the_pristine_task_is_adopted_as_the_reference(
+    toy, tmp_path, monkeypatch
+):
+    from bat_gym.bank import build_bank
+    from bat_gym.rubrics import reference
+
+    monkeypatch.setenv("BAT_GYM_CACHE", str(tmp_path / "cache"))
+    runs = []
+    real_run = reference._run
+    monkeypatch.setattr(reference, "_run", lambda *a: runs.append(a) or real_run(*a))
+    bank = build_bank(toy, tmp_path / "bank", tasks_per_track=1)
+    assert not bank.manifest["rejected"]
+    assert runs == []  # every task's reference came from its teacher episode
+    assert len(list((tmp_path / "cache" / "references" / toy.name).glob("*.ref"))) == len(
+        toy.spec.tracks
+    )
