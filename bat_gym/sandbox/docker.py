@@ -36,7 +36,7 @@ from bat_gym.sandbox.base import (
     Sandbox,
     SandboxLimits,
 )
-from bat_gym.sandbox.docker_image import ensure_image
+from bat_gym.sandbox.docker_image import ensure_image, import_check
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
@@ -182,18 +182,6 @@ sys.stdout.write("done\n")
 """
 
 
-# Imports each required module in a fresh container; prints those that fail.
-_IMPORT_CHECK = """
-import importlib, sys
-bad = []
-for name in {modules!r}:
-    try:
-        importlib.import_module(name)
-    except Exception as exc:
-        bad.append(f"{{name}} ({{type(exc).__name__}}: {{exc}})")
-print("\\n".join(bad))
-sys.exit(1 if bad else 0)
-"""
 _checked_images: set[tuple[str, tuple[str, ...]]] = set()
 
 
@@ -409,7 +397,7 @@ class DockerSandbox(Sandbox):
             key = (self.image, modules)
         if key in _checked_images:
             return
-        r = self.execute_code("python", _IMPORT_CHECK.format(modules=list(modules)), timeout_s=60)
+        r = self.execute_code("python", import_check(modules), timeout_s=60)
         if not r.ok:
             fix = (
                 "pass an image that has them, or leave image= unset so that bat-gym builds one"

@@ -47,6 +47,7 @@ __all__ = [
     "cache_dir",
     "debian_mirror",
     "ensure_image",
+    "import_check",
     "image_contents",
 ]
 
@@ -398,14 +399,19 @@ def _add_host_distributions(rootfs: Path, pinned: tuple[str, ...]) -> None:
 _IMPORT_CHECK = """
 import importlib, sys
 bad = []
-for name in sys.argv[1:]:
+for name in {modules!r}:
     try:
         importlib.import_module(name)
     except Exception as exc:
-        bad.append(f"{name} ({type(exc).__name__}: {exc})")
+        bad.append(f"{{name}} ({{type(exc).__name__}}: {{exc}})")
 print("\\n".join(bad))
 sys.exit(1 if bad else 0)
 """
+
+
+def import_check(modules: tuple[str, ...] | list[str]) -> str:
+    """Python that imports each of ``modules``, prints those that fail, exits 1 if any did."""
+    return _IMPORT_CHECK.format(modules=list(modules))
 
 
 class _CannotImport(SandboxUnavailable):
@@ -416,7 +422,7 @@ def _check_imports(rootfs: Path, contents: ImageContents) -> None:
     """Refuse a root filesystem in which a module asked for does not import."""
     if not contents.modules:
         return
-    proc = _in_rootfs(rootfs, ["python3", "-c", _IMPORT_CHECK, *contents.modules])
+    proc = _in_rootfs(rootfs, ["python3", "-c", import_check(contents.modules)])
     if proc.returncode != 0:
         raise _CannotImport(
             "docker",
