@@ -29,9 +29,11 @@ from bat_gym.errors import BenchmarkNotFound
 
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
+    from bat_gym.sandbox.requirements import SandboxRequirements
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "installed_requirements",
     "STAGE_ENV_NAMES",
     "register_benchmark",
     "unregister_benchmark",
@@ -172,3 +174,21 @@ def register_envs() -> None:
                 kwargs={"stage": name},
                 disable_env_checker=False,
             )
+
+
+def installed_requirements() -> SandboxRequirements:
+    """The union of every installed benchmark's sandbox requirements (what CI builds the image of).
+
+    A benchmark that fails to load is left out with a warning.
+    """
+    from bat_gym.sandbox.requirements import DEFAULT_REQUIREMENTS, SandboxRequirements
+
+    found = []
+    for name in list_benchmarks():
+        try:
+            found.append(get_benchmark(name).sandbox_requirements())
+        except Exception as exc:  # noqa: BLE001 - one broken benchmark must not stop the rest
+            warnings.warn(
+                f"benchmark {name!r} left out of the sandbox requirements: {exc}", stacklevel=2
+            )
+    return SandboxRequirements.union([DEFAULT_REQUIREMENTS, *found])

@@ -24,7 +24,6 @@ import re
 import shlex
 import sys
 import threading
-import warnings
 from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -34,7 +33,6 @@ from bat_gym.errors import SandboxUnavailable
 __all__ = [
     "DEFAULT_REQUIREMENTS",
     "SandboxRequirements",
-    "installed_requirements",
 ]
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -184,21 +182,3 @@ def _found_on_host(module: str) -> bool:
             except (ImportError, ValueError):
                 _found[module] = False
         return _found[module]
-
-
-def installed_requirements() -> SandboxRequirements:
-    """The union of every installed benchmark's requirements (what CI builds the image of).
-
-    A benchmark that fails to load is left out with a warning.
-    """
-    from bat_gym.registry import get_benchmark, list_benchmarks
-
-    found = []
-    for name in list_benchmarks():
-        try:
-            found.append(get_benchmark(name).sandbox_requirements())
-        except Exception as exc:  # noqa: BLE001 - one broken benchmark must not stop the rest
-            warnings.warn(
-                f"benchmark {name!r} left out of the sandbox requirements: {exc}", stacklevel=2
-            )
-    return SandboxRequirements.union([DEFAULT_REQUIREMENTS, *found])

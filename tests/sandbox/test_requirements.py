@@ -15,15 +15,11 @@ import pytest
 
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BatGymError, SandboxUnavailable
-from bat_gym.registry import get_benchmark
+from bat_gym.registry import get_benchmark, installed_requirements
 from bat_gym.sandbox import make_sandbox
 from bat_gym.sandbox import requirements as req_module
 from bat_gym.sandbox.docker_image import DEFAULT_TAG, PACKAGES, image_contents
-from bat_gym.sandbox.requirements import (
-    DEFAULT_REQUIREMENTS,
-    SandboxRequirements,
-    installed_requirements,
-)
+from bat_gym.sandbox.requirements import DEFAULT_REQUIREMENTS, SandboxRequirements
 
 MISSING = SandboxRequirements(
     modules=("numpy", "bat_gym_no_such_module"), pip=("numpy", "bat-gym-no-such-dist>=1")
