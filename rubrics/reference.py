@@ -257,9 +257,13 @@ def reproduce(
     kept = [e for e in final.snapshot.entries if not is_input(e.path) and not is_output(e.path)]
     kept_digest = Snapshot.of(kept).digest
     ref = reference_workspace(benchmark, task, backend=backend)
-    if ref is not None and kept_digest == Snapshot.of(
-        [e for e in ref.snapshot.entries if not is_input(e.path) and not is_output(e.path)]
-    ).digest:
+    if (
+        ref is not None
+        and kept_digest
+        == Snapshot.of(
+            [e for e in ref.snapshot.entries if not is_input(e.path) and not is_output(e.path)]
+        ).digest
+    ):
         # The very files the reference run shipped, on the same pristine inputs: the
         # pipeline is deterministic, so running it again would give the reference's.
         return ref
@@ -270,11 +274,15 @@ def reproduce(
             return _REPRO[memo][0]
     tmp = tempfile.mkdtemp(prefix="bat-gym-reproduce-")
     store = BlobStore(tmp)
-    pristine = _pristine(benchmark, task, store)
-    for e in kept:  # the agent's blobs, copied beside the pristine ones
+    # The pristine files were stored once, with the task's reference: copy, not regenerate.
+    known = _store(benchmark)
+    inputs_of_task = [
+        e for e in known.get_snapshot(_pristine_digest(benchmark, task)).entries if is_input(e.path)
+    ]
+    for e, source in [(e, final.store) for e in kept] + [(e, known) for e in inputs_of_task]:
         if e.kind != "d" and not store.has(e.digest):
-            store.put_bytes(final.store.read_blob(e.digest))
-    start = Snapshot.of(kept + [e for e in pristine.entries if is_input(e.path)])
+            store.put_bytes(source.read_blob(e.digest))
+    start = Snapshot.of(kept + inputs_of_task)
     store.put_snapshot(start)
     result: FrozenWorkspace | None
     with make_sandbox(
