@@ -236,3 +236,12 @@ def test_the_teachers_own_run_on_the_pristine_task_is_adopted_as_the_reference(
     assert len(list((tmp_path / "cache" / "references" / toy.name).glob("*.ref"))) == len(
         toy.spec.tracks
     )
+
+
+@pytest.mark.parametrize(
+    "cell", ["/etc/passwd", "../../outputs/masks/case001.bin", "outputs/masks"]
+)
+def test_a_cell_naming_a_file_outside_the_workspace_or_a_directory_disagrees(ctx_for, cell):
+    mine = f"id,mask,volume_ml\ncase001,{cell},12.5\n"
+    ctx = ctx_for({"outputs/with_files.csv": mine})
+    assert run_check("matches_reference", ctx, rows("outputs/with_files.csv")).passed is False
