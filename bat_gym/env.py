@@ -32,6 +32,7 @@ from bat_gym.errors import ResetNeeded, WorkspaceRejected
 from bat_gym.protocol import TOOLS, ToolProtocol, clean_text, get_protocol, validate_call
 from bat_gym.record import ExecutionRecord, ToolCallRecord
 from bat_gym.sandbox import ExecResult, Sandbox, SandboxLimits, make_sandbox
+from bat_gym.sandbox.snapshot import Snapshot, changed_paths
 from bat_gym.spec import Budgets, StageState
 from bat_gym.textspace import UnicodeText
 
@@ -137,6 +138,7 @@ class StageEnv(gym.Env[str, str]):
         self.state: StageState | None = None
         self.messages: list[dict[str, Any]] = []
         self.record: ExecutionRecord | None = None
+        self._last_scan: Snapshot | None = None
         self.rejection: WorkspaceRejected | None = None
         """Why the workspace was refused mid-episode, if it was; the episode ended there."""
         self._done = True
@@ -201,7 +203,10 @@ class StageEnv(gym.Env[str, str]):
         sandbox.restore(snapshot)
         self.state = state
         self.messages = [dict(m) for m in state.messages]
-        self.record = ExecutionRecord(start_digest=snapshot.digest)
+        self.record = ExecutionRecord(
+            start_digest=snapshot.digest, workspace_root=sandbox.agent_workspace
+        )
+        self._last_scan = snapshot  # the workspace as the last call (none yet) left it
         self.rejection = None
         self.turns = self.tool_calls = self.response_tokens = 0
         self._done = False
@@ -290,17 +295,21 @@ class StageEnv(gym.Env[str, str]):
     def _execute(self, language: str, code: str) -> str:
         assert self.sandbox is not None and self.record is not None
         try:
-            before = self.sandbox.digest()
+            before = self.sandbox.scan()
         except WorkspaceRejected as exc:  # changed since the last call returned
             self.rejection = exc
             return f"[not run: {exc}. Failure category: {exc.category}]"
+        self.note_unattributed(before)
         res = self.sandbox.execute_code(language, code, timeout_s=self.budgets.tool_timeout_s)  # type: ignore[arg-type]
         try:
-            after = self.sandbox.digest()
+            after: Snapshot | None = self.sandbox.scan()
         except WorkspaceRejected as exc:
             # The call left a workspace the host will not take: the episode ends here.
             self.rejection = exc
-            after = ""
+            after = None
+        if after is not None:
+            self._last_scan = after
+        prov = res.provenance
         self.record.append(
             ToolCallRecord(
                 index=self.tool_calls,
@@ -313,8 +322,12 @@ class StageEnv(gym.Env[str, str]):
                 output_bytes=res.output_bytes,
                 timed_out=res.timed_out,
                 restarted=res.restarted,
-                digest_before=before,
-                digest_after=after,
+                digest_before=before.digest,
+                digest_after="" if after is None else after.digest,
+                writes=None if after is None else list(changed_paths(before, after)),
+                reads=None if prov.reads is None else list(prov.reads),
+                runs=None if prov.runs is None else list(prov.runs),
+                runs_dropped=prov.runs_dropped,
             )
         )
         self.tool_calls += 1
@@ -325,6 +338,19 @@ class StageEnv(gym.Env[str, str]):
                 f"Failure category: {self.rejection.category}]"
             )
         return text
+
+    def note_unattributed(self, now: Snapshot) -> tuple[str, ...]:
+        """Record the paths that differ between ``now`` and the last call's end.
+
+        Nothing but a tool call may change the workspace during an episode; a path
+        changed between calls (or before the freeze) was changed by something that
+        outlived its call, and the verifier will not credit it.
+        """
+        assert self.record is not None
+        paths = changed_paths(self._last_scan, now) if self._last_scan is not None else ()
+        if paths:
+            self.record.add_unattributed(paths)
+        return paths
 
     @staticmethod
     def _tool_message(call: Any, content: str) -> dict[str, Any]:
@@ -367,4 +393,3 @@ class StageEnv(gym.Env[str, str]):
 def _caps(sandbox: Sandbox) -> str:
     caps = getattr(sandbox, "caps", None)
     return str(caps.value) if caps is not None else "container"
-

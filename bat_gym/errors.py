@@ -31,7 +31,30 @@ __all__ = [
 
 
 class BatGymError(Exception):
-    """Root of every error bat_gym raises on purpose."""
+    """Root of every error bat_gym raises on purpose.
+
+    Every subclass pickles with the arguments it was made with, so an error raised in
+    a worker process (a vector env, a Ray actor) reaches the parent as itself.
+    """
+
+    def __new__(cls, *args: object, **kwargs: object) -> BatGymError:
+        """Keep the constructor's arguments, for :meth:`__reduce__`."""
+        self = super().__new__(cls, *args)
+        self._made_with = (args, kwargs)
+        return self
+
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickle as ``type(self)(*args, **kwargs)`` with the instance's attributes."""
+        args, kwargs = getattr(self, "_made_with", (self.args, {}))
+        return (_remake, (type(self), args, kwargs, self.__dict__))
+
+
+def _remake(
+    cls: type[BatGymError], args: tuple[object, ...], kwargs: dict[str, object], state: dict
+) -> BatGymError:
+    error = cls(*args, **kwargs)
+    error.__dict__.update(state)
+    return error
 
 
 class SpecError(BatGymError, ValueError):

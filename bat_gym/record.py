@@ -1,15 +1,29 @@
 """The execution record: every tool call of an episode, as evidence for the verifier.
 
-Rubric checks read it to decide whether a command that mentions an artifact really ran
-and exited 0, whether a file was written by a tool call rather than present from the
-start, and whether any call succeeded and changed the workspace (the reference gate).
+Rubric checks read it to decide whether a pipeline really ran and exited 0, which call
+wrote a file, and whether any call succeeded and changed the workspace (the reference
+gate). Every fact here comes from the host, never from the agent:
+
+* ``exit_code``, ``output``, ``digest_before``/``digest_after``: what the sandbox
+  returned and the workspace scans around the call;
+* ``writes``: the paths whose content, mode or existence differs between those scans
+  (every backend);
+* ``runs`` and ``reads``: what the sandbox observed (:class:`bat_gym.sandbox.base.
+  Provenance`): each program executed, with argv and exit status, and each
+  workspace file read. ``None`` where the backend could not observe it.
+
+A change no call accounts for (a byte that differs between one call's end and the
+next call's start, or between the last call and the frozen workspace) is listed in
+:attr:`ExecutionRecord.unattributed`; the verifier treats those paths as absent.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ToolCallRecord", "ExecutionRecord"]
+from bat_gym.sandbox.base import ProgramRun
+
+__all__ = ["ToolCallRecord", "ExecutionRecord", "ProgramRun"]
 
 
 class ToolCallRecord(BaseModel):
@@ -36,6 +50,16 @@ class ToolCallRecord(BaseModel):
     restarted: bool = False
     digest_before: str
     digest_after: str
+    writes: list[str] | None = Field(
+        None, description="Paths the call created, changed or deleted; None if unknown."
+    )
+    reads: list[str] | None = Field(
+        None, description="Workspace files the call read; None where not observed."
+    )
+    runs: list[ProgramRun] | None = Field(
+        None, description="Programs the call executed; None where not observed."
+    )
+    runs_dropped: int = Field(0, ge=0, description="Programs run past the record's cap.")
 
     @property
     def succeeded(self) -> bool:
@@ -54,7 +78,14 @@ class ExecutionRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     start_digest: str = Field(description="Workspace digest at reset.")
+    workspace_root: str = Field(
+        "/workspace", description="Where agent code sees the workspace (paths in runs)."
+    )
     calls: list[ToolCallRecord] = Field(default_factory=list)
+    unattributed: list[str] = Field(
+        default_factory=list,
+        description="Paths changed outside every recorded call; the verifier voids them.",
+    )
 
     def append(self, call: ToolCallRecord) -> None:
         """Add the next call."""
@@ -64,6 +95,14 @@ class ExecutionRecord(BaseModel):
     def any_success(self) -> bool:
         """At least one call exited 0."""
         return any(c.succeeded for c in self.calls)
+
+    def add_unattributed(self, paths: list[str] | tuple[str, ...]) -> None:
+        """Note paths that changed while no call ran."""
+        self.unattributed = sorted({*self.unattributed, *paths})
+
+    def writers(self, path: str) -> list[ToolCallRecord]:
+        """Calls whose recorded writes include ``path`` (calls without a write record excluded)."""
+        return [c for c in self.calls if c.writes is not None and path in c.writes]
 
     @property
     def any_change(self) -> bool:

@@ -8,6 +8,9 @@ For each backend that is available here it measures, in one run:
 * step: ``execute_code("bash", "true")`` and ``("python", "pass")``, each with the
   ``digest()`` before and after that the environment takes for its execution record,
   next to ``subprocess.run(["bash", "-c", "true"])``;
+* provenance: ``execute_code("bash", "/bin/true")`` (one program run, which the
+  sandbox records with its argv and exit status) with ``observe=True`` (the default)
+  next to the same sandbox made with ``observe=False``;
 * throughput: steps/s of ``bash: true`` summed over 8 processes, each owning one
   sandbox, next to 8 processes making plain subprocess calls.
 
@@ -44,6 +47,7 @@ AGENT_EDITS = "echo edit >> d0/f00.bin; echo edit >> d3/f31.bin; rm d4/f42.bin; 
 TARGETS = {
     "reset_p50_ms": {"local": 5.0, "docker": 100.0},
     "reset_p99_ms": {"local": 10.0},
+    "bash_p50_ms": {"local": 0.5},
     "bash_ratio_p50": {"local": 0.25},
     "steps_per_s": {"local": 5000.0},
 }
@@ -195,6 +199,23 @@ def bench_backend(backend: str, iters: int, tmp: Path, rows: dict[str, Row]) -> 
             samples = timed(lambda: step(sb, language, code), iters)  # noqa: B023
             rows[key].cells[backend] = ms(percentile(samples, 50), percentile(samples, 99))
             rows[key].p50[backend] = percentile(samples, 50)
+            if key == "bash" and backend in TARGETS["bash_p50_ms"]:
+                rows[key].ok[backend] = rows[key].p50[backend] < TARGETS["bash_p50_ms"][backend]
+
+        progress(f"{backend}: a program run, observed and not")
+        blind = make_sandbox(backend, observe=False)
+        try:
+            p50 = {}
+            for name, box in (("on", sb), ("off", blind)):
+                for _ in range(20):
+                    step(box, "bash", "/bin/true")
+                samples = timed(lambda: step(box, "bash", "/bin/true"), iters)  # noqa: B023
+                p50[name] = percentile(samples, 50)
+            rows["exec"].cells[backend] = (
+                f"{p50['on']:.2f} / {p50['off']:.2f} ms (+{p50['on'] - p50['off']:.2f} ms)"
+            )
+        finally:
+            blind.close()
 
         if backend == "local":  # docker's exec processes are not children of its namespace
             per_step = cpu_per_step(sb, iters * 5)
@@ -275,7 +296,8 @@ def print_table(rows: dict[str, Row], columns: list[str], skipped: dict[str, str
     targets = {
         "reset": "local p50 < 5, p99 < 10 ms; docker p50 < 100 ms",
         "reset_history": "no growth",
-        "bash": "-",
+        "bash": "local p50 < 0.5 ms",
+        "exec": "-",
         "ratio": "local bash <= 0.25x",
         "python": "-",
         "throughput": "local >= 5,000/s",
@@ -318,6 +340,7 @@ def main() -> None:
         "reset_history": Row("reset p50 after 10 / 1,000 steps"),
         "bash": Row("step bash `true` p50 / p99 (+2 digests)"),
         "ratio": Row("step / baseline at p50 (bash / python)"),
+        "exec": Row("step bash `/bin/true` p50, observed / not"),
         "python": Row("step python `pass` p50 / p99 (+2 digests)"),
         "throughput": Row(f"bash steps/s, {WORKERS} processes at once"),
         "cpu": Row("CPU per bash step, host + sandbox"),
@@ -351,6 +374,7 @@ def main() -> None:
                 rows["throughput"].ok[backend] = rate >= TARGETS["steps_per_s"][backend]
     rows["ratio"].cells["baseline"] = "1.00x"
     rows["cpu"].cells["baseline"] = "-"
+    rows["exec"].cells["baseline"] = "-"
     print_table(rows, ["baseline", *backends], skipped)
 
 

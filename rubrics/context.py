@@ -268,16 +268,19 @@ class CheckContext:
     def writer(self, path: str) -> ToolCallRecord | None:
         """The tool call credited with writing ``path`` in this episode, if any.
 
-        The record holds workspace digests, not per-file changes, so attribution is by
-        mention: the last call that exited 0, changed the workspace and names the file
-        (its path or file name) in its code; failing that, the last call that exited 0
-        and changed the workspace. None when the file is unchanged since the start or
-        no call both exited 0 and changed the workspace.
+        The last call that exited 0 and whose recorded writes include ``path``. For a
+        record without per-call writes (older records), attribution is by mention: the
+        last call that exited 0, changed the workspace and names the file (its path or
+        file name) in its code; failing that, the last that exited 0 and changed the
+        workspace. None when the file is unchanged since the start or no call qualifies.
         """
         if not self.changed(path):
             return None
-        name = path.rsplit("/", 1)[-1]
         calls = self._productive_calls
+        if calls and all(c.writes is not None for c in self.record.calls):
+            wrote = [c for c in calls if path in (c.writes or ())]
+            return wrote[-1] if wrote else None
+        name = path.rsplit("/", 1)[-1]
         named = [c for c in calls if path in c.code or name in c.code]
         chosen = named or calls
         return chosen[-1] if chosen else None

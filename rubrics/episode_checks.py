@@ -23,6 +23,7 @@ from bat_gym.rubrics.context import (
     Evidence,
 )
 from bat_gym.rubrics.invocation import runs_script
+from bat_gym.rubrics.provenance import observed_run_of
 from bat_gym.rubrics.reading import listing, read_csv, states_answer
 from bat_gym.rubrics.workspace import path_matches
 
@@ -73,36 +74,60 @@ def pipeline_ran(
     entry: str,
     writes: Annotated[list[str], Field(min_length=1)],
 ) -> CheckResult:
-    """A call that runs the script ``entry`` and names each file of ``writes`` exited 0.
+    """One call ran the script ``entry``, exited 0, and wrote each file of ``writes``.
 
-    "Runs" is read from the call's code (see :mod:`bat_gym.rubrics.invocation`): a plan
-    or an ``echo`` that names the script does not run it. The call must also have
-    changed the workspace, and each file of ``writes`` must be new or different since
-    the start: together, a real run that wrote them. Null when no such call succeeded
-    but one was cut short by a sandbox restart.
+    Where the sandbox observed the call (``runs`` recorded), "ran" is what it saw
+    (:mod:`bat_gym.rubrics.provenance`): a program run naming the script that exited
+    0, and "wrote" is the call's recorded writes. A call that only names the script,
+    or runs it and writes the files in another call, does not count. Without an
+    observation (records made by a backend that cannot observe execution), "runs" is
+    read from the call's code (:mod:`bat_gym.rubrics.invocation`) and "wrote" means
+    the call changed the workspace and names each file.
+
+    Each file of ``writes`` must also be new or different since the start. Null when
+    no such call succeeded but one was cut short by a sandbox restart.
     """
-    names = [(p, p.rsplit("/", 1)[-1]) for p in writes]
-    matching = [
-        c
-        for c in ctx.record.calls
+    root = ctx.record.workspace_root
+    what = f"call running {entry} that wrote {listing(writes)}"
+    matching: list[ToolCallRecord] = []
+    good: list[tuple[ToolCallRecord, str]] = []
+    why_not = ""  # the latest observed near miss, in words
+    for c in ctx.record.calls:
+        if c.runs is not None and c.writes is not None:
+            how = observed_run_of(c, entry, root)
+            if how is None:
+                if c.succeeded and runs_script(c.code, c.language, entry):
+                    why_not = f"call #{c.index} names {entry}, but the sandbox saw no run of it that exited 0"
+                continue
+            missing = [p for p in writes if p not in c.writes]
+            if c.succeeded and not missing:
+                good.append((c, how))
+            elif c.succeeded:
+                why_not = f"call #{c.index} {how} but did not write {listing(missing)}"
+            matching.append(c)
+            continue
+        names = [(p, p.rsplit("/", 1)[-1]) for p in writes]
         # The cheap test first: parsing code is the costly part.
-        if all(path in c.code or name in c.code for path, name in names)
-        and runs_script(c.code, c.language, entry)
-    ]
-    what = f"call running {entry} that names {listing(writes)}"
-    good = [c for c in matching if c.succeeded and c.changed_workspace]
+        if all(path in c.code or name in c.code for path, name in names) and runs_script(
+            c.code, c.language, entry
+        ):
+            matching.append(c)
+            if c.succeeded and c.changed_workspace:
+                good.append((c, "its code runs it (no observation recorded)"))
     if good:
+        call, how = good[-1]
         unchanged_files = [p for p in writes if not ctx.changed(p)]
         if unchanged_files:
             raise CheckFailed(
                 f"a {what} exited 0, but {listing(unchanged_files)} was not written in this episode",
-                (Evidence.execution(good[-1].index),),
+                (Evidence.execution(call.index),),
             )
-        call = good[-1]
         evidence = (Evidence.execution(call.index),) + tuple(
             e for p in writes for e in ctx.artifact(p) if e.kind == "artifact"
         )
-        return CheckResult.ok(f"call #{call.index} ({what}) exited 0 and wrote them", evidence)
+        return CheckResult.ok(f"call #{call.index} {how} and wrote {listing(writes)}", evidence)
+    if why_not and not any(c.restarted for c in matching):
+        raise CheckFailed(f"no {what}: {why_not}")
     _explain_no_success(matching, f"a {what}", what)
 
 

@@ -29,6 +29,7 @@ from bat_gym.rubrics.contract import ContractLibrary
 from bat_gym.rubrics.reference import adopt_reference
 from bat_gym.rubrics.verifier import Verdict, rejected_verdict, verify
 from bat_gym.rubrics.workspace import FrozenWorkspace
+from bat_gym.sandbox.snapshot import without_paths
 
 __all__ = ["RubricReward", "make_env"]
 
@@ -99,6 +100,9 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
             final = sandbox.freeze()
         except WorkspaceRejected as exc:
             return rejected_verdict(contract, exc, library=library)
+        # What changed after the last call returned is nobody's work: it is not scored.
+        base.note_unattributed(final)
+        final = without_paths(final, frozenset(record.unattributed))
         task = base.benchmark.task_of_state(state)
         workspace = FrozenWorkspace(final, sandbox.frozen_store)
         if task is not None:  # the teacher's own run on the pristine task is the reference

@@ -19,7 +19,9 @@ def test_demo_runs_the_teacher_end_to_end(monkeypatch):
     result = runner.invoke(app, ["demo"])
     assert result.exit_code == 0, result.output
     assert "finished after 5 tool calls (5 exited 0)" in result.output
-    assert "reward 1.000 = 0.5 x task score 1.000 + 0.5 x weighted stage credit 1.000" in result.output
+    assert (
+        "reward 1.000 = 0.5 x task score 1.000 + 0.5 x weighted stage credit 1.000" in result.output
+    )
 
 
 def test_demo_in_a_stage_env_plays_that_stage_only(monkeypatch):

@@ -52,6 +52,7 @@ import os
 import resource
 import select
 import signal
+import socket
 import struct
 import sys
 import time
@@ -197,9 +198,9 @@ def _drain(fd: int) -> None:
             pass
 
 
-def _load_trees(path: str) -> types.ModuleType:
-    """Load ``trees.py`` from ``path`` under a name agent code will not import by accident."""
-    spec = importlib.util.spec_from_file_location("_bat_gym_trees", path)
+def _load_trees(path: str, name: str = "_bat_gym_trees") -> types.ModuleType:
+    """Load a helper file (``trees.py``) under a name agent code will not import by accident."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -606,7 +607,29 @@ def main() -> None:
     # SIG_DFL, PID 1 never receives the signal from inside its namespace.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.chdir(cfg["workspace"])
+    if cfg.get("exec_filter"):
+        _hand_over_exec_listener(cfg["exec_filter"], cfg["exec_sock"])
     Supervisor(cfg).serve()
+
+
+def _hand_over_exec_listener(path: str, sock_fd: int) -> None:
+    """Install the exec-notification filter and send its listener to the host.
+
+    Before the supervisor starts anything: every process it starts from here on,
+    the bash server included, reports its ``exec`` calls to the host and waits for
+    its answer. On failure the host is told why and nothing is installed.
+    """
+    sock = socket.socket(fileno=sock_fd)
+    try:
+        try:
+            fd = _load_trees(path, "_bat_gym_exec_filter").install_listener()
+        except OSError as exc:
+            sock.sendall(f"error {exc}".encode())
+            return
+        socket.send_fds(sock, [b"ok"], [fd])
+        os.close(fd)
+    finally:
+        sock.close()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bat_gym.sandbox.snapshot import (
     BlobStore,
@@ -36,6 +36,8 @@ __all__ = [
     "LANGUAGES",
     "Isolation",
     "SandboxLimits",
+    "ProgramRun",
+    "Provenance",
     "ExecResult",
     "Sandbox",
 ]
@@ -117,6 +119,48 @@ class SandboxLimits(BaseModel):
         )
 
 
+class ProgramRun(BaseModel):
+    """One program a tool call executed, as the sandbox observed it (``execve``).
+
+    Recorded by the host, outside the agent's reach (see
+    :mod:`bat_gym.sandbox.exec_trace`). ``path`` and ``argv`` are what the caller
+    asked the kernel to run; ``cwd`` is its working directory then, as seen inside
+    the sandbox where the backend can tell. ``exit_code`` is the process's exit
+    status (negative: the signal that killed it); ``None`` when it is not known,
+    and always when ``replaced`` (the process executed another program later).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    argv: list[str]
+    cwd: str = ""
+    pid: int = Field(0, description="Host pid; for telling runs of one process apart.")
+    exit_code: int | None = None
+    replaced: bool = False
+
+
+class Provenance(BaseModel):
+    """What a call did, observed by the sandbox: programs run, workspace files read.
+
+    ``runs`` is ``None`` where the backend cannot observe execution (it says why in
+    :attr:`Sandbox.provenance`); ``reads`` likewise for file reads. Writes are not
+    here: the host computes them for every backend from the workspace scans around
+    the call (:attr:`bat_gym.record.ToolCallRecord.writes`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runs: tuple[ProgramRun, ...] | None = None
+    runs_dropped: int = Field(0, ge=0, description="Runs past the record's cap.")
+    reads: tuple[str, ...] | None = None
+
+    @field_validator("reads", mode="before")
+    @classmethod
+    def _sorted(cls, value: object) -> object:
+        return tuple(sorted(value)) if isinstance(value, (set, frozenset)) else value
+
+
 class ExecResult(BaseModel):
     """What one ``execute_code`` call did.
 
@@ -135,6 +179,7 @@ class ExecResult(BaseModel):
     restarted: bool = Field(
         False, description="The sandbox died or stopped answering and was restarted."
     )
+    provenance: Provenance = Field(default_factory=Provenance)
 
     @property
     def ok(self) -> bool:
@@ -205,6 +250,19 @@ class Sandbox(ABC):
         """Digest of the workspace as it is now, rehashing only files that changed."""
         return self.index.scan().digest
 
+    @property
+    def agent_workspace(self) -> str:
+        """The workspace's path as agent code sees it (``/workspace`` when isolated)."""
+        return "/workspace"
+
+    def scan(self) -> Snapshot:
+        """The workspace as it is now (entries and digest), rehashing only what changed.
+
+        Raises:
+            WorkspaceRejected: as :meth:`freeze`.
+        """
+        return self.index.scan()
+
     def capture(self) -> Snapshot:
         """Store the workspace's files in the blob store and return its snapshot."""
         return self.index.capture(self.store)
@@ -244,6 +302,21 @@ class Sandbox(ABC):
         assert isinstance(store, ScratchStore)
         store.clear()
         return self.index.capture(store)
+
+    @property
+    def observes(self) -> frozenset[str]:
+        """What the sandbox records of each call beyond its output (:class:`Provenance`).
+
+        ``"runs"``: every program executed, with argv and exit status; ``"reads"``:
+        the workspace files the call opened. Empty for a backend that observes
+        neither; :attr:`observe_note` says why something is missing.
+        """
+        return frozenset()
+
+    @property
+    def observe_note(self) -> str:
+        """Why :attr:`observes` lacks something, or ``""``."""
+        return getattr(self, "_observe_note", "")
 
     @abstractmethod
     def _stop_agent(self) -> None:

@@ -16,6 +16,7 @@ agent process and clears ``/tmp``, plus a host-side restore of changed files.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import signal
@@ -27,16 +28,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import SandboxCrashed, SandboxUnavailable
+from bat_gym.sandbox import exec_filter
 from bat_gym.sandbox._supervisor import _Capture
 from bat_gym.sandbox.base import (
     AGENT_ENV,
     ExecResult,
     Isolation,
     Language,
+    Provenance,
     Sandbox,
     SandboxLimits,
 )
 from bat_gym.sandbox.docker_image import ensure_image, import_check
+from bat_gym.sandbox.exec_trace import ExecLog, exec_tracer, steal_fd
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
@@ -45,6 +49,8 @@ if TYPE_CHECKING:
     import docker
 
 __all__ = ["DockerSandbox", "connect"]
+
+log = logging.getLogger(__name__)
 
 _LABEL = "bat-gym.slot"
 _RUN_DIR = "/run/bat"
@@ -77,7 +83,17 @@ import _signal as signal  # not `signal`: it imports enum, a few ms at every cal
 # dumpable again, as usual.
 ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
 cpu = int(sys.argv[1])
-argv = sys.argv[2:]
+argv = sys.argv[3:]
+# Every program this call executes reports to the host first (exec_filter.py): the
+# host takes the listener from this process by its number and answers each exec.
+if sys.argv[2] == "trace":
+    sys.path.insert(0, "/run/bat")
+    try:
+        import exec_filter
+
+        os.write(2, b"listener %d\n" % exec_filter.install_listener())
+    except (ImportError, OSError) as exc:
+        os.write(2, b"nolistener %s\n" % str(exc).encode(errors="replace")[:200])
 r, w = os.pipe()
 try:
     pid = os.fork()
@@ -307,6 +323,9 @@ class DockerSandbox(Sandbox):
         store: blob store for snapshots (default: one under the slot directory).
         client: a Docker SDK client (default: :func:`connect`); one passed in is not
             closed with the sandbox.
+        observe: record every program a call runs (as the ``local`` backend does); it
+            needs root or ``CAP_SYS_PTRACE`` on the host, and without it
+            :attr:`observe_note` says so. Workspace reads are recorded either way.
 
     ``limits.total_memory_mb`` bounds the whole container (a cgroup limit, which also
     counts files in ``/tmp``), as on the ``local`` backend; ``limits.memory_mb`` (a
@@ -330,6 +349,7 @@ class DockerSandbox(Sandbox):
         store: BlobStore | None = None,
         client: docker.DockerClient | None = None,
         requirements: SandboxRequirements | None = None,
+        observe: bool = True,
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.requirements = requirements
@@ -345,6 +365,16 @@ class DockerSandbox(Sandbox):
                 self._client.close()
             raise
         self._closed = False
+        # Taking boot's listener (pidfd_getfd) needs the right to ptrace into the container.
+        self._trace_execs = observe and _may_ptrace_any()
+        self._observe_note = (
+            ""
+            if self._trace_execs
+            else "programs run are not recorded: observe=False"
+            if not observe
+            else "programs run are not recorded: the host needs root or CAP_SYS_PTRACE "
+            "to take each call's exec listener from the container"
+        )
         # As root, agent code gets a leased uid of its own (from the pool the local
         # backend uses too) and the workspace belongs to it; otherwise the bind mount is
         # only writable by the caller's uid, so agent code runs as that.
@@ -369,7 +399,11 @@ class DockerSandbox(Sandbox):
         # Read-only inside: boot.py, and code too long to pass as an argument.
         self._run = self._slot.dir / "run"
         self._run.mkdir(mode=0o755)
-        for name, text in (("boot.py", _BOOT), ("reset.py", _RESET)):
+        for name, text in (
+            ("boot.py", _BOOT),
+            ("reset.py", _RESET),
+            ("exec_filter.py", Path(exec_filter.__file__).read_text()),
+        ):
             (self._run / name).write_text(text)
             (self._run / name).chmod(0o644)
         self.store = store or BlobStore(self._slot.dir / "store")
@@ -574,7 +608,8 @@ class DockerSandbox(Sandbox):
             tmp.chmod(0o644)
             os.replace(tmp, self._run / name)
             program = [interpreter, f"{_RUN_DIR}/{name}"]
-        return ["python3", "-I", "-S", f"{_RUN_DIR}/boot.py", str(cpu_s), *program]
+        trace = "trace" if self._trace_execs else "notrace"
+        return ["python3", "-I", "-S", f"{_RUN_DIR}/boot.py", str(cpu_s), trace, *program]
 
     def execute_code(
         self, language: Language, code: str, timeout_s: float | None = None
@@ -591,24 +626,33 @@ class DockerSandbox(Sandbox):
         status = bytearray()
         if self._tasks.fd < 0 and self._box:  # the idle count, before anything runs
             self._tasks.read(self._api, self._box[0])
+        argv = self._argv(language, code, cpu_s)
         try:
-            exec_id, stream = self._start_exec(self._argv(language, code, cpu_s))
+            exec_id, stream = self._start_exec(argv)
         except Exception:
             return self._crashed(start)  # the container is gone or not running
+        tracer = _CallTrace(self, exec_id, tuple(argv[6:]))
+        self.index.take_reads()  # the host's own reads, while it scanned
         try:
             while (frame := stream.read(deadline)) is not None:
                 if frame[0] == _STDOUT:
                     cap.feed(frame[1])
                 elif len(status) < 4096:
                     status += frame[1]
+                    tracer.saw(status)
+                    if tracer.failed:
+                        raise OSError("the call's exec listener could not be taken")
         except TimeoutError:
+            tracer.close()
             return self._timed_out(stream, cap, start, timeout)
         except OSError:
+            tracer.close()
             stream.close()
             return self._crashed(start)
         stream.close()
         if self._stop_leftovers():
             cap.feed(b"\n[processes this call left running were stopped: none outlives its call]\n")
+        provenance = tracer.finish()
         rc = _parse_status(status)
         if rc is None:
             # boot never reported: the call killed it (it runs as the agent's uid), it
@@ -628,6 +672,7 @@ class DockerSandbox(Sandbox):
             output=cap.text(),
             output_bytes=cap.total,
             duration_s=time.monotonic() - start,
+            provenance=provenance,
         )
 
     def _timed_out(
@@ -676,6 +721,10 @@ class DockerSandbox(Sandbox):
         self._stop_agent()
         return True
 
+    @property
+    def observes(self) -> frozenset[str]:  # noqa: D102
+        return frozenset({"reads"} if self._observe_note else {"runs", "reads"})
+
     def _stop_agent(self) -> None:
         """Kill the agent's processes before a freeze (a fresh container if that fails)."""
         self._check_open()
@@ -698,12 +747,79 @@ class DockerSandbox(Sandbox):
         self._finalizer()
 
 
+def _may_ptrace_any() -> bool:
+    """Whether this process holds ``CAP_SYS_PTRACE`` (root normally does)."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(caps >> 19 & 1)
+
+
 def _parse_status(data: bytearray) -> int | None:
-    line = bytes(data).strip()
-    if line.startswith(b"status ") and line.count(b"\n") == 0:
+    """The exit status boot reported: its last line, after the listener line."""
+    lines = bytes(data).strip().split(b"\n")
+    if lines and lines[0].startswith((b"listener ", b"nolistener")):
+        lines = lines[1:]
+    if len(lines) == 1 and lines[0].startswith(b"status "):
         with contextlib.suppress(ValueError):
-            return int(line[7:])
+            return int(lines[0][7:])
     return None
+
+
+class _CallTrace:
+    """The exec record of one docker call: takes boot's listener once boot names it.
+
+    Taking a descriptor of a process in the container (``pidfd_getfd``) needs the
+    right to ptrace it, which the host has as root; otherwise calls record no runs
+    and :attr:`DockerSandbox.observe_note` says so.
+    """
+
+    def __init__(self, box: DockerSandbox, exec_id: str, own_argv: tuple[str, ...]) -> None:
+        self.box, self.exec_id, self.own_argv = box, exec_id, own_argv
+        self.log: ExecLog | None = None
+        self.done = False  # boot's first line has been handled
+        self.failed = False  # boot installed a listener the host could not take
+
+    def saw(self, status: bytearray) -> None:
+        """Called with boot's status channel so far; acts on its first complete line."""
+        if self.done or b"\n" not in status:
+            return
+        self.done = True
+        line = bytes(status).split(b"\n", 1)[0]
+        if not line.startswith(b"listener "):
+            self.box._observe_note = "programs run are not recorded: " + line.decode(
+                errors="replace"
+            ).removeprefix("nolistener ")
+            return
+        try:
+            pid = int(self.box._api.exec_inspect(self.exec_id)["Pid"])
+            fd = steal_fd(pid, int(line.split()[1]))
+        except Exception as exc:  # no right to take its descriptor
+            # The call's first exec now waits for an answer nobody will give: this call
+            # is lost, and later calls run untraced.
+            log.warning("docker sandbox: cannot take the exec listener: %s", exc)
+            self.box._observe_note = f"programs run are not recorded: {exc}"
+            self.box._trace_execs = False
+            self.failed = True
+            return
+        self.box._observe_note = ""
+        self.log = exec_tracer().watch(fd, ignore=frozenset({self.own_argv}))
+
+    def finish(self) -> Provenance:
+        """The call's runs and reads (once its processes are over); the listener closed."""
+        reads = self.box.index.take_reads()
+        if self.log is None:
+            return Provenance(reads=reads)
+        runs, dropped = self.log.take()
+        self.close()
+        return Provenance(runs=runs, runs_dropped=dropped, reads=reads)
+
+    def close(self) -> None:
+        if self.log is not None:
+            exec_tracer().close(self.log)
+            self.log = None
 
 
 class _Stream:

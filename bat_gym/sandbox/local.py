@@ -38,6 +38,7 @@ import queue
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -48,16 +49,18 @@ from pathlib import Path
 from typing import ClassVar
 
 from bat_gym.errors import SandboxCrashed, SandboxUnavailable
-from bat_gym.sandbox import _supervisor, trees
+from bat_gym.sandbox import _supervisor, exec_filter, trees
 from bat_gym.sandbox.base import (
     AGENT_ENV,
     ExecResult,
     Isolation,
     Language,
+    Provenance,
     Sandbox,
     SandboxLimits,
 )
 from bat_gym.sandbox.cgroups import CapSupport, SandboxCgroup, require_caps
+from bat_gym.sandbox.exec_trace import ExecLog, exec_tracer
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.sandbox.seccomp import filter_fd
 from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
@@ -215,6 +218,7 @@ class _Running:
         self.fds = fds
         self.grace_s = grace_s
         self.init_fd = -1
+        self.exec_log: ExecLog | None = None
 
     def watch_init(self) -> None:
         """Hold a pidfd on the namespace's init (bubblewrap's only child)."""
@@ -225,6 +229,9 @@ class _Running:
 
     def stop(self) -> None:
         """Kill everything in the sandbox and return once no process of it is left."""
+        if self.exec_log is not None:
+            exec_tracer().close(self.exec_log)
+            self.exec_log = None
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -290,6 +297,9 @@ class LocalSandbox(Sandbox):
             (uncapped: only for code you trust).
         requirements: modules agent code must import (the benchmark's
             ``sandbox_requirements()``); this interpreter is checked once per process.
+        observe: record every program a call runs (:attr:`observes`, see
+            ``exec_trace.py``). Off, calls record no runs and the verifier falls back to
+            reading their code; for measuring what the record costs.
 
     Raises:
         SandboxUnavailable: bubblewrap cannot isolate here and no unisolated run was
@@ -308,11 +318,14 @@ class LocalSandbox(Sandbox):
         preload: tuple[str, ...] = ("numpy", "numpy.random"),
         requirements: SandboxRequirements | None = None,
         caps: str = "auto",
+        observe: bool = True,
     ) -> None:
         if requirements is not None:  # agent code runs this interpreter: it must import them
             requirements.check_host("local")
         self.limits = limits or SandboxLimits()
         self.preload = preload
+        self.observe = observe
+        self._observe_note = "" if observe else "programs run are not recorded: observe=False"
         if isolation not in ("auto", "bwrap", "none"):
             raise ValueError(f"isolation must be 'auto', 'bwrap' or 'none', got {isolation!r}")
         best, why = detect_isolation()
@@ -391,6 +404,10 @@ class LocalSandbox(Sandbox):
     def workspace(self) -> Path:
         """Host path of the workspace, bound at ``/workspace`` inside."""
         return self._ws
+
+    @property
+    def agent_workspace(self) -> str:  # noqa: D102
+        return self._sandbox_view()[0]
 
     def _sandbox_view(self) -> tuple[str, str, str]:
         """(workspace, run dir, tmp dir) as agent code sees them."""
@@ -472,6 +489,9 @@ class LocalSandbox(Sandbox):
             "--ro-bind",
             trees.__file__,
             "/opt/bat/trees.py",
+            "--ro-bind",
+            exec_filter.__file__,
+            "/opt/bat/exec_filter.py",
             "--seccomp",
             str(seccomp_fd),
             "--chdir",
@@ -517,6 +537,9 @@ class LocalSandbox(Sandbox):
         theirs.append(ctl_r)
         sup_cg, agent_cg = self._cgroup.join_fds() if self._cgroup else ([], [])
         theirs += sup_cg + agent_cg
+        # The supervisor sends the exec listener back through this (see exec_trace.py).
+        exec_host, exec_sup = socket.socketpair()
+        theirs.append(exec_sup.detach())
         cfg = {
             "workspace": ws,
             "tmp": tmp,
@@ -533,6 +556,12 @@ class LocalSandbox(Sandbox):
             "drop_to": [self._uid, self._gid] if self._root else None,
             "supervisor_cgroup_fds": sup_cg,
             "agent_cgroup_fds": agent_cg,
+            "exec_filter": None
+            if not self.observe
+            else "/opt/bat/exec_filter.py"
+            if self.isolation is Isolation.BWRAP
+            else exec_filter.__file__,
+            "exec_sock": theirs[-1],
             "rlimits": {
                 "RLIMIT_AS": self.limits.memory_mb << 20,
                 "RLIMIT_NPROC": self.limits.max_processes,
@@ -568,6 +597,7 @@ class LocalSandbox(Sandbox):
         except BaseException:
             for fd in ours:
                 os.close(fd)
+            exec_host.close()
             raise
         finally:
             for fd in theirs:
@@ -575,6 +605,10 @@ class LocalSandbox(Sandbox):
         grace = 0.0 if self.isolation is Isolation.BWRAP else _STOP_TIMEOUT_S
         running = _Running(proc, ours, grace)
         self._proc_box[:] = [running]
+        if self.observe:
+            running.exec_log = self._take_exec_listener(exec_host, len(agent_cg))
+        else:
+            exec_host.close()
         self._req, self._resp, self._bash_out, self._bash_status, self._bash_ctl = ours
         self._status_buf = b""
         os.set_blocking(self._bash_out, False)
@@ -584,6 +618,25 @@ class LocalSandbox(Sandbox):
             raise SandboxUnavailable("local", f"the sandbox did not start: {err or 'no reply'}")
         if self.isolation is Isolation.BWRAP:
             running.watch_init()
+
+    def _take_exec_listener(self, sock: socket.socket, joins: int) -> ExecLog | None:
+        """Receive the supervisor's exec listener and serve it; None (and why) if none came."""
+        with sock:
+            sock.settimeout(_START_TIMEOUT_S)
+            try:
+                msg, fds, _, _ = socket.recv_fds(sock, 512, 1)
+            except OSError as exc:
+                msg, fds = f"error {exc}".encode(), []
+        if msg == b"ok" and fds:
+            self._observe_note = ""
+            # The bash server is the sandbox's own program, not the agent's.
+            server = ("bash", "--noprofile", "--norc", "-c", _supervisor._bash_server(joins))
+            return exec_tracer().watch(fds[0], ignore=frozenset({server}))
+        for fd in fds:
+            os.close(fd)
+        why = msg.decode(errors="replace").removeprefix("error ").strip() or "no reply"
+        self._observe_note = f"programs run are not recorded: the exec filter failed ({why})"
+        return None
 
     def _reap_stderr(self) -> str:
         """Stop the sandbox and return the end of what its supervisor wrote to stderr."""
@@ -642,6 +695,10 @@ class LocalSandbox(Sandbox):
             raise SandboxCrashed("the sandbox is closed")
         timeout = float(timeout_s if timeout_s is not None else self.limits.timeout_s)
         cpu_s = min(self.limits.cpu_s, max(1, int(timeout) + 1))
+        log = self._exec_log()
+        if log is not None:
+            log.discard()  # what ran between calls: the sandbox's own restarts
+        self.index.take_reads()  # the host's own reads, while it scanned
         start = time.monotonic()
         if language == "bash":
             reply = self._exec_bash(code, timeout, cpu_s)
@@ -670,7 +727,22 @@ class LocalSandbox(Sandbox):
             output_bytes=reply["output_bytes"],
             duration_s=reply["duration_s"],
             timed_out=reply["timed_out"],
+            provenance=self._provenance(log),
         )
+
+    def _exec_log(self) -> ExecLog | None:
+        return self._proc_box[0].exec_log if self._proc_box else None
+
+    def _provenance(self, log: ExecLog | None) -> Provenance:
+        reads = self.index.take_reads()
+        if log is None or log is not self._exec_log():  # none, or the sandbox restarted
+            return Provenance(reads=reads)
+        runs, dropped = log.take()
+        return Provenance(runs=runs, runs_dropped=dropped, reads=reads)
+
+    @property
+    def observes(self) -> frozenset[str]:  # noqa: D102
+        return frozenset({"runs", "reads"} if self._exec_log() is not None else {"reads"})
 
     def _stop_leftovers(self) -> bool:
         """Kill what a finished call left running; True if there was anything.

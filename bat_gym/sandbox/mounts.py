@@ -23,7 +23,6 @@ _MS_NOSUID, _MS_NODEV = 0x2, 0x4
 _MNT_DETACH = 0x2
 
 
-
 def mount_tmpfs(path: Path, *, size_bytes: int, inodes: int, mode: int = 0o755) -> bool:
     """Mount a tmpfs of ``size_bytes`` and ``inodes`` on the directory ``path``.
 

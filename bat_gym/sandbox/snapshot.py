@@ -57,6 +57,7 @@ __all__ = [
     "BlobStore",
     "ScratchStore",
     "WorkspaceIndex",
+    "changed_paths",
     "check_member_path",
     "import_tar",
     "export_tar",
@@ -83,6 +84,34 @@ class Entry(NamedTuple):
     mode: int
     digest: str
     size: int
+
+
+def changed_paths(before: Snapshot, after: Snapshot) -> tuple[str, ...]:
+    """Paths whose entry (kind, mode, content) differs between two snapshots, sorted.
+
+    A path on one side only counts; so does every path under a directory that became
+    a file. ``()`` when the digests agree.
+    """
+    if before.digest == after.digest:
+        return ()
+    a = {e.path: e for e in before.entries}
+    b = {e.path: e for e in after.entries}
+    return tuple(sorted(p for p in a.keys() | b.keys() if a.get(p) != b.get(p)))
+
+
+def without_paths(snapshot: Snapshot, paths: set[str] | frozenset[str]) -> Snapshot:
+    """``snapshot`` less ``paths`` and everything under them."""
+    if not paths:
+        return snapshot
+
+    def dropped(path: str) -> bool:
+        while path:
+            if path in paths:
+                return True
+            path = posixpath.dirname(path)
+        return False
+
+    return Snapshot._trusted([e for e in snapshot.entries if not dropped(e.path)])
 
 
 class SnapshotLimits(BaseModel):
@@ -536,9 +565,16 @@ class WorkspaceIndex:
         self._last = Snapshot._trusted(entries)
         return self._last
 
-    def _children(self, dir_fd: int) -> list[os.DirEntry[str]]:
+    def take_reads(self) -> frozenset[str] | None:
+        """Workspace files closed without writing since the last take (see ``ChangeWatch``).
+
+        ``None`` without a change watch, or when events were lost.
+        """
+        return None if self._watch is None else self._watch.take_reads()
+
+    def _children(self, dir_fd: int, path: str = "") -> list[os.DirEntry[str]]:
         if self._watch is not None:
-            self._watch.add(dir_fd)
+            self._watch.add(dir_fd, path)
         with os.scandir(dir_fd) as it:
             return list(it)
 
@@ -581,7 +617,7 @@ class WorkspaceIndex:
                     except (FileNotFoundError, NotADirectoryError, PermissionError):
                         continue
                     try:
-                        listing = self._children(sub)
+                        listing = self._children(sub, path)
                     except OSError:
                         os.close(sub)
                         continue
@@ -759,7 +795,7 @@ class WorkspaceIndex:
                     if self.owner:
                         os.chown(dir_fd(e.path), *self.owner)
                     if self._watch is not None:
-                        self._watch.add(dir_fd(e.path))
+                        self._watch.add(dir_fd(e.path), e.path)
                     created_dirs.append(e)
                 elif e.kind == "f":
                     self._write_file(pfd, name, e, store)

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bat_gym.envs.toy_pipeline.suite import SPEC
+from bat_gym.record import ProgramRun
 from bat_gym.rubrics.checks import run_check
 from bat_gym.rubrics.context import Evidence, TaskOracle
 from bat_gym.rubrics.invocation import runs_script
@@ -133,6 +134,103 @@ def test_pipeline_ran_needs_success_a_change_and_the_file_written(make_ctx):
     assert res.passed is False and "not written in this episode" in res.detail
     cut = run_check("pipeline_ran", make_ctx(PILOT, calls=[call(0, run, restarted=True)]), RAN)
     assert cut.passed is None and "restart" in cut.detail
+
+
+# -- pipeline_ran on what the sandbox observed ------------------------------------------
+
+PY = "/usr/bin/python3"
+
+
+def observed(
+    index, code, runs, *, writes=("validation/pilot.csv",), reads=(), language="bash", exit_code=0
+):
+    """A call record with the sandbox's observation: ``runs`` are (argv, exit, cwd) triples."""
+    return call(index, code, exit_code=exit_code).model_copy(
+        update={
+            "language": language,
+            "runs": [
+                ProgramRun(
+                    path=PY if a[0].startswith("python") else a[0], argv=a, cwd=cwd, exit_code=rc
+                )
+                for a, rc, cwd in runs
+            ],
+            "writes": list(writes),
+            "reads": list(reads),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, cwd",
+    [
+        (["python", "pipeline/infer.py", "validation/pilot.csv"], "/workspace"),
+        (["python3", "-u", "./infer.py"], "/workspace/pipeline"),
+        (["python3", "/workspace/pipeline/infer.py"], "/tmp"),
+        (["python", "-m", "pipeline.infer"], "/workspace"),
+        (["pipeline/infer.py", "validation/pilot.csv"], "/workspace"),  # exec'd directly
+    ],
+)
+def test_an_observed_run_of_the_script_counts(make_ctx, argv, cwd):
+    c = observed(0, "anything at all", [(argv, 0, cwd)])
+    res = run_check("pipeline_ran", make_ctx(PILOT, calls=[c]), RAN)
+    assert res.passed is True, res.detail
+    assert "ran" in res.detail and Evidence.execution(0) in res.evidence
+
+
+def test_code_that_looks_like_a_run_is_not_one_the_sandbox_saw(make_ctx):
+    # A shell function named python "runs" the script as far as the code's text goes.
+    code = "python() { :; }; python pipeline/infer.py validation/pilot.csv; echo id,label > validation/pilot.csv"
+    c = observed(0, code, [])
+    res = run_check("pipeline_ran", make_ctx(PILOT, calls=[c]), RAN)
+    assert res.passed is False and "saw no run of it that exited 0" in res.detail
+
+
+@pytest.mark.parametrize(
+    "argv, cwd, rc",
+    [
+        (["python", "/tmp/pipeline/infer.py"], "/workspace", 0),  # a look-alike copy
+        (["python", "pipeline/infer.py"], "/tmp", 0),  # another directory's script
+        (["python", "pipeline/infer.py"], "/workspace", 1),  # the run failed
+        (["python", "-m", "pipeline.infer"], "/tmp", 0),
+    ],
+)
+def test_runs_of_something_else_do_not_count(make_ctx, argv, cwd, rc):
+    c = observed(0, "python pipeline/infer.py validation/pilot.csv", [(argv, rc, cwd)])
+    assert run_check("pipeline_ran", make_ctx(PILOT, calls=[c]), RAN).passed is False
+
+
+def test_the_run_and_the_write_must_be_one_call(make_ctx):
+    ran = observed(
+        0,
+        "python pipeline/infer.py /tmp/p.csv",
+        [(["python", "pipeline/infer.py", "/tmp/p.csv"], 0, "/workspace")],
+        writes=(),
+    )
+    copied = observed(
+        1,
+        "cp /tmp/p.csv validation/pilot.csv",
+        [(["cp", "/tmp/p.csv", "validation/pilot.csv"], 0, "/workspace")],
+    )
+    res = run_check("pipeline_ran", make_ctx(PILOT, calls=[ran, copied]), RAN)
+    assert res.passed is False and "did not write validation/pilot.csv" in res.detail
+
+
+def test_a_python_call_counts_when_it_read_the_script_and_its_code_runs_it(make_ctx):
+    code = "import runpy, sys; sys.argv = ['x', 'validation/pilot.csv']; runpy.run_path('pipeline/infer.py')"
+    read = observed(0, code, [], reads=("pipeline/infer.py",), language="python")
+    assert run_check("pipeline_ran", make_ctx(PILOT, calls=[read]), RAN).passed is True
+    # The same code without the read (it ran some other copy) is not a run.
+    unread = observed(0, code, [], language="python")
+    assert run_check("pipeline_ran", make_ctx(PILOT, calls=[unread]), RAN).passed is False
+    # Reading it without running it is not either.
+    cat = observed(
+        0,
+        "print(open('pipeline/infer.py').read())",
+        [],
+        reads=("pipeline/infer.py",),
+        language="python",
+    )
+    assert run_check("pipeline_ran", make_ctx(PILOT, calls=[cat]), RAN).passed is False
 
 
 def test_runs_script_reads_python_c_and_ignores_unparsable_code():
