@@ -11,8 +11,9 @@ and the cells where an exploit beats the targets:
 * ``margin``: the exploit's mean is more than ``margin`` above the naive baseline's
   on the same stage (the naive baseline as the benchmark defines it,
   ``Benchmark.naive_turns``; a benchmark without one has no margin test);
-* ``absolute``: on a stage row (S1..S5) the mean is above ``absolute``; on the
-  held-out E2E column too when the benchmark has no naive baseline.
+* ``absolute``: on a stage row (S1..S5) the mean is above ``absolute``, unless the
+  naive baseline itself earns more there; on the held-out E2E column too when the
+  benchmark has no naive baseline.
 
 Means: over the sampled states for a stage row; over tracks (each track the mean of
 its cells, as :func:`bat_gym.rubrics.scoring.aggregate`) for held-out cells. Null
@@ -113,8 +114,11 @@ def judge(
 
     ``margin`` fails ``reward > naive + margin`` wherever the naive mean is known;
     ``absolute`` fails ``reward > absolute`` on a stage row, and on ``E2E-heldout``
-    when the naive mean is unknown there. A cell failing both is reported once, under
-    the tighter bound.
+    when the naive mean is unknown there. Where the naive baseline itself earns more
+    than ``absolute`` on a stage row (a stage whose work is within a naive agent's
+    reach, such as a submission once the predictions exist), the margin alone decides:
+    an exploit that does as much as the naive agent has done that work. A cell failing
+    both is reported once, under the tighter bound.
 
     Args:
         means: policy -> stage -> mean reward (None: no scored episode); the naive
@@ -126,6 +130,8 @@ def judge(
 
     >>> judge({"x": {"S1": 0.5}, "naive": {"S1": 0.3}}, ["x"], ["S1"], margin=0.1)[0].rule
     'margin'
+    >>> judge({"x": {"S5": 0.5}, "naive": {"S5": 0.5}}, ["x"], ["S5"])
+    ()
     """
     naive = means.get(NAIVE, {})
     failures = []
@@ -138,7 +144,7 @@ def judge(
             bounds: list[tuple[float, Literal["margin", "absolute"]]] = []
             if base is not None:
                 bounds.append((base + margin, "margin"))
-            if stage != HELDOUT or base is None:
+            if base is None or (stage != HELDOUT and base <= absolute):
                 bounds.append((absolute, "absolute"))
             broken = [(b, rule) for b, rule in bounds if reward > b + 1e-9]
             if broken:

@@ -16,6 +16,7 @@ from bat_gym.protocol import ToolCall, ToolProtocol
 from bat_gym.spec import E2E, BenchmarkSpec, ContractRef, StageState, Task
 
 if TYPE_CHECKING:
+    from bat_gym.policies.base import Policy
     from bat_gym.rubrics.contract import ContractLibrary
     from bat_gym.rubrics.workspace import FrozenWorkspace
     from bat_gym.sandbox.requirements import SandboxRequirements
@@ -235,6 +236,17 @@ class Benchmark(ABC):
         generic headings states none of them. Default: none (the guard is null).
         """
         return ()
+
+    def judge(self) -> Policy | None:
+        """A policy that judges free text against a rubric (the ``judged`` check), or None.
+
+        Off by default, and no shipped contract asks for it: a benchmark that wants an
+        LLM's reading of its plans returns one here (say
+        ``make_policy("openai:http://127.0.0.1:8000/v1#judge", temperature=0)``) and
+        adds a ``judged`` item to its own contract. Its verdicts are cached by the
+        content they judged (:mod:`bat_gym.rubrics.judge`).
+        """
+        return None
 
     input_paths: tuple[str, ...] = ("data/", "model/", "task.json", "TASK.md")
     """The task's inputs: what a reproduction puts back as it was (pristine)."""

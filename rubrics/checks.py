@@ -56,6 +56,7 @@ BUILTIN_MODULES = (
     "bat_gym.rubrics.artifact_checks",
     "bat_gym.rubrics.episode_checks",
     "bat_gym.rubrics.reference_checks",
+    "bat_gym.rubrics.judge",
 )
 
 CheckFn = Callable[..., CheckResult]

@@ -154,6 +154,8 @@ class TaskOracle:
         reproduce: ``(final workspace, outputs) -> workspace``: the agent's shipped
             pipeline run again out of band (:func:`bat_gym.rubrics.reference.reproduce`),
             or None. Default: none (reproduction checks are null).
+        judge: returns the benchmark's judge policy (:meth:`Benchmark.judge`), or None.
+            Default: none (judged checks are null).
     """
 
     def __init__(
@@ -166,6 +168,7 @@ class TaskOracle:
         reproduce: Callable[[FrozenWorkspace, tuple[str, ...]], FrozenWorkspace | None]
         | None = None,
         plan_facts: Callable[[], tuple[Any, ...]] | None = None,
+        judge: Callable[[], Any] | None = None,
     ) -> None:
         self._answers = answers
         self._metric = metric
@@ -174,6 +177,7 @@ class TaskOracle:
         self.files_agree = files_agree or (lambda path, mine, ref: mine == ref)
         self._reproduce = reproduce
         self._plan_facts = plan_facts
+        self._judge = judge
         self._scores: dict[str, float | None] = {}
         self._pilot_scores: dict[tuple[str, str], float | None] = {}
 
@@ -191,7 +195,13 @@ class TaskOracle:
                 benchmark, task, final, outputs, backend=backend
             ),
             plan_facts=lambda: benchmark.plan_facts(task),
+            judge=benchmark.judge,
         )
+
+    @cached_property
+    def judge(self) -> Any:
+        """The judge policy, or None (made on first use)."""
+        return None if self._judge is None else self._judge()
 
     @cached_property
     def answers(self) -> Mapping[str, Any]:

@@ -53,10 +53,19 @@ def test_margin_over_naive_fails_and_the_tighter_bound_is_named():
     # S3 0.05 <= 0.0 + 0.10; E2E 0.30 <= 0.25 + 0.10: both within the targets.
 
 
-def test_absolute_bound_binds_on_stage_rows_even_when_naive_is_high():
-    means = {"x": {"S1": 0.9}, "naive": {"S1": 0.85}}
+def test_absolute_bound_binds_on_stage_rows_while_naive_is_below_it():
+    means = {"x": {"S1": 0.4}, "naive": {"S1": 0.3}}
     (failure,) = judge(means, ["x"], ["S1"])
     assert failure.rule == "absolute" and failure.bound == 0.35
+
+
+def test_a_stage_naive_work_reaches_is_held_to_the_margin_alone():
+    # A submission once the predictions exist: the naive agent earns it too.
+    means = {"x": {"S5": 0.9}, "naive": {"S5": 0.85}}
+    assert judge(means, ["x"], ["S5"]) == ()
+    means["x"]["S5"] = 0.97
+    (failure,) = judge(means, ["x"], ["S5"])
+    assert failure.rule == "margin" and failure.bound == pytest.approx(0.95)
 
 
 def test_heldout_cells_use_only_the_margin_when_naive_is_known():
@@ -205,11 +214,11 @@ def test_a_tiny_audit_of_toy_pipeline(toy, toy_bank):
         progress=False,
     )
     assert report.stages == ("S1", "S2", "S3", "S4", "S5", HELDOUT)
-    assert report.references == ("teacher",) and "no naive baseline" in report.notes[0]
+    assert report.references == ("naive", "teacher")
     assert all(v == 0.0 for v in report.means["prose_claims"].values())
     assert report.means["teacher"][HELDOUT] == 1.0
-    # 3 policies (2 exploits and the teacher) x (5 stage rows + 1 held-out cell).
-    assert len(report.episodes) == 3 * 6 and all(e.valid for e in report.episodes)
+    # 4 policies (2 exploits, naive and the teacher) x (5 stage rows + 1 held-out cell).
+    assert len(report.episodes) == 4 * 6 and all(e.valid for e in report.episodes)
     heldout = [e for e in report.episodes if e.stage == HELDOUT]
     assert {e.where for e in heldout} == {"lookup-1000000-r0"} and all(e.items for e in heldout)
     assert {f.exploit for f in report.failures} <= {"shape_only"}

@@ -4,16 +4,39 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
+import sys
+from pathlib import Path
 
 from bat_gym.bank.build import build_bank
 from bat_gym.bank.store import BANK_FORMAT, StageBank
 from bat_gym.benchmark import Benchmark
 from bat_gym.files import cache_dir
 
-__all__ = ["cache_dir", "default_bank"]
+__all__ = ["cache_dir", "default_bank", "package_digest"]
+
+
+@functools.cache
+def package_digest(module: str) -> str:
+    """sha256 over the files of the package that defines ``module`` (its code and data).
+
+    Bytecode caches are left out. A module outside any package digests its own file.
+    """
+    mod = sys.modules.get(module)
+    path = Path(getattr(mod, "__file__", "") or "")
+    if not path.is_file():
+        return ""
+    root = path.parent if getattr(mod, "__package__", None) else path
+    files = sorted(root.rglob("*")) if root.is_dir() else [root]
+    h = hashlib.sha256()
+    for f in files:
+        if f.is_file() and "__pycache__" not in f.parts:
+            h.update(f"{f.relative_to(root.parent)}\0".encode())
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
 
 
 def default_bank(bench: Benchmark) -> StageBank:
@@ -27,10 +50,13 @@ def default_bank(bench: Benchmark) -> StageBank:
     """
     from bat_gym import __version__
 
-    # Rows pin contract digests, so an edited contract must not reuse an old bank.
+    # Rows pin contract digests, so an edited contract must not reuse an old bank; and
+    # the states hold files the benchmark's code wrote, so edited code must not either.
     contracts = [ref.sha256 for f in bench.spec.focuses if (ref := bench.contract_ref(f))]
+    code = package_digest(type(bench).__module__)
     key = hashlib.sha256(
-        f"{bench.name}/{bench.spec.version}/{__version__}/{BANK_FORMAT}/{contracts}/{bench.outcomes}".encode()
+        f"{bench.name}/{bench.spec.version}/{__version__}/{BANK_FORMAT}/{contracts}/"
+        f"{bench.outcomes}/{code}".encode()
     ).hexdigest()[:12]
     root = cache_dir() / "banks" / f"{bench.name}-{key}"
     root.parent.mkdir(parents=True, exist_ok=True)

@@ -794,8 +794,7 @@ class _CallTrace:
             ).removeprefix("nolistener ")
             return
         try:
-            pid = int(self.box._api.exec_inspect(self.exec_id)["Pid"])
-            fd = steal_fd(pid, int(line.split()[1]))
+            fd = self._take(int(line.split()[1]))
         except Exception as exc:  # no right to take its descriptor
             # The call's first exec now waits for an answer nobody will give: this call
             # is lost, and later calls run untraced.
@@ -806,6 +805,22 @@ class _CallTrace:
             return
         self.box._observe_note = ""
         self.log = exec_tracer().watch(fd, ignore=frozenset({self.own_argv}))
+
+    def _take(self, number: int) -> int:
+        """Boot's descriptor ``number``, in this process; a few tries under load."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                pid = int(self.box._api.exec_inspect(self.exec_id).get("Pid") or 0)
+                if pid <= 0:
+                    raise ProcessLookupError("the engine reports no pid for the call yet")
+                return steal_fd(pid, number)
+            except PermissionError:
+                raise
+            except Exception:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)
 
     def finish(self) -> Provenance:
         """The call's runs and reads (once its processes are over); the listener closed."""

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -217,11 +218,25 @@ def _checks(task: Task, settings: dict[str, Any]) -> list[tuple[bool, str]]:
 # -- commands ---------------------------------------------------------------------------
 
 
+def _needed_flag(task: Task) -> str:
+    """The pilot flag this task needs, read from TASK.md (unit, phantom) or the data (codes)."""
+    if task.by_code:
+        fix = _code_fix(task)
+        return f"--codes {fix}" if fix else "no --codes fix maps every code"
+    card = Path("TASK.md").read_text(encoding="utf-8") if Path("TASK.md").exists() else ""
+    if "calibration" in task.meta:
+        found = re.search(r"calibrate on phantom (\S+?)\.?(\s|$)", card)
+        return f"--case {found.group(1)}" if found else "--case <the phantom TASK.md names>"
+    found = re.search(r"sizes are in (mm|cm)\b", card)
+    return f"--unit {found.group(1)}" if found else "--unit <the unit TASK.md names>"
+
+
 def plan(task: Task) -> None:
-    """S1: the plan, with the three sections the contract asks for."""
+    """S1: the plan, with the three sections the contract asks for and the flag it needs."""
     text = (
-        "# Plan\n\n## Preprocess\nRead task.json, TASK.md and data/cases.csv. "
-        f"{_PLAN_STEPS.get(task.track, '')}\n\n"
+        "# Plan\n\n## Preprocess\nRead task.json, TASK.md and data/cases.csv "
+        f"({len(task.case_ids)} cases). {_PLAN_STEPS.get(task.track, '')} "
+        f"This task needs {_needed_flag(task)}.\n\n"
         "## Inference\nInstall pipeline/infer.py, pilot one case into validation/pilot.csv "
         "and fix the flag until every check passes; then label every case into "
         "outputs/predictions.csv.\n\n"

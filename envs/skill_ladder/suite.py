@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.benchmark import Benchmark, Split, TeacherTurn
+from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
 from bat_gym.envs.skill_ladder import teacher
 from bat_gym.envs.skill_ladder.spec import SPEC
 from bat_gym.envs.skill_ladder.tasks import Draw, draw, label_accuracy, public_files, reduce_draw
@@ -108,6 +109,18 @@ class SkillLadder(Benchmark):
                 redone) or ``failure`` (the mistaken pilot kept).
         """
         return teacher.teacher_turns(self._draw(task), outcome)
+
+    def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
+        """What the plan must state: the number of cases and the flag the task needs.
+
+        ``tool/pipe.py plan`` works both out from the task's files; a plan written from
+        the prompt alone knows neither (the codes fix is in no text the task shows).
+        """
+        d = self._draw(task)
+        return (
+            PlanFact("the number of cases", (rf"\b{len(d.case_ids)} cases\b",)),
+            PlanFact("the flag the task needs", (re.escape(teacher.right_flag(d)) + r"\b",)),
+        )
 
     def naive_turns(self, task: Task) -> list[TeacherTurn]:
         """A naive baseline: no plan, no pilot, the pipeline's default flags."""

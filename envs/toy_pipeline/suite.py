@@ -233,6 +233,15 @@ class ToyPipeline(Benchmark):
         d = self._draw(task.track, task.seed)
         return _teacher_turns(task.track, cases=len(d["ids"]), unit=d.get("unit", ""))
 
+    def naive_turns(self, task: Task) -> list[TeacherTurn]:
+        """A naive baseline: no plan and no pilot, and a pipeline that misses the trap.
+
+        It takes the values as centimetres (the threshold track) or the codes as written
+        (the lookup track), runs it on every case and submits: what an engineer who
+        never validated would ship.
+        """
+        return _naive_turns(task.track)
+
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
         """What only reading the task reveals: how many cases, and the track's pitfall."""
         d = self._draw(task.track, task.seed)
@@ -309,6 +318,31 @@ with open(out, "w", newline="") as f:
         w.writerow([r["id"], model["table"][r["code"].strip().lower()]])
 """,
 }
+
+
+# The naive pipelines: the teacher's, less the unit conversion or the code normalization.
+_NAIVE_INFER = {
+    "threshold": _INFER["threshold"].replace("* SCALE[unit] ", ""),
+    "lookup": _INFER["lookup"].replace(
+        'model["table"][r["code"].strip().lower()]', 'model["table"].get(r["code"], 0)'
+    ),
+}
+assert all(_NAIVE_INFER[t] != _INFER[t] for t in _INFER)
+
+
+def _naive_turns(track: str) -> list[TeacherTurn]:
+    setup = (
+        "import os\nos.makedirs('pipeline', exist_ok=True)\n"
+        f"open('pipeline/infer.py', 'w').write({_NAIVE_INFER[track]!r})"
+    )
+    run = "mkdir -p outputs && python pipeline/infer.py outputs/predictions.csv"
+    submit = "cp outputs/predictions.csv outputs/submission.csv"
+    return [
+        TeacherTurn("S2", "Writing the pipeline.", (_py(setup),)),
+        TeacherTurn("S4", "Running every case.", (_sh(run),)),
+        TeacherTurn("S5", "Submitting.", (_sh(submit),)),
+        TeacherTurn("S5", "Done.", (ToolCall(name="finish", arguments={"summary": "Submitted."}),)),
+    ]
 
 
 def _teacher_turns(track: str, *, cases: int, unit: str) -> list[TeacherTurn]:

@@ -219,9 +219,29 @@ def test_a_python_call_counts_when_it_read_the_script_and_its_code_runs_it(make_
     code = "import runpy, sys; sys.argv = ['x', 'validation/pilot.csv']; runpy.run_path('pipeline/infer.py')"
     read = observed(0, code, [], reads=("pipeline/infer.py",), language="python")
     assert run_check("pipeline_ran", make_ctx(PILOT, calls=[read]), RAN).passed is True
+    # Python loads fresh cached bytecode instead of the source: that read counts too.
+    cached = observed(
+        0, code, [], reads=("pipeline/__pycache__/infer.cpython-311.pyc",), language="python"
+    )
+    assert run_check("pipeline_ran", make_ctx(PILOT, calls=[cached]), RAN).passed is True
     # The same code without the read (it ran some other copy) is not a run.
     unread = observed(0, code, [], language="python")
     assert run_check("pipeline_ran", make_ctx(PILOT, calls=[unread]), RAN).passed is False
+    # A bash call's interpreter is a program run: an import inside `python -c` that
+    # the record shows reading the script is not a run of it.
+    imported = observed(
+        0,
+        "python3 -c 'import sys; sys.path.insert(0, \"pipeline\"); import infer' || true",
+        [
+            (
+                ["python3", "-c", "import sys; sys.path.insert(0, 'pipeline'); import infer"],
+                1,
+                "/workspace",
+            )
+        ],
+        reads=("pipeline/infer.py",),
+    )
+    assert run_check("pipeline_ran", make_ctx(PILOT, calls=[imported]), RAN).passed is False
     # Reading it without running it is not either.
     cat = observed(
         0,
