@@ -3,9 +3,10 @@
 A call *ran* ``entry`` when the record shows, from the host's own observation
 (:class:`bat_gym.sandbox.base.Provenance`):
 
-* a program run whose path is the script, or whose argv names it (as a file
-  argument, resolved against the run's working directory, or as ``-m`` with its
-  dotted module name), and that exited 0; or
+* a program run that executed the script (its path, or an interpreter's program
+  operand resolved against the run's working directory, or ``python -m`` with its
+  dotted name from the workspace root), that exited 0, in a call that read the
+  script (where reads are observed); or
 * for code the sandbox runs in its own interpreter (``python`` calls, which execute
   no program of their own), a read of the script's file together with code that runs
   it (:func:`bat_gym.rubrics.invocation.runs_script`) and a call that exited 0: the
@@ -21,6 +22,7 @@ a look-alike copy under ``/tmp`` runs other code. A call with no observation
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Sequence
 
 from bat_gym.record import ProgramRun, ToolCallRecord
@@ -36,7 +38,18 @@ def ran_ok(run: ProgramRun, call: ToolCallRecord) -> bool:
     return not run.replaced and call.succeeded
 
 
-def _names(run: ProgramRun, script: Script, root: str) -> bool:
+_INTERPRETER = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|dash)$")
+# Interpreter options that take the next argument as their value.
+_VALUED = frozenset({"-W", "-X", "-Q", "-o", "-O", "--rcfile", "--init-file"})
+
+
+def _runs_script(run: ProgramRun, script: Script, root: str) -> bool:
+    """``run`` executed the script: directly, or as an interpreter's program argument.
+
+    The program argument is the interpreter's first operand (``python -u x.py``,
+    ``bash x.sh``) or ``python -m dotted.name`` from the workspace root; the script named
+    anywhere else (``true x.py``, ``cat x.py``, after ``-c``) is not a run of it.
+    """
     target = posixpath.join(root, script.path)
     cwd = run.cwd or root
 
@@ -45,12 +58,18 @@ def _names(run: ProgramRun, script: Script, root: str) -> bool:
 
     if at(run.path):
         return True
-    args = run.argv[1:]
-    for i, arg in enumerate(args):
-        if at(arg):
-            return True
-        if arg == "-m" and i + 1 < len(args) and args[i + 1] == script.dotted:
-            return cwd == root  # ``python -m pipeline.infer`` from the workspace root
+    if not _INTERPRETER.match(posixpath.basename(run.path)):
+        return False
+    args = iter(run.argv[1:])
+    for arg in args:
+        if arg in ("-c", "--command"):
+            return False  # code on the command line, the rest are its arguments
+        if arg == "-m":
+            return next(args, None) == script.dotted and cwd == root
+        if arg in _VALUED:
+            next(args, None)
+        elif not arg.startswith("-") or arg == "-":
+            return at(arg)
     return False
 
 
@@ -63,8 +82,10 @@ def _read_script(reads: Sequence[str], script: Script) -> bool:
 def observed_run_of(call: ToolCallRecord, entry: str, root: str) -> str | None:
     """How the record shows ``call`` ran ``entry``, or None; the call must have runs."""
     script = Script(entry)
+    # Running the script reads it; a record that saw reads and not this one saw no run.
+    read = call.reads is None or _read_script(call.reads, script)
     for run in call.runs or ():
-        if _names(run, script, root) and ran_ok(run, call):
+        if read and _runs_script(run, script, root) and ran_ok(run, call):
             return f"ran {' '.join(run.argv)[:120]!r} (exit {run.exit_code})"
     # Only a python call runs code in the sandbox's own interpreter: a bash call that
     # imports the script inside `python -c` is a program run like any other, and it

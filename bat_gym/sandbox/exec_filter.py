@@ -1,12 +1,16 @@
 """The seccomp filter that reports every program a sandbox executes to the host.
 
-The filter answers ``SECCOMP_RET_USER_NOTIF`` to ``execve`` and ``execveat`` and
-allows everything else (the deny filter of :mod:`bat_gym.sandbox.seccomp` still
+The filter answers ``SECCOMP_RET_USER_NOTIF`` to ``execve`` and ``execveat``, ``EPERM``
+to a ``seccomp`` call that asks for a listener of its own, and allows everything else (the deny filter of :mod:`bat_gym.sandbox.seccomp` still
 applies: the kernel runs every installed filter and the strictest answer wins). An
 ``exec`` then waits until whoever holds the filter's listener descriptor answers;
 the host's :class:`~bat_gym.sandbox.exec_trace.ExecTracer` reads the program's path
-and argv from the caller's memory and lets the call continue. Nothing is refused:
+and argv from the caller's memory and lets the call continue. Nothing else is refused:
 the filter records, it does not decide.
+
+Why no process under it may make a listener: where two filters both answer
+``USER_NOTIF``, the kernel notifies the most recently installed one, so agent code
+with a listener of its own would receive its children's execs in place of the host.
 
 The process that installs the filter (the local sandbox's supervisor, or the docker
 backend's per-call boot program) hands its listener to the host and never executes
@@ -21,19 +25,22 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import sys
 
 __all__ = ["EXEC_SYSCALLS", "build_notify_filter", "install_listener"]
 
 # (audit arch, seccomp syscall number, {name: number}) per architecture.
 _TABLES = {
-    "x86_64": (0xC000003E, 317, {"execve": 59, "execveat": 322}),
-    "aarch64": (0xC00000B7, 277, {"execve": 221, "execveat": 281}),
+    "x86_64": (0xC000003E, 317, {"execve": 59, "execveat": 322, "seccomp": 317}),
+    "aarch64": (0xC00000B7, 277, {"execve": 221, "execveat": 281, "seccomp": 277}),
 }
 _TABLES["amd64"] = _TABLES["x86_64"]
 _TABLES["arm64"] = _TABLES["aarch64"]
 EXEC_SYSCALLS: tuple[str, ...] = ("execve", "execveat")
 
-_LD_ABS_W, _JEQ_K, _RET_K = 0x20, 0x15, 0x06
+_LD_ABS_W, _JEQ_K, _JSET_K, _RET_K = 0x20, 0x15, 0x45, 0x06
+_RET_EPERM = 0x00050000 | 1  # SECCOMP_RET_ERRNO | EPERM
+_ARG1_LOW = 24  # seccomp_data.args[1], low 32 bits (little-endian)
 _RET_ALLOW = 0x7FFF0000
 _RET_USER_NOTIF = 0x7FC00000
 _SET_MODE_FILTER = 1
@@ -51,19 +58,24 @@ def _table(machine: str | None) -> tuple[int, int, dict[str, int]]:
 def build_notify_filter(machine: str | None = None) -> bytes:
     """The filter program as raw ``struct sock_filter`` records.
 
-    Layout: ``ld arch; jeq arch else allow; ld nr; jeq execve -> notify;
-    jeq execveat -> notify; allow; notify``. A call through a foreign ABI is allowed
-    here because the deny filter already answers it ``ENOSYS``.
+    A call through a foreign ABI is allowed here because the deny filter already
+    answers it ``ENOSYS``. Jump offsets count from the next instruction.
     """
     arch, _, calls = _table(machine)
+    if not sys.byteorder == "little":
+        raise ValueError("the listener check reads args[1] as a little-endian word")
     prog = [
-        (_LD_ABS_W, 0, 0, 4),  # seccomp_data.arch
-        (_JEQ_K, 0, 4, arch),
-        (_LD_ABS_W, 0, 0, 0),  # seccomp_data.nr
-        (_JEQ_K, 2, 0, calls["execve"]),
-        (_JEQ_K, 1, 0, calls["execveat"]),
-        (_RET_K, 0, 0, _RET_ALLOW),
-        (_RET_K, 0, 0, _RET_USER_NOTIF),
+        (_LD_ABS_W, 0, 0, 4),  # 0: seccomp_data.arch
+        (_JEQ_K, 0, 6, arch),  # 1: another ABI -> 8 allow
+        (_LD_ABS_W, 0, 0, 0),  # 2: seccomp_data.nr
+        (_JEQ_K, 5, 0, calls["execve"]),  # 3: -> 9 notify
+        (_JEQ_K, 4, 0, calls["execveat"]),  # 4: -> 9 notify
+        (_JEQ_K, 0, 2, calls["seccomp"]),  # 5: else -> 8 allow
+        (_LD_ABS_W, 0, 0, _ARG1_LOW),  # 6: the seccomp call's flags
+        (_JSET_K, 2, 0, _FLAG_NEW_LISTENER),  # 7: asks for a listener -> 10 EPERM
+        (_RET_K, 0, 0, _RET_ALLOW),  # 8
+        (_RET_K, 0, 0, _RET_USER_NOTIF),  # 9
+        (_RET_K, 0, 0, _RET_EPERM),  # 10
     ]
     return b"".join(struct.pack("=HBBI", *insn) for insn in prog)
 

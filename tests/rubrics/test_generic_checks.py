@@ -142,7 +142,14 @@ PY = "/usr/bin/python3"
 
 
 def observed(
-    index, code, runs, *, writes=("validation/pilot.csv",), reads=(), language="bash", exit_code=0
+    index,
+    code,
+    runs,
+    *,
+    writes=("validation/pilot.csv",),
+    reads=("pipeline/infer.py",),
+    language="bash",
+    exit_code=0,
 ):
     """A call record with the sandbox's observation: ``runs`` are (argv, exit, cwd) triples."""
     return call(index, code, exit_code=exit_code).model_copy(
@@ -192,11 +199,26 @@ def test_code_that_looks_like_a_run_is_not_one_the_sandbox_saw(make_ctx):
         (["python", "pipeline/infer.py"], "/tmp", 0),  # another directory's script
         (["python", "pipeline/infer.py"], "/workspace", 1),  # the run failed
         (["python", "-m", "pipeline.infer"], "/tmp", 0),
+        (["/usr/bin/true", "pipeline/infer.py"], "/workspace", 0),  # named, not run
+        (["cat", "pipeline/infer.py"], "/workspace", 0),
+        (["python", "-c", "print(1)", "pipeline/infer.py"], "/workspace", 0),  # an argument
+        (["python", "other.py", "pipeline/infer.py"], "/workspace", 0),
     ],
 )
 def test_runs_of_something_else_do_not_count(make_ctx, argv, cwd, rc):
     c = observed(0, "python pipeline/infer.py validation/pilot.csv", [(argv, rc, cwd)])
     assert run_check("pipeline_ran", make_ctx(PILOT, calls=[c]), RAN).passed is False
+
+
+def test_a_run_the_record_saw_no_read_of_the_script_for_is_not_one(make_ctx):
+    argv = ["python", "pipeline/infer.py", "validation/pilot.csv"]
+    unread = observed(
+        0, "python pipeline/infer.py validation/pilot.csv", [(argv, 0, "/workspace")], reads=()
+    )
+    assert run_check("pipeline_ran", make_ctx(PILOT, calls=[unread]), RAN).passed is False
+    # Where reads were not observed (lost events), the run alone decides.
+    lost = unread.model_copy(update={"reads": None})
+    assert run_check("pipeline_ran", make_ctx(PILOT, calls=[lost]), RAN).passed is True
 
 
 def test_the_run_and_the_write_must_be_one_call(make_ctx):
@@ -225,7 +247,7 @@ def test_a_python_call_counts_when_it_read_the_script_and_its_code_runs_it(make_
     )
     assert run_check("pipeline_ran", make_ctx(PILOT, calls=[cached]), RAN).passed is True
     # The same code without the read (it ran some other copy) is not a run.
-    unread = observed(0, code, [], language="python")
+    unread = observed(0, code, [], reads=(), language="python")
     assert run_check("pipeline_ran", make_ctx(PILOT, calls=[unread]), RAN).passed is False
     # A bash call's interpreter is a program run: an import inside `python -c` that
     # the record shows reading the script is not a run of it.

@@ -155,3 +155,24 @@ def test_recording_holds_no_descriptor_past_its_call(sb: Sandbox) -> None:
         sb.execute_code("python", code)
         sb.execute_code("bash", "/bin/true; true")
     assert count() <= before + 2
+
+
+def test_agent_code_cannot_take_its_childrens_execs_with_a_listener_of_its_own(sb: Sandbox) -> None:
+    # The kernel notifies the newest listener: one of the agent's would hide its execs.
+    code = textwrap.dedent(
+        """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(38, 1, 0, 0, 0)  # no_new_privs
+        prog = (ctypes.c_ubyte * 8).from_buffer_copy(bytes.fromhex("0600000000007fc0"))  # ret USER_NOTIF
+        class Fprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+        fp = Fprog(1, ctypes.cast(prog, ctypes.c_void_p))
+        nr = {"x86_64": 317, "aarch64": 277}[os.uname().machine]
+        libc.syscall.restype = ctypes.c_long
+        print(libc.syscall(nr, 1, 8, ctypes.byref(fp)), ctypes.get_errno())
+        """
+    )
+    res = sb.execute_code("python", code)
+    assert res.output.split()[:2] == ["-1", "1"], res.output  # EPERM
+    assert [r.argv for r in runs(sb, "/bin/echo seen")] == [["/bin/echo", "seen"]]
