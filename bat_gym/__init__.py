@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     # environments
     "StageEnv": "bat_gym.env",
-    "Completion": "bat_gym.env",
+    "Completion": "bat_gym.completion",
     "UnicodeText": "bat_gym.textspace",
     # benchmarks and specs
     "Benchmark": "bat_gym.benchmark",

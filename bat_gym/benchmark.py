@@ -16,7 +16,6 @@ from bat_gym.protocol import ToolCall, ToolProtocol
 from bat_gym.spec import E2E, BenchmarkSpec, ContractRef, StageState, Task
 
 if TYPE_CHECKING:
-    from bat_gym.policies.base import Policy
     from bat_gym.rubrics.contract import ContractLibrary
     from bat_gym.rubrics.workspace import FrozenWorkspace
     from bat_gym.sandbox.requirements import SandboxRequirements
@@ -237,8 +236,10 @@ class Benchmark(ABC):
         """
         return ()
 
-    def judge(self) -> Policy | None:
-        """A policy that judges free text against a rubric (the ``judged`` check), or None.
+    def judge(self) -> Any:
+        """A :class:`~bat_gym.policies.base.Policy` that judges free text (the ``judged`` check), or None.
+
+        (Typed ``Any``: policies know benchmarks, so this module does not import them.)
 
         Off by default, and no shipped contract asks for it: a benchmark that wants an
         LLM's reading of its plans returns one here (say

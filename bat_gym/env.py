@@ -28,6 +28,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from bat_gym.benchmark import Benchmark
+from bat_gym.completion import Completion
 from bat_gym.errors import ResetNeeded, WorkspaceRejected
 from bat_gym.protocol import TOOLS, ToolProtocol, clean_text, get_protocol, validate_call
 from bat_gym.record import ExecutionRecord, ToolCallRecord
@@ -40,21 +41,6 @@ __all__ = ["StageEnv", "Completion", "format_result"]
 
 MAX_TEXT = 1_000_000
 _RESET_OPTIONS = ("state_id", "track")
-
-
-class Completion(str):
-    """An assistant message that also carries how many tokens the policy generated.
-
-    Pass it to ``step`` instead of a plain ``str`` to count against the response-token
-    budget; any other ``str`` is counted with the env's ``token_counter``, if given.
-    """
-
-    num_tokens: int | None
-
-    def __new__(cls, text: str, num_tokens: int | None = None) -> Completion:  # noqa: D102
-        obj = super().__new__(cls, text)
-        obj.num_tokens = num_tokens
-        return obj
 
 
 def _clip(text: str, limit: int) -> str:

@@ -15,12 +15,9 @@ import os
 import signal
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from bat_gym.errors import BatGymError
-
-if TYPE_CHECKING:
-    from bat_gym.distributed.pool import RayEnvPool
 
 __all__ = [
     "LIVE",
@@ -68,7 +65,13 @@ class EnvActorsUnavailable(BatGymError, RuntimeError):
         )
 
 
-LIVE: weakref.WeakSet[RayEnvPool] = weakref.WeakSet()
+class Closable(Protocol):
+    """What :func:`close_all` closes: a pool of env actors (``RayEnvPool``)."""
+
+    def close(self) -> None: ...
+
+
+LIVE: weakref.WeakSet[Closable] = weakref.WeakSet()
 _state = {"owns_ray": False, "hooks": False}
 _hooks_lock = threading.Lock()
 

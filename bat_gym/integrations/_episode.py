@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from bat_gym.env import Completion
+from bat_gym.completion import Completion
 from bat_gym.errors import BatGymError
 
 __all__ = [

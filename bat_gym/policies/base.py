@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.env import Completion
+from bat_gym.completion import Completion
 
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark

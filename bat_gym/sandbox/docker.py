@@ -40,6 +40,7 @@ from bat_gym.sandbox.base import (
     SandboxLimits,
 )
 from bat_gym.sandbox.docker_image import ensure_image, import_check
+from bat_gym.sandbox.engine import connect, load_sdk
 from bat_gym.sandbox.exec_trace import ExecLog, exec_tracer, steal_fd
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
@@ -61,11 +62,6 @@ _KILL_TIMEOUT_S = 10.0
 _DRAIN_GRACE_S = 2.0
 _FRAME = struct.Struct(">BxxxL")
 _STDOUT = 1
-_START_HINT = (
-    "start one with `sudo .ci/docker-setup.sh` (installs docker.io and runs "
-    "`dockerd --bridge=none --iptables=false --ip6tables=false`), or "
-    "`sudo systemctl start docker`; set DOCKER_HOST if it listens elsewhere"
-)
 
 # Runs every call inside the container, as ``python3 -I -S boot.py CPU ARGV...``. The
 # program's stdout and stderr share one pipe, so they interleave as written, and boot
@@ -206,34 +202,6 @@ _checked_images: set[tuple[str, tuple[str, ...]]] = set()
 _RESET_SH = f'kill -9 -1 2>/dev/null; exec python3 -I -S {_RUN_DIR}/reset.py "$1"'
 
 
-def _sdk() -> Any:
-    try:
-        import docker
-    except ImportError:
-        raise SandboxUnavailable(
-            "docker", "the docker Python SDK is not installed: pip install 'bat-gym[docker]'"
-        ) from None
-    return docker
-
-
-def connect(timeout_s: float = 60.0) -> docker.DockerClient:
-    """Return a Docker SDK client for the engine the environment names.
-
-    Raises:
-        SandboxUnavailable: the SDK is missing or no engine answers; the message says
-            how to start one.
-    """
-    sdk = _sdk()
-    try:
-        client = sdk.from_env(timeout=int(timeout_s))
-        client.ping()
-    except Exception as exc:  # the SDK raises several unrelated types for "not there"
-        raise SandboxUnavailable(
-            "docker", f"no Docker engine answers ({exc}); {_START_HINT}"
-        ) from None
-    return client
-
-
 def _finalize(
     client: docker.DockerClient,
     box: list[str],
@@ -354,7 +322,7 @@ class DockerSandbox(Sandbox):
         self.limits = limits or SandboxLimits()
         self.requirements = requirements
         self.isolation = Isolation.CONTAINER
-        self._sdk = _sdk()
+        self._sdk = load_sdk()
         self._client = client or connect()
         self._api = self._client.api
         try:

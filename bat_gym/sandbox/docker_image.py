@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bat_gym.errors import SandboxUnavailable
+from bat_gym.sandbox.engine import connect
 from bat_gym.sandbox.requirements import SandboxRequirements
 
 if TYPE_CHECKING:
@@ -504,8 +505,6 @@ def ensure_image(
             none can be built; the message names the modules and the fix.
     """
     if client is None:
-        from bat_gym.sandbox.docker import connect
-
         client = connect()
     contents = image_contents(requirements)
 

@@ -117,7 +117,7 @@ def _recorded_steps(turns: list[RecordedTurn], proto: ToolProtocol) -> list[_Ste
     Each message carries its token count, as the build sent it, so the env's budgets
     see the same episode.
     """
-    from bat_gym.env import Completion
+    from bat_gym.completion import Completion
 
     steps = []
     for turn in turns:
