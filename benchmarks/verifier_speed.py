@@ -6,7 +6,14 @@ stage contract (and, for comparison, the reference E2E contract: five stage cont
 read or parsed result is reused between rollouts; the blob store and the OS page cache
 are warm, as they are during training. Target: p50 under 10 ms.
 
-    python benchmarks/verifier_speed.py [--repeats 2000]
+``--medbench`` also times the whole verification of real MedBench-Lite E2E episodes
+played by the teacher (one per track): the freeze, the reference run (cached per task
+after its first use), the verifier's reproduction of the shipped pipeline in a fresh
+sandbox, and the task metric; first verification of a task next to a second one of
+the same final workspace, and one after the shipped pipeline was edited, which the
+verifier must then run again.
+
+    python benchmarks/verifier_speed.py [--repeats 2000] [--medbench]
 """
 
 from __future__ import annotations
@@ -194,9 +201,50 @@ def report(name: str, times: list[float]) -> None:
     print(f"{name:<44} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   ({len(times)} rollouts)")
 
 
+def medbench_episodes() -> None:
+    """Whole E2E verifications of teacher episodes, one per MedBench-Lite track."""
+    from bat_gym.env import StageEnv
+    from bat_gym.protocol import get_protocol
+    from bat_gym.registry import get_benchmark
+    from bat_gym.rubrics.reward import RubricReward
+
+    bench = get_benchmark("medbench_lite")
+    proto = get_protocol("hermes")
+    env = RubricReward(StageEnv("E2E", benchmark=bench))
+    try:
+        print("MedBench-Lite E2E episode, whole verification (first / again):")
+        for track in [t.name for t in bench.spec.tracks]:
+            ids = [
+                i for i in env.unwrapped.states.select(focus="E2E", track=track) if "success" in i
+            ]
+            env.reset(options={"state_id": ids[0]})
+            task = bench.task_of_state(env.unwrapped.state)
+            for turn in bench.teacher_turns(task)[:-1]:  # all but finish: scored below
+                env.step(proto.render(turn.content, list(turn.calls)))
+            times = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                verdict = env.score_episode()
+                times.append(time.perf_counter() - t0)
+            # A shipped pipeline that differs from the reference run's (one comment more)
+            # is run again by the verifier in a fresh sandbox.
+            edit = '{"name": "execute_code", "arguments": {"language": "bash", "code": "echo >> pipeline/infer.py"}}'
+            env.step(f"<tool_call>{edit}</tool_call>")
+            t0 = time.perf_counter()
+            env.score_episode()
+            rerun = time.perf_counter() - t0
+            print(
+                f"  {track:<15} {times[0]:6.2f} s / {times[1]:6.2f} s; with a reproduction "
+                f"{rerun:6.2f} s   reward {verdict.reward:.3f}"
+            )
+    finally:
+        env.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2000, help="rollouts scored per contract")
+    parser.add_argument("--medbench", action="store_true", help="also time MedBench-Lite episodes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bat-verifier-speed-") as tmp:
         store = BlobStore(Path(tmp))
@@ -209,6 +257,8 @@ def main() -> None:
             "reference E2E contract (5 stages, 27 items)",
             measure(e2e, store, start, final, args.repeats),
         )
+    if args.medbench:
+        medbench_episodes()
 
 
 if __name__ == "__main__":

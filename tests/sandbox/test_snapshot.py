@@ -405,3 +405,25 @@ def test_snapshot_validation() -> None:
         Snapshot(entries=tuple(entries()[1:]))  # a/x.txt without its directory
     with pytest.raises(ValueError, match="climbs out"):
         Snapshot.of([Entry("../x", "f", 0o644, "", 0)])
+
+
+def test_changed_paths_and_without_paths() -> None:
+    from bat_gym.sandbox.snapshot import Entry, Snapshot, changed_paths, without_paths
+
+    def snap(*entries: Entry) -> Snapshot:
+        return Snapshot.of(list(entries))
+
+    d = Entry("out", "d", 0o755, "", 0)
+    a = Entry("out/a.csv", "f", 0o644, "1" * 64, 1)
+    b = Entry("out/b.csv", "f", 0o644, "2" * 64, 1)
+    before = snap(d, a)
+    after = snap(d, a._replace(digest="3" * 64), b)
+    assert changed_paths(before, before) == ()
+    assert changed_paths(before, after) == ("out/a.csv", "out/b.csv")
+    assert changed_paths(after, snap()) == ("out", "out/a.csv", "out/b.csv")
+    assert [e.path for e in without_paths(after, frozenset({"out/b.csv"})).entries] == [
+        "out",
+        "out/a.csv",
+    ]
+    assert without_paths(after, frozenset({"out"})).entries == ()
+    assert without_paths(after, frozenset()) is after
