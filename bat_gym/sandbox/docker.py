@@ -598,7 +598,7 @@ class DockerSandbox(Sandbox):
         try:
             exec_id, stream = self._start_exec(argv)
         except Exception:
-            return self._crashed(start)  # the container is gone or not running
+            return self._crashed(start, "the exec could not start")  # the container is gone or not running
         tracer = _CallTrace(self, exec_id, tuple(argv[6:]))
         self.index.take_reads()  # the host's own reads, while it scanned
         try:
@@ -616,7 +616,7 @@ class DockerSandbox(Sandbox):
         except OSError:
             tracer.close()
             stream.close()
-            return self._crashed(start)
+            return self._crashed(start, "the exec's stream broke")
         stream.close()
         if self._stop_leftovers():
             cap.feed(b"\n[processes this call left running were stopped: none outlives its call]\n")
@@ -626,10 +626,10 @@ class DockerSandbox(Sandbox):
             # boot never reported: the call killed it (it runs as the agent's uid), it
             # could not start, or the container died under it.
             if not self._running():
-                return self._crashed(start)
+                return self._crashed(start, "boot reported no status and the container is down")
             rc = self._exit_code(exec_id)
             if rc is None:
-                return self._crashed(start)
+                return self._crashed(start, "boot reported no status and the engine none")
             if rc == 128 + signal.SIGKILL:
                 cap.feed(b"\n[the process running this call was killed]\n")
                 rc = -signal.SIGKILL
@@ -666,8 +666,9 @@ class DockerSandbox(Sandbox):
             restarted=not killed,
         )
 
-    def _crashed(self, start: float) -> ExecResult:
+    def _crashed(self, start: float, why: str) -> ExecResult:
         """Restart the container and report that nothing is known about the call."""
+        log.warning("docker sandbox %s: %s; restarting the container", self._slot.dir, why)
         self._restart()
         return ExecResult.lost(time.monotonic() - start)
 

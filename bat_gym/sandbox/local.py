@@ -714,6 +714,7 @@ class LocalSandbox(Sandbox):
             reply = self._call(request, timeout + _REPLY_GRACE_S)
         if reply is None or "exit_code" not in reply:
             # A reply that never arrives is never guessed at: restart, report nothing ran.
+            log.warning("local sandbox %s: no reply to a %s call; restarting it", self._slot.dir, language)
             self._restart()
             return ExecResult.lost(time.monotonic() - start)
         output = reply["output"]

@@ -80,3 +80,22 @@ def test_a_change_made_between_calls_is_unattributed_and_voided(toy, toy_bank):
         assert info["verdict"] is not None
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_the_record_holds_runs_reads_and_writes_on_both_backends(request, toy, toy_bank, backend):
+    if backend == "docker":
+        request.getfixturevalue("docker_client")
+    env = StageEnv("S4", benchmark=toy, states=toy_bank, backend=backend)
+    try:
+        env.reset(seed=0)
+        env.step(
+            call("mkdir -p outputs && head -2 data/cases.csv > outputs/head.csv && rm -f TASK.md")
+        )
+        (c,) = env.record.calls
+        assert [r.argv[0] for r in c.runs] == ["mkdir", "head", "rm"]
+        assert all(r.exit_code == 0 for r in c.runs)
+        assert c.reads == ["data/cases.csv"]
+        assert c.writes == ["TASK.md", "outputs", "outputs/head.csv"]
+    finally:
+        env.close()
