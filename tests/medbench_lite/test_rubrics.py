@@ -113,6 +113,28 @@ def test_a_forged_pilot_receipt_stops_s3_at_the_shape_level(bench, bank):
     assert reward == 0.2
 
 
+def test_a_made_up_weights_digest_zeroes_s2(bench, bank):
+    state = bank.get(bank.select(focus="S2", track=TRACK)[0])
+    setup = [t for t in stage_turns(bench, state) if t.stage == "S2"]
+    # The pin written again, consistent with itself but with a digest the agent made up.
+    forge = python_call(
+        "import json\n"
+        "p = json.load(open('model/checkpoint.json'))\n"
+        "p['sha256'] = 'ab' * 32\n"
+        "json.dump(p, open('model/checkpoint.json', 'w'))\n"
+    )
+    env = RubricReward(StageEnv("S2", benchmark=bench, states=bank))
+    try:
+        reward, verdict = play(
+            env, [*scripted(setup), HERMES.render("", [forge]), FINISH], state.state_id
+        )
+    finally:
+        env.close()
+    items = {i.id: i for i in verdict.stages[0].items}
+    assert items["model_pinned"].passed is False and items["model_loaded"].passed
+    assert reward == 0.0
+
+
 def test_a_naive_pilot_with_a_true_receipt_earns_nothing_on_s3(bench, bank):
     # The model's default convention, piloted on every case with an honest receipt:
     # a real run, but its result is wrong: the quality check sees it, and since the rows
