@@ -695,9 +695,9 @@ class LocalSandbox(Sandbox):
             raise SandboxCrashed("the sandbox is closed")
         timeout = float(timeout_s if timeout_s is not None else self.limits.timeout_s)
         cpu_s = min(self.limits.cpu_s, max(1, int(timeout) + 1))
-        log = self._exec_log()
-        if log is not None:
-            log.discard()  # what ran between calls: the sandbox's own restarts
+        execs = self._exec_log()
+        if execs is not None:
+            execs.discard()  # what ran between calls: the sandbox's own restarts
         self.index.take_reads()  # the host's own reads, while it scanned
         start = time.monotonic()
         if language == "bash":
@@ -728,17 +728,17 @@ class LocalSandbox(Sandbox):
             output_bytes=reply["output_bytes"],
             duration_s=reply["duration_s"],
             timed_out=reply["timed_out"],
-            provenance=self._provenance(log),
+            provenance=self._provenance(execs),
         )
 
     def _exec_log(self) -> ExecLog | None:
         return self._proc_box[0].exec_log if self._proc_box else None
 
-    def _provenance(self, log: ExecLog | None) -> Provenance:
+    def _provenance(self, execs: ExecLog | None) -> Provenance:
         reads = self.index.take_reads()
-        if log is None or log is not self._exec_log():  # none, or the sandbox restarted
+        if execs is None or execs is not self._exec_log():  # none, or the sandbox restarted
             return Provenance(reads=reads)
-        runs, dropped = log.take()
+        runs, dropped = execs.take()
         return Provenance(runs=runs, runs_dropped=dropped, reads=reads)
 
     @property
