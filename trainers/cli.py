@@ -12,15 +12,14 @@ from typing import Annotated
 
 import typer
 
+from bat_gym.cli.options import BenchmarkName
+
 __all__ = ["train_app", "loop"]
 
 train_app = typer.Typer(no_args_is_help=True, help="Train a policy: cold-start SFT, GRPO.")
 
 Model = Annotated[str, typer.Option("--model", help="Starting Hugging Face model directory.")]
 Out = Annotated[Path, typer.Option("--out", help="Run directory; rerun into it to resume.")]
-BenchmarkOpt = Annotated[
-    str | None, typer.Option("--benchmark", help="Benchmark (default: the default benchmark).")
-]
 BankOpt = Annotated[
     Path | None, typer.Option("--bank", help="Stage Bank directory (default: the default bank).")
 ]
@@ -32,7 +31,7 @@ Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:1, 
 def sft(
     model: Model,
     out: Out,
-    benchmark: BenchmarkOpt = None,
+    benchmark: BenchmarkName = None,
     bank: BankOpt = None,
     max_length: Annotated[
         int, typer.Option("--max-length", min=16, help="Rows longer than this are rejected.")
@@ -95,7 +94,7 @@ def sft(
 def grpo(
     model: Model,
     out: Out,
-    benchmark: BenchmarkOpt = None,
+    benchmark: BenchmarkName = None,
     bank: BankOpt = None,
     target: Annotated[
         str | None,
@@ -173,7 +172,7 @@ def grpo(
 def loop(
     model: Model,
     out: Out,
-    benchmark: BenchmarkOpt = None,
+    benchmark: BenchmarkName = None,
     bank: BankOpt = None,
     rounds: Annotated[int, typer.Option("--rounds", min=1)] = 10,
     steps_per_round: Annotated[int, typer.Option("--steps-per-round", min=1)] = 50,

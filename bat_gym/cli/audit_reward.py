@@ -17,14 +17,13 @@ from typing import Annotated
 
 import typer
 
+from bat_gym.cli.options import Backend, BenchmarkName, EpisodeWorkers, Tracks
+
 __all__ = ["audit_reward"]
 
 
 def audit_reward(
-    benchmark: Annotated[
-        str | None,
-        typer.Option("--benchmark", help="Benchmark name (default: the default benchmark)."),
-    ] = None,
+    benchmark: BenchmarkName = None,
     states_per_focus: Annotated[
         int,
         typer.Option("--states-per-focus", min=0, help="Stage Bank states sampled per stage."),
@@ -60,16 +59,9 @@ def audit_reward(
         Path | None,
         typer.Option("--bank", help="Sample states from this bank (default: the default bank)."),
     ] = None,
-    track: Annotated[
-        list[str] | None,
-        typer.Option("--track", help="Only this track (repeatable). Default: all."),
-    ] = None,
-    workers: Annotated[
-        int, typer.Option("--workers", min=1, help="Episodes played at once, one sandbox each.")
-    ] = 2,
-    backend: Annotated[
-        str, typer.Option("--backend", help="Sandbox backend: local or docker.")
-    ] = "local",
+    track: Tracks = None,
+    workers: EpisodeWorkers = 2,
+    backend: Backend = "local",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the state sample.")] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-episode progress lines.")] = False,
 ) -> None:

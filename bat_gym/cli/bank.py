@@ -9,22 +9,19 @@ from typing import Annotated
 
 import typer
 
+from bat_gym.cli.options import Backend, BenchmarkName
+
 app = typer.Typer(no_args_is_help=True, help="Build and inspect Stage Banks.")
 
 
 @app.command("build")
 def build(
     out: Annotated[Path, typer.Option("--out", help="Directory to write the bank into.")],
-    benchmark: Annotated[
-        str | None,
-        typer.Option("--benchmark", help="Benchmark name (default: the default benchmark)."),
-    ] = None,
+    benchmark: BenchmarkName = None,
     tasks_per_track: Annotated[
         int, typer.Option("--tasks-per-track", min=1, help="Training tasks per track.")
     ] = 1,
-    backend: Annotated[
-        str, typer.Option("--backend", help="Sandbox backend: local or docker.")
-    ] = "local",
+    backend: Backend = "local",
     outcome: Annotated[
         list[str] | None,
         typer.Option(

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from bat_gym.cli.options import Backend
 from bat_gym.protocol import ToolCall
 
 __all__ = ["demo"]
@@ -21,9 +22,7 @@ def demo(
     env_id: Annotated[
         str, typer.Option("--env", help="Env id to run (bat-gym envs lists them).")
     ] = "bat/E2E-v0",
-    backend: Annotated[
-        str, typer.Option("--backend", help="Sandbox backend: local or docker.")
-    ] = "local",
+    backend: Backend = "local",
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the reset: picks the start state at random.")
     ] = 0,

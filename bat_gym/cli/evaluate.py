@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from bat_gym.cli.options import Backend, BenchmarkName, EpisodeWorkers, Tracks
+
 
 def evaluate(
     policy: Annotated[
@@ -17,23 +19,13 @@ def evaluate(
         ),
     ],
     out: Annotated[Path, typer.Option("--out", help="Results directory; rerun into it to resume.")],
-    benchmark: Annotated[
-        str | None,
-        typer.Option("--benchmark", help="Benchmark name (default: the default benchmark)."),
-    ] = None,
+    benchmark: BenchmarkName = None,
     repeats: Annotated[
         int, typer.Option("--repeats", min=1, help="Held-out tasks per track (reference: 10).")
     ] = 10,
-    track: Annotated[
-        list[str] | None,
-        typer.Option("--track", help="Evaluate only this track (repeatable). Default: all."),
-    ] = None,
-    workers: Annotated[
-        int, typer.Option("--workers", min=1, help="Episodes played at once, one sandbox each.")
-    ] = 2,
-    backend: Annotated[
-        str, typer.Option("--backend", help="Sandbox backend: local or docker.")
-    ] = "local",
+    track: Tracks = None,
+    workers: EpisodeWorkers = 2,
+    backend: Backend = "local",
     max_attempts: Annotated[
         int,
         typer.Option("--max-attempts", min=1, help="Tries per cell on infrastructure failure."),
