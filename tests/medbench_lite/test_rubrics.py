@@ -89,10 +89,11 @@ def test_the_teacher_earns_full_credit_on_every_stage_env(bench, bank, focus):
         assert verdict.task_score == 1.0 and len(verdict.stages) == 5
 
 
-def _s3(bench, bank, actions):
-    env = RubricReward(StageEnv("S3", benchmark=bench, states=bank))
+def _stage(bench, bank, focus, actions):
+    """Play ``actions`` from the first ``focus`` state of TRACK; (reward, verdict)."""
+    env = RubricReward(StageEnv(focus, benchmark=bench, states=bank))
     try:
-        state_id = bank.select(focus="S3", track=TRACK)[0]
+        state_id = bank.select(focus=focus, track=TRACK)[0]
         return play(env, actions, state_id)
     finally:
         env.close()
@@ -106,7 +107,9 @@ def test_a_forged_pilot_receipt_stops_s3_at_the_shape_level(bench, bank):
         '{"schema_version": 1, "stage": "S3", "artifact": "validation/pilot.csv", '
         f'"sha256": "{"0" * 64}"}}\nEOF'
     )
-    reward, verdict = _s3(bench, bank, [*scripted(pilot), HERMES.render("", [forge]), FINISH])
+    reward, verdict = _stage(
+        bench, bank, "S3", [*scripted(pilot), HERMES.render("", [forge]), FINISH]
+    )
     items = {i.id: i for i in verdict.stages[0].items}
     assert items["pilot_ran"].passed and items["pilot_quality"].passed
     assert items["pilot_receipt"].passed is False and "hashes to" in items["pilot_receipt"].detail
@@ -123,13 +126,9 @@ def test_a_made_up_weights_digest_zeroes_s2(bench, bank):
         "p['sha256'] = 'ab' * 32\n"
         "json.dump(p, open('model/checkpoint.json', 'w'))\n"
     )
-    env = RubricReward(StageEnv("S2", benchmark=bench, states=bank))
-    try:
-        reward, verdict = play(
-            env, [*scripted(setup), HERMES.render("", [forge]), FINISH], state.state_id
-        )
-    finally:
-        env.close()
+    reward, verdict = _stage(
+        bench, bank, "S2", [*scripted(setup), HERMES.render("", [forge]), FINISH]
+    )
     items = {i.id: i for i in verdict.stages[0].items}
     assert items["model_pinned"].passed is False and items["model_loaded"].passed
     assert reward == 0.0
@@ -152,7 +151,7 @@ def test_a_naive_pilot_with_a_true_receipt_earns_nothing_on_s3(bench, bank):
         "infer.run(ids, 'validation/pilot.csv', 'validation/pilot')\n"
         "receipt('S3', 'validation/pilot.csv', 'validation/s3_validation.json', cases=len(ids))\n"
     )
-    reward, verdict = _s3(bench, bank, [HERMES.render("", [naive, pilot]), FINISH])
+    reward, verdict = _stage(bench, bank, "S3", [HERMES.render("", [naive, pilot]), FINISH])
     items = {i.id: i for i in verdict.stages[0].items}
     assert all(
         items[i].passed for i in ("pilot_shape", "pilot_ran", "pilot_written", "pilot_receipt")
