@@ -288,7 +288,8 @@ class CheckContext:
             return None
         calls = self._productive_calls
         if calls and all(c.writes is not None for c in self.record.calls):
-            wrote = [c for c in calls if path in (c.writes or ())]
+            # A call that wrote the path changed the workspace: exiting 0 is what is left.
+            wrote = [c for c in self.record.writers(path) if c.succeeded]
             return wrote[-1] if wrote else None
         name = path.rsplit("/", 1)[-1]
         named = [c for c in calls if path in c.code or name in c.code]

@@ -45,6 +45,7 @@ import select
 import stat
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 from bat_gym.sandbox.base import ProgramRun
@@ -129,16 +130,21 @@ class ExecLog:
     closed: bool = False
 
     def _add(self, run: ProgramRun, pidfd: int) -> None:
+        ours = tuple(run.argv) not in self.ignore
         with self._lock:
-            if tuple(run.argv) in self.ignore:
-                pass
-            elif len(self._runs) < MAX_RUNS:
+            if ours and len(self._runs) < MAX_RUNS:
                 self._runs.append(_Pending(run, pidfd))
                 return
-            else:
+            if ours:  # past the cap; the sandbox's own programs are never counted
                 self._dropped += 1
         if pidfd >= 0:
             os.close(pidfd)
+
+    def _swap(self) -> tuple[list[_Pending], int]:
+        with self._lock:
+            runs, self._runs = self._runs, []
+            dropped, self._dropped = self._dropped, 0
+        return runs, dropped
 
     def take(self) -> tuple[tuple[ProgramRun, ...], int]:
         """The runs recorded since the last take, with exit statuses; and how many were dropped.
@@ -146,9 +152,7 @@ class ExecLog:
         Call it when the programs are over (the call returned and its leftovers were
         stopped): a program still running has no status yet.
         """
-        with self._lock:
-            runs, self._runs = self._runs, []
-            dropped, self._dropped = self._dropped, 0
+        runs, dropped = self._swap()
         out = []
         last_of_pid = {p.run.pid: i for i, p in enumerate(runs)}
         for i, pending in enumerate(runs):
@@ -165,7 +169,9 @@ class ExecLog:
 
     def discard(self) -> None:
         """Forget what was recorded (the sandbox's own processes, a killed call)."""
-        self.take()
+        for pending in self._swap()[0]:
+            if pending.pidfd >= 0:
+                os.close(pending.pidfd)
 
 
 def _exit_status(pidfd: int) -> int | None:
@@ -176,8 +182,7 @@ def _exit_status(pidfd: int) -> int | None:
         try:
             fcntl.ioctl(pidfd, _PIDFD_GET_INFO, buf)
         except OSError as exc:
-            if exc.errno in (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP):
-                return None  # a kernel without PIDFD_GET_INFO or PIDFD_INFO_EXIT
+            # ENOTTY, EINVAL: a kernel without PIDFD_GET_INFO or PIDFD_INFO_EXIT.
             if exc.errno != errno.ESRCH:
                 return None
         else:
@@ -186,7 +191,7 @@ def _exit_status(pidfd: int) -> int | None:
                 return os.waitstatus_to_exitcode(fields[-1])
         if not select.select([pidfd], [], [], 0)[0]:
             return None  # still running
-        threading.Event().wait(0.001)
+        time.sleep(0.001)
     return None
 
 
