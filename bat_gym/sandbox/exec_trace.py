@@ -41,6 +41,7 @@ import errno
 import fcntl
 import logging
 import os
+import posixpath
 import select
 import stat
 import struct
@@ -84,6 +85,8 @@ _PIDFD_INFO = struct.Struct("=QQ11Ii")
 _PIDFD_GET_INFO = 0xC040FF0B  # _IOWR(0xFF, 11, 64 bytes)
 _PIDFD_INFO_EXIT = 1 << 3
 _SYS_PIDFD_GETFD = 438  # the same number on every architecture since 5.6
+_SYS_OPENAT2 = 437
+_RESOLVE_IN_ROOT = 0x10
 
 
 def steal_fd(pid: int, fd: int) -> int:
@@ -323,18 +326,56 @@ class ExecTracer:
         cwd = _readlink(f"/proc/{pid}/cwd")
         # Where the file is, seen through the caller's own root and working directory.
         where = f"/proc/{pid}/root{path}" if path.startswith("/") else f"/proc/{pid}/cwd/{path}"
+        at_fd = False  # relative to a descriptor (execveat): resolved through it instead
         if name == "execveat":
             if path == "" and flags & _AT_EMPTY_PATH:
-                where = f"/proc/{pid}/fd/{dirfd}"
+                where, at_fd = f"/proc/{pid}/fd/{dirfd}", True
                 path = _readlink(where)
             elif not path.startswith("/") and dirfd != _AT_FDCWD:
-                where = f"/proc/{pid}/fd/{dirfd}/{path}"
+                where, at_fd = f"/proc/{pid}/fd/{dirfd}/{path}", True
                 path = f"{_readlink(f'/proc/{pid}/fd/{dirfd}').rstrip('/')}/{path}"
-        if not _executable(where):
+        if not (_executable(where) if at_fd else _executable_in_root(pid, path, cwd, where)):
             # The kernel will refuse it (ENOENT, EACCES): a PATH search trying its next
             # directory, not a program that ran.
             return None
         return ProgramRun(path=path, argv=argv, cwd=cwd, pid=pid)
+
+
+def _executable_in_root(pid: int, path: str, cwd: str, fallback: str) -> bool:
+    """Whether ``path``, resolved as process ``pid`` resolves it, is an executable file.
+
+    Through ``openat2(RESOLVE_IN_ROOT)`` on the process's root: a symlink to an
+    absolute path inside the sandbox (``ln -s /tmp/x p; ./p``) resolves in the sandbox,
+    not on the host. Falls back to :func:`_executable` of ``fallback`` where
+    ``openat2`` is missing.
+    """
+    inside = path if path.startswith("/") else posixpath.join(cwd or "/", path)
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        how = struct.pack("=QQQ", os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT)
+        lib = libc()
+        lib.syscall.restype = ctypes.c_long
+        fd = lib.syscall(
+            ctypes.c_long(_SYS_OPENAT2),
+            ctypes.c_long(root),
+            inside.encode("utf-8", errors="surrogateescape"),
+            how,
+            ctypes.c_size_t(len(how)),
+        )
+        if fd < 0:
+            if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
+                return _executable(fallback)
+            return False
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root)
+    return stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
 
 
 def _executable(where: str) -> bool:

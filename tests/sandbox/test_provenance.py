@@ -176,3 +176,9 @@ def test_agent_code_cannot_take_its_childrens_execs_with_a_listener_of_its_own(s
     res = sb.execute_code("python", code)
     assert res.output.split()[:2] == ["-1", "1"], res.output  # EPERM
     assert [r.argv for r in runs(sb, "/bin/echo seen")] == [["/bin/echo", "seen"]]
+
+
+def test_a_link_to_a_program_only_the_sandbox_has_is_recorded(sb: Sandbox) -> None:
+    # An absolute target resolves inside the sandbox (its private /tmp), not on the host.
+    code = "cp /bin/true /tmp/bat-only-here && ln -sf /tmp/bat-only-here ./p && ./p; rm -f ./p"
+    assert ["./p"] in [r.argv for r in runs(sb, code)]
