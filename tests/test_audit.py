@@ -82,7 +82,7 @@ def test_a_heldout_seed_in_provenance_is_found(toy, bank_copy):
 
 def test_a_heldout_answer_in_the_store_is_found(toy, bank_copy):
     task = heldout_task(toy)
-    labels = toy.private_answers(task)["labels"]
+    labels = toy.private_answers(task)["scores"]
     blob = json.dumps(labels, sort_keys=True, separators=(",", ":")).encode()
     digest = StageBank(bank_copy).store.put_bytes(blob)
     assert digest in answer_fingerprints(toy.private_answers(task))

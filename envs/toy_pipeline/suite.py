@@ -1,11 +1,22 @@
-"""The toy_pipeline benchmark: generator, private answers and scripted teacher."""
+"""The toy_pipeline benchmark: generator, private answers and scripted teacher.
+
+Each task is a small CSV of cases and a model that gives every case a continuous score
+(four decimals). The submission is ``id,score``, and the task metric is the share of
+cases whose score agrees with the model's own (:func:`score_agreement`). A continuous
+output is what keeps the metric honest on tasks of four to eight cases: a constant or a
+guessed value agrees with almost no case, where a binary label would be right about half
+the time by chance (version 1.0 scored ``id,label`` by accuracy, and a constant earned
+more than the naive pipeline on imbalanced tasks). Each track plants one trap that
+changes the score of most cases: values in another unit than the model's (threshold)
+and category codes in another case or with padding (lookup).
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-import re
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +30,17 @@ from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task,
 if TYPE_CHECKING:
     from bat_gym.rubrics.workspace import FrozenWorkspace
 
-__all__ = ["ToyPipeline", "label_accuracy"]
+__all__ = ["ToyPipeline", "score_agreement"]
 
 SUBMISSION = "outputs/submission.csv"
-_INT = re.compile(r"[+-]?[0-9]+")
 _UNITS = {"mm": 0.1, "cm": 1.0, "m": 100.0}  # to centimetres
 _CODES = ("alpha", "beta", "gamma", "delta", "omega")
+# A submitted score agrees with the model's when within this distance: half a unit of
+# the fourth decimal the scores are written with, plus room for a conversion done in
+# another order (``v / 10`` against ``v * 0.1``). The scores of a trap-missing pipeline
+# differ by far more (see ``tests/toy_pipeline``), and a guessed value agrees by chance
+# with about 1 case in 5,000.
+AGREEMENT = 1e-4
 
 SKILLS = {
     "S1": (
@@ -35,7 +51,8 @@ SKILLS = {
     "S2": (
         "Record the environment in setup/environment.json (python and numpy versions). Write "
         "pipeline/infer.py: it reads data/cases.csv and model/model.json and writes a CSV with "
-        "columns id,label for the case ids given on the command line (all cases when none)."
+        "columns id,score (the model's score, four decimals) for the case ids given on the "
+        "command line (all cases when none)."
     ),
     "S3": (
         "Run pipeline/infer.py on ONE case and check the result against what the data and model "
@@ -48,14 +65,14 @@ SKILLS = {
         "validation/s4_completion.json with the artifact's sha256 and the number of cases."
     ),
     "S5": (
-        "Write outputs/submission.csv exactly in the schema of task.json (header id,label, one row "
-        "per case id, labels as integers). Write the receipt validation/s5_submission.json."
+        "Write outputs/submission.csv exactly in the schema of task.json (header id,score, one row "
+        "per case id, scores with four decimals). Write the receipt validation/s5_submission.json."
     ),
 }
 
 SPEC = BenchmarkSpec(
     name="toy_pipeline",
-    version="1.0",
+    version="2.0",
     description="Five-stage CSV scoring pipelines with a unit trap and a code-normalization trap.",
     stages=(
         Stage(id="S1", name="Plan", weight=0.25, skill=SKILLS["S1"], artifacts=("plan/plan.md",)),
@@ -91,10 +108,14 @@ SPEC = BenchmarkSpec(
     tracks=(
         Track(
             name="threshold",
-            metric="accuracy",
-            description="Threshold a measurement given in some unit.",
+            metric="score_agreement",
+            description="Score a measurement given in some unit with a logistic model in cm.",
         ),
-        Track(name="lookup", metric="accuracy", description="Map noisy category codes to labels."),
+        Track(
+            name="lookup",
+            metric="score_agreement",
+            description="Score noisy category codes with a lookup table.",
+        ),
     ),
     budgets=Budgets(),
     splits=Splits(
@@ -104,37 +125,47 @@ SPEC = BenchmarkSpec(
 )
 
 
-def label_accuracy(
-    workspace: FrozenWorkspace, path: str, truth: dict[str, int], *, complete: bool
-) -> float:
-    """Accuracy of the ``id,label`` CSV at ``path`` against ``truth``.
+def logistic_score(value_cm: float, threshold_cm: float, width_cm: float) -> float:
+    """The threshold track's model: ``1 / (1 + exp(-(value_cm - threshold_cm) / width_cm))``.
 
-    ``accuracy = (1 / |R|) * sum_{r in R} [label_r == truth_r]`` over the scored rows
-    ``R``: every case of ``truth`` when ``complete`` (the submission: a missing case
-    scores 0), else the file's own rows (a pilot: a row naming no case scores 0).
-    0 when the file is missing or garbled (not UTF-8 CSV with ``id`` and ``label``
-    columns, an id given twice, no rows). A label that is not an integer is wrong.
+    Rounded to four decimals, as the model card says; all arguments in centimetres.
+    """
+    return round(1.0 / (1.0 + math.exp(-(value_cm - threshold_cm) / width_cm)), 4)
+
+
+def score_agreement(
+    workspace: FrozenWorkspace, path: str, truth: dict[str, float], *, complete: bool
+) -> float:
+    """Share of scored cases whose ``score`` in the ``id,score`` CSV at ``path`` agrees.
+
+    ``agreement = (1 / |R|) * sum_{r in R} [|score_r - truth_r| <= AGREEMENT]`` over the
+    scored rows ``R``: every case of ``truth`` when ``complete`` (the submission), else
+    the file's own rows (a pilot). 0 when the file is missing or garbled (not UTF-8 CSV
+    with ``id`` and ``score`` columns, an id given twice, no rows), when a submission
+    misses a case and when a pilot names one that is not the task's. A score that is
+    not a finite number disagrees.
     """
     try:
         reader = csv.DictReader(io.StringIO(workspace.read_text(path)))
-        if not {"id", "label"} <= set(reader.fieldnames or ()):
+        if not {"id", "score"} <= set(reader.fieldnames or ()):
             return 0.0
         rows = list(reader)
     except (OSError, ValueError, csv.Error):
         return 0.0
-    predicted: dict[str, str] = {}
+    predicted: dict[str, float] = {}
     for row in rows:
         case = (row["id"] or "").strip()
         if case in predicted:
             return 0.0
-        predicted[case] = (row["label"] or "").strip()
+        try:
+            predicted[case] = float((row["score"] or "").strip())
+        except ValueError:
+            predicted[case] = math.nan
     scored = list(truth) if complete else list(predicted)
     if not scored or not set(scored) <= set(truth) or not set(scored) <= set(predicted):
         return 0.0
-    right = sum(
-        _INT.fullmatch(predicted[case]) is not None and int(predicted[case]) == truth[case]
-        for case in scored
-    )
+    # A NaN or an infinity fails the comparison, so it disagrees.
+    right = sum(abs(predicted[case] - truth[case]) <= AGREEMENT for case in scored)
     return right / len(scored)
 
 
@@ -158,23 +189,28 @@ class ToyPipeline(Benchmark):
         if track == "threshold":
             unit = str(rng.choice(list(_UNITS)))
             threshold_cm = float(np.round(rng.uniform(1.0, 5.0), 2))
+            width_cm = float(np.round(rng.uniform(0.5, 1.5), 2))
             values_cm = np.round(rng.uniform(0.2, 8.0, size=n), 3)
             values = [float(np.round(v / _UNITS[unit], 4)) for v in values_cm]
-            labels = [int(v >= threshold_cm) for v in values_cm]
+            # The truth is the model on the values as published, converted to cm.
+            scores = [logistic_score(v * _UNITS[unit], threshold_cm, width_cm) for v in values]
             return {
                 "ids": ids,
                 "unit": unit,
                 "threshold_cm": threshold_cm,
+                "width_cm": width_cm,
                 "values": values,
-                "labels": labels,
+                "scores": scores,
             }
-        table = {c: int(rng.integers(0, 2)) for c in _CODES}
+        table = {c: float(np.round(rng.uniform(0.05, 0.95), 4)) for c in _CODES}
         codes = [str(rng.choice(_CODES)) for _ in ids]
+        # Most codes carry the trap (upper case, padding): a pipeline that skips the
+        # card's normalization misses most cases, not a lucky few.
         noisy = [
             (" " * int(rng.integers(0, 2))) + (c.upper() if rng.random() < 0.5 else c)
             for c in codes
         ]
-        return {"ids": ids, "table": table, "codes": noisy, "labels": [table[c] for c in codes]}
+        return {"ids": ids, "table": table, "codes": noisy, "scores": [table[c] for c in codes]}
 
     def make_task(self, track: str, seed: int, split: Split) -> Task:  # noqa: D102
         self.spec.track(track)
@@ -197,19 +233,31 @@ class ToyPipeline(Benchmark):
         d = self._draw(task.track, task.seed)
         (dest / "data").mkdir()
         (dest / "model").mkdir()
-        schema = {"columns": ["id", "label"], "label_type": "int", "case_ids": d["ids"]}
+        schema = {"columns": ["id", "score"], "score_decimals": 4, "case_ids": d["ids"]}
         if task.track == "threshold":
             rows = [{"id": i, "value": v} for i, v in zip(d["ids"], d["values"], strict=True)]
             (dest / "data" / "cases.csv").write_text(_csv(rows, ["id", "value"]))
-            model = {"kind": "threshold", "threshold": d["threshold_cm"], "unit": "cm"}
+            model = {
+                "kind": "logistic",
+                "threshold": d["threshold_cm"],
+                "width": d["width_cm"],
+                "unit": "cm",
+            }
             meta = {"track": "threshold", "value_unit": d["unit"], "submission": schema}
-            card = "The model labels a case 1 when its measurement in centimetres reaches the threshold."
+            card = (
+                "The model scores a case as 1 / (1 + exp(-(value - threshold) / width)), with the "
+                "measurement, the threshold and the width all in centimetres, rounded to four "
+                "decimals."
+            )
         else:
             rows = [{"id": i, "code": c} for i, c in zip(d["ids"], d["codes"], strict=True)]
             (dest / "data" / "cases.csv").write_text(_csv(rows, ["id", "code"]))
             model = {"kind": "lookup", "table": d["table"]}
             meta = {"track": "lookup", "submission": schema}
-            card = "The model maps lower-case category codes to labels."
+            card = (
+                "The model maps lower-case category codes, without surrounding spaces, to "
+                "scores (four decimals)."
+            )
         (dest / "model" / "model.json").write_text(json.dumps(model, indent=2))
         (dest / "model" / "MODEL_CARD.md").write_text(f"# Model card\n\n{card}\n")
         (dest / "task.json").write_text(json.dumps(meta, indent=2))
@@ -219,7 +267,7 @@ class ToyPipeline(Benchmark):
 
     def private_answers(self, task: Task) -> dict[str, Any]:  # noqa: D102
         d = self._draw(task.track, task.seed)
-        return {"labels": dict(zip(d["ids"], d["labels"], strict=True))}
+        return {"scores": dict(zip(d["ids"], d["scores"], strict=True))}
 
     def reproduction_command(self, task: Task) -> str:
         """The shipped pipeline on every case, as the S4 instructions run it."""
@@ -256,18 +304,18 @@ class ToyPipeline(Benchmark):
         return tuple(facts)
 
     def task_score(self, task: Task, workspace: FrozenWorkspace) -> float:
-        """Accuracy of ``outputs/submission.csv`` against the private labels.
+        """Share of cases whose submitted score agrees with the model's.
 
         Over every case id of the task; 0 when the file is missing or garbled and
-        when any case is missing, as in the reference (see :func:`label_accuracy`).
+        when any case is missing (see :func:`score_agreement`).
         """
-        truth = self.private_answers(task)["labels"]
-        return label_accuracy(workspace, SUBMISSION, truth, complete=True)
+        truth = self.private_answers(task)["scores"]
+        return score_agreement(workspace, SUBMISSION, truth, complete=True)
 
     def pilot_score(self, task: Task, workspace: FrozenWorkspace, pilot_path: str) -> float:
-        """Accuracy of the pilot's rows against the private labels of the cases they name."""
-        truth = self.private_answers(task)["labels"]
-        return label_accuracy(workspace, pilot_path, truth, complete=False)
+        """Share of the pilot's rows whose score agrees with the model's for that case."""
+        truth = self.private_answers(task)["scores"]
+        return score_agreement(workspace, pilot_path, truth, complete=False)
 
 
 def _py(code: str) -> ToolCall:
@@ -292,18 +340,20 @@ def receipt(stage, artifact, path, **extra):
 
 _INFER = {
     "threshold": """
-import csv, json, sys
+import csv, json, math, sys
 SCALE = {"mm": 0.1, "cm": 1.0, "m": 100.0}
 model = json.load(open("model/model.json"))
 unit = json.load(open("task.json"))["value_unit"]
 wanted = set(sys.argv[2:])
 out = sys.argv[1]
 rows = [r for r in csv.DictReader(open("data/cases.csv")) if not wanted or r["id"] in wanted]
+def score(cm):
+    return 1.0 / (1.0 + math.exp(-(cm - model["threshold"]) / model["width"]))
 with open(out, "w", newline="") as f:
     w = csv.writer(f, lineterminator="\\n")
-    w.writerow(["id", "label"])
+    w.writerow(["id", "score"])
     for r in rows:
-        w.writerow([r["id"], int(float(r["value"]) * SCALE[unit] >= model["threshold"])])
+        w.writerow([r["id"], f"{score(float(r['value']) * SCALE[unit]):.4f}"])
 """,
     "lookup": """
 import csv, json, sys
@@ -313,18 +363,18 @@ out = sys.argv[1]
 rows = [r for r in csv.DictReader(open("data/cases.csv")) if not wanted or r["id"] in wanted]
 with open(out, "w", newline="") as f:
     w = csv.writer(f, lineterminator="\\n")
-    w.writerow(["id", "label"])
+    w.writerow(["id", "score"])
     for r in rows:
-        w.writerow([r["id"], model["table"][r["code"].strip().lower()]])
+        w.writerow([r["id"], f'{model["table"][r["code"].strip().lower()]:.4f}'])
 """,
 }
 
 
 # The naive pipelines: the teacher's, less the unit conversion or the code normalization.
 _NAIVE_INFER = {
-    "threshold": _INFER["threshold"].replace("* SCALE[unit] ", ""),
+    "threshold": _INFER["threshold"].replace(" * SCALE[unit]", ""),
     "lookup": _INFER["lookup"].replace(
-        'model["table"][r["code"].strip().lower()]', 'model["table"].get(r["code"], 0)'
+        'model["table"][r["code"].strip().lower()]', 'model["table"].get(r["code"], 0.0)'
     ),
 }
 assert all(_NAIVE_INFER[t] != _INFER[t] for t in _INFER)
@@ -360,7 +410,7 @@ def _teacher_turns(track: str, *, cases: int, unit: str) -> list[TeacherTurn]:
         )
         + "\n\n## Inference\nApply the model in "
         "pipeline/infer.py, one row per case id.\n\n## Postprocess\nWrite outputs/submission.csv in the schema of "
-        "task.json with integer labels and a receipt.\nEOF\ncat task.json; head -3 data/cases.csv"
+        "task.json with four-decimal scores and a receipt.\nEOF\ncat task.json; head -3 data/cases.csv"
     )
     setup = (
         "import json, os, platform, numpy\nos.makedirs('setup', exist_ok=True)\n"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bat_gym.envs.toy_pipeline.suite import label_accuracy
+from bat_gym.envs.skill_ladder.tasks import label_accuracy
 from bat_gym.record import ExecutionRecord, ToolCallRecord
 from bat_gym.rubrics.context import CheckContext, TaskOracle
 from bat_gym.rubrics.workspace import FrozenWorkspace
@@ -55,13 +55,13 @@ def make_ctx(store):
         final = {p: c for p, c in final.items() if c is not None}
         oracle = None
         if answers is not None or metric is not None:
-            # The pilot is scored as toy_pipeline scores it: label accuracy of its rows.
+            # The pilot is scored by label accuracy of its rows (as skill_ladder scores one).
             labels = (answers or {}).get("labels")
             pilot = None
             if labels is not None:
 
                 def pilot(ws, path):
-                    return label_accuracy(ws, path, labels, complete=False)
+                    return label_accuracy(ws, path, labels, scored=None)
 
             oracle = TaskOracle(lambda: answers or {}, metric or (lambda ws: None), pilot)
         start_ws = FrozenWorkspace.from_files(store, start)

@@ -8,7 +8,7 @@ from bat_gym.rubrics.workspace import FrozenWorkspace
 @pytest.fixture
 def scored(toy, store):
     task = toy.make_task("lookup", 3, "train")
-    labels = toy.private_answers(task)["labels"]
+    labels = toy.private_answers(task)["scores"]
 
     def score(content):
         files = {} if content is None else {"outputs/submission.csv": content}
@@ -18,17 +18,17 @@ def scored(toy, store):
 
 
 def csv_of(labels):
-    return "id,label\n" + "".join(f"{c},{y}\n" for c, y in labels.items())
+    return "id,score\n" + "".join(f"{c},{y:.4f}\n" for c, y in labels.items())
 
 
-def test_accuracy_against_the_private_labels(scored):
+def test_agreement_with_the_private_scores(scored):
     score, labels = scored
     assert score(csv_of(labels)) == 1.0
     first = next(iter(labels))
-    flipped = {**labels, first: 1 - labels[first]}
-    assert score(csv_of(flipped)) == pytest.approx((len(labels) - 1) / len(labels))
-    garbled_label = csv_of(labels).replace(f"{first},{labels[first]}", f"{first},one")
-    assert score(garbled_label) == pytest.approx((len(labels) - 1) / len(labels))
+    moved = {**labels, first: labels[first] + 0.01}
+    assert score(csv_of(moved)) == pytest.approx((len(labels) - 1) / len(labels))
+    garbled = csv_of(labels).replace(f"{first},{labels[first]:.4f}", f"{first},one")
+    assert score(garbled) == pytest.approx((len(labels) - 1) / len(labels))
 
 
 @pytest.mark.parametrize(
