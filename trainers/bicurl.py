@@ -30,14 +30,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import numpy as np
 
 from bat_gym.evaluation.aggregates import Aggregates
 from bat_gym.files import write_atomic
 from bat_gym.gate import GateThresholds, gate
 from bat_gym.selection import make_selector
 
-__all__ = ["BiCuRLConfig", "run_loop", "LoopState", "write_loop_report"]
+__all__ = ["BiCuRLConfig", "run_loop", "LoopState", "write_loop_report", "round_seed"]
 
 STATE_FILE = "loop_state.json"
 
@@ -72,11 +74,20 @@ class BiCuRLConfig:
     """Overrides of the promotion gate's thresholds (:class:`~bat_gym.gate.GateThresholds`)."""
     grpo: dict[str, Any] = field(default_factory=dict)
     """Overrides of :class:`~bat_gym.trainers.grpo.GRPOConfig` fields for every round."""
+    kl_reference: Literal["incumbent", "start"] = "incumbent"
+    """What each round's KL term pulls toward: the round's incumbent (the paper's "KL
+    penalty toward the current policy") or the starting checkpoint (``model``, the
+    cold-start SFT), which anchors every round to the same point."""
     seed: int = 0
+    """Base seed; round ``r``'s GRPO block gets :func:`round_seed` (seed, r)."""
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.steps_per_round < 1 or self.eval_repeats < 1:
             raise ValueError("rounds, steps_per_round and eval_repeats must be >= 1")
+        if self.kl_reference not in ("incumbent", "start"):
+            raise ValueError(
+                f"kl_reference must be 'incumbent' or 'start', got {self.kl_reference!r}"
+            )
         GateThresholds(**self.thresholds)  # fail now, not after the first GRPO block
 
 
@@ -150,7 +161,18 @@ def evaluate_checkpoint(model_dir: str, out_dir: Path, cfg: BiCuRLConfig) -> Agg
     return Aggregates.read(out_dir / "aggregates.json")
 
 
-def _grpo_block(incumbent: str, target: str, out_dir: Path, cfg: BiCuRLConfig) -> str:
+def round_seed(seed: int, round_index: int) -> int:
+    """The GRPO seed of round ``round_index`` of a loop seeded ``seed``.
+
+    A round's states and sampling seeds follow from its GRPO seed and target, so one
+    seed for every round would train each round with a given target on the same states,
+    and a round after a hold that picks the held round's target again would replay it
+    exactly (same incumbent, states and samples) and hold again.
+    """
+    return int(np.random.SeedSequence([seed, round_index]).generate_state(1)[0] >> 1)
+
+
+def _grpo_block(incumbent: str, target: str, out_dir: Path, cfg: BiCuRLConfig, *, seed: int) -> str:
     from bat_gym.trainers.grpo import GRPOConfig, train
 
     settings: dict[str, Any] = {
@@ -160,7 +182,8 @@ def _grpo_block(incumbent: str, target: str, out_dir: Path, cfg: BiCuRLConfig) -
         "bank": cfg.bank,
         "target": target,
         "steps": cfg.steps_per_round,
-        "seed": cfg.seed,
+        "seed": seed,
+        "kl_reference": cfg.model if cfg.kl_reference == "start" else None,
         **cfg.grpo,
     }
     return train(GRPOConfig(**settings))["final"]
@@ -215,8 +238,15 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
         r = state.round
         round_dir = out / "rounds" / f"round-{r:02d}"
         if state.phase == "train":
+            if state.target is None:
+                raise ValueError(
+                    f"{state_path} is in the train phase without a target stage; it was "
+                    "edited or written by another release: start the loop in a new directory"
+                )
             t0 = time.perf_counter()
-            candidate = _grpo_block(state.incumbent, state.target or "E2E", round_dir / "grpo", cfg)
+            candidate = _grpo_block(
+                state.incumbent, state.target, round_dir / "grpo", cfg, seed=round_seed(cfg.seed, r)
+            )
             state.rounds.append(
                 {
                     "round": r,
@@ -248,6 +278,8 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
             )
             if decision.promoted:
                 state.incumbent, state.incumbent_eval = record["candidate"], str(eval_dir)
+            # The retained checkpoint's overall: not a running maximum, since the gate
+            # may promote a candidate up to its overall-drop tolerance below it.
             record["best_overall"] = cand.overall if decision.promoted else base.overall
             state.target = selector.select(decision)
             record["next_target"] = state.target
@@ -271,8 +303,13 @@ def write_loop_report(state: LoopState, out: Path) -> None:
         f"Time: {state.seconds:.0f} s (the starting evaluation, then each round's GRPO block "
         "and evaluation).",
         "",
-        "| round | target | candidate overall | best so far | decision | failed checks | next "
-        "| GRPO s | eval s |",
+        "*Retained overall* is the overall of the checkpoint the loop keeps after the "
+        "round's gate: the candidate's when promoted, else the incumbent's. It is not a "
+        "running maximum: the gate may promote a candidate whose overall is up to "
+        "`max_overall_drop` (0.01 by default) below the incumbent's.",
+        "",
+        "| round | target | candidate overall | retained overall | decision | failed checks "
+        "| next | GRPO s | eval s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for rec in state.rounds:
@@ -298,7 +335,7 @@ def _fmt(x: float | None) -> str:
 
 
 def _round_curve(raw: Sequence[float | None], best: Sequence[float | None], path: Path) -> None:
-    """Raw candidate overall per round (blue) and best-so-far (orange), 0..1."""
+    """Raw candidate overall per round (blue) and the retained checkpoint's (orange), 0..1."""
     from PIL import Image, ImageDraw
 
     width, height, margin = 120 + 60 * max(1, len(raw)), 300, 40
@@ -320,6 +357,6 @@ def _round_curve(raw: Sequence[float | None], best: Sequence[float | None], path
             draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
     for i in range(len(raw)):
         draw.text((xy(i, 0)[0] - 4, height - margin + 6), str(i), fill="black")
-    draw.text((margin, 8), "overall: candidate (blue), best so far (orange)", fill="black")
+    draw.text((margin, 8), "overall: candidate (blue), retained (orange)", fill="black")
     draw.text((width - 44, height - 16), "round", fill="black")
     img.save(path)

@@ -115,6 +115,10 @@ def grpo(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 512,
     max_turns: Annotated[int | None, typer.Option("--max-turns", min=1)] = None,
     kl_coef: Annotated[float, typer.Option("--kl-coef", min=0.0)] = 0.006,
+    kl_reference: Annotated[
+        str | None,
+        typer.Option("--kl-reference", help="KL reference model directory (default: the --model)."),
+    ] = None,
     generator: Annotated[
         str,
         typer.Option(
@@ -150,6 +154,7 @@ def grpo(
         max_new_tokens=max_new_tokens,
         max_turns=max_turns,
         kl_coef=kl_coef,
+        kl_reference=kl_reference,
         generator=generator,  # type: ignore[arg-type]
         num_envs=num_envs,
         ray=ray,
@@ -186,6 +191,13 @@ def loop(
     selector: Annotated[
         str, typer.Option("--selector", help="paper (default), deficit or progress.")
     ] = "paper",
+    kl_reference: Annotated[
+        str,
+        typer.Option(
+            "--kl-reference",
+            help="KL toward each round's incumbent (the paper's setting) or the --model start.",
+        ),
+    ] = "incumbent",
     seed: Seed = 0,
 ) -> None:
     """BiCuRL: evaluate, pick the weakest stage, GRPO on it, gate, keep the best; repeat.
@@ -216,6 +228,7 @@ def loop(
         eval_max_turns=eval_max_turns or max_turns,
         eval_max_new_tokens=max_new_tokens,
         selector=selector,
+        kl_reference=kl_reference,  # type: ignore[arg-type]
         grpo=grpo_overrides,
         seed=seed,
     )

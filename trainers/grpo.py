@@ -18,6 +18,13 @@ Defaults follow the BaT reference (G=4, 8 groups per step, T=0.7, lr 2.5e-7, k3 
 0.006, no std normalisation, seq-mean-token-mean); a tiny model learning a toy task
 wants a larger learning rate (3e-5 to 1e-4, with a few warmup steps).
 
+Precision: the trained weights and AdamW's moments are float32 whatever the
+checkpoint's dtype; with ``bf16`` the forward passes run under bf16 autocast. A bf16
+master copy would train nothing at the reference lr: an update of ~2.5e-7 is far below
+bf16's spacing near a weight of typical size (2^-8 relative, ~8e-5 at 0.02), so it
+rounds away. Checkpoints and ``final/`` are therefore written in float32 too: casting
+them back to bf16 would round a round's update away in the same way.
+
 Scale-out: launched with ``torchrun --nproc-per-node N``, every rank plays its share
 of the groups and the model is sharded with FSDP2 (:mod:`bat_gym.trainers.fsdp`:
 weights gathered once for the rollouts, gradients summed across ranks, checkpoints
@@ -135,7 +142,12 @@ class GRPOConfig:
     clip_eps_high: float = 0.2
     """Upper clip width; raise it (e.g. 0.28) to keep low-probability tokens exploring."""
     kl_coef: float = 0.006
-    """beta of the k3 KL term to the starting model (0 turns the reference model off)."""
+    """beta of the k3 KL term to the reference model (0 turns the reference model off)."""
+    kl_reference: str | None = None
+    """Directory of the KL reference model; None: the model this run starts from
+    (``model``), also after a resume. In BiCuRL that is the round's incumbent, the
+    paper's "KL penalty toward the current policy"; pass the SFT checkpoint to anchor
+    every round to the cold start instead."""
     aggregation: Aggregation = "seq_mean_token_mean"
     max_len_norm: int | None = None
     """Length divisor of ``seq_mean_token_sum_norm`` (default: the longest completion)."""
@@ -425,13 +437,15 @@ def train(
             **sampling,
             **cfg.vllm_kwargs,
         )
-        model = AutoModelForCausalLM.from_pretrained(start).to(device)
+        # fp32 master weights whatever the checkpoint's dtype (see the module docstring).
+        model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).to(device)
         tokenizer = AutoTokenizer.from_pretrained(start)
     else:
         # One set of weights: the policy samples with the very model being trained.
         policy = TransformersPolicy(
             start,
             device=str(device),
+            dtype="float32",  # the master weights (see the module docstring)
             max_new_tokens=cfg.max_new_tokens,
             max_batch_size=cfg.num_envs,
             **sampling,
@@ -439,8 +453,10 @@ def train(
         model, tokenizer = policy.model, policy.tokenizer
     ref = None
     if cfg.kl_coef > 0:
-        # The reference is always the starting model, also after a resume.
-        ref = AutoModelForCausalLM.from_pretrained(cfg.model).to(device).eval()
+        # Frozen, so it keeps the checkpoint's own dtype: its precision only enters the
+        # KL estimate, and a bf16 reference halves its memory.
+        ref = AutoModelForCausalLM.from_pretrained(cfg.kl_reference or cfg.model, dtype="auto")
+        ref = ref.to(device).eval()
         ref.requires_grad_(False)
     model = shard(model, dist)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -504,6 +520,9 @@ def train(
         sched.load_state_dict(saved["scheduler"])
         sampler.load_state_dict(saved["sampler"])
         set_rng_state(saved["rng"])
+        # The sampler's per-request seeds continue where the saved run's had come to,
+        # so a resumed run samples as the uninterrupted one would have.
+        policy.load_sampling_state(saved.get("sampling", {}))
         step, history = saved["step"], saved["history"]
 
     metrics_path = out / "metrics.jsonl"
@@ -568,6 +587,7 @@ def train(
                         optim,
                         sched,
                         sampler,
+                        policy.sampling_state(),
                         history,
                         cfg,
                     )
@@ -723,6 +743,7 @@ def _save(
     optim: dict[str, Any] | None,
     sched: torch.optim.lr_scheduler.LRScheduler,
     sampler: StateSampler,
+    sampling: dict[str, Any],
     history: list[dict[str, Any]],
     cfg: GRPOConfig,
 ) -> Path:
@@ -736,6 +757,7 @@ def _save(
                 "optimizer": optim,
                 "scheduler": sched.state_dict(),
                 "sampler": sampler.state_dict(),
+                "sampling": sampling,
                 "rng": rng_state(),
                 "step": step,
                 "history": history,

@@ -189,6 +189,22 @@ class LocalModelPolicy(Policy):
         # The template writes every special token itself; the tokenizer must add none.
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def sampling_state(self) -> dict[str, Any]:
+        """Where the per-request seed sequence stands (see :func:`request_seed`).
+
+        A trainer saves it with a checkpoint and hands it to
+        :meth:`load_sampling_state` on resume, so the resumed run's n-th request gets
+        the seed the uninterrupted run's would have.
+        """
+        with self._seed_lock:
+            return {"requests_seeded": self._requests_seeded}
+
+    def load_sampling_state(self, state: dict[str, Any]) -> None:
+        """Continue the seed sequence of a :meth:`sampling_state`; ``{}`` keeps it as it is."""
+        if "requests_seeded" in state:
+            with self._seed_lock:
+                self._requests_seeded = int(state["requests_seeded"])
+
     def _request_seeds(self, n: int) -> list[int] | None:
         """The seeds of the next ``n`` requests (see :func:`request_seed`); None if unseeded."""
         if self.seed is None:

@@ -129,12 +129,10 @@ class TransformersPolicy(LocalModelPolicy):
             raise ValueError(
                 f"{self.path} has no chat template; the policy renders conversations with it"
             )
-        torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-        # transformers 4.56 renamed torch_dtype to dtype; the extra allows older releases.
-        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-        dtype_arg = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            self.path, trust_remote_code=trust_remote_code, **{dtype_arg: torch_dtype}
+            self.path,
+            trust_remote_code=trust_remote_code,
+            dtype=dtype if dtype == "auto" else getattr(torch, dtype),
         ).to(self.device)
         self.model.eval()
         self.stop_token_ids = self._stop_ids(stop_tokens)

@@ -53,7 +53,7 @@ class World:
         agg.write(Path(out_dir) / "aggregates.json")
         return agg
 
-    def grpo(self, incumbent, target, out_dir, cfg):
+    def grpo(self, incumbent, target, out_dir, cfg, *, seed):
         r = Path(out_dir).parent.name  # round-00
         self._tick(f"grpo {r} from {Path(incumbent).name} on {target}")
         return str(Path(out_dir) / f"cand-{r}")
@@ -105,6 +105,39 @@ def test_rounds_gate_and_keep_the_best_eligible_checkpoint(world, tmp_path):
     assert saved.seconds == pytest.approx(state.seconds)
     assert f"Time: {state.seconds:.0f} s" in report
     assert (tmp_path / "loop" / "rounds.png").stat().st_size > 0
+
+
+def test_every_round_trains_with_its_own_seed_and_the_chosen_kl_reference(
+    toy, monkeypatch, tmp_path
+):
+    """Round 2 follows a hold and targets S3 like the held round 1: with one seed for
+    every round it would replay round 1 exactly (same incumbent, states and samples)."""
+    from bat_gym.trainers import grpo
+
+    scores = {**SCORES, "cand-round-01": {"overall": 0.30, "S3": 0.0}}
+    w = World(toy, scores)
+    monkeypatch.setattr(bicurl, "evaluate_checkpoint", w.evaluate)
+    configs = []
+
+    def fake_train(c):
+        configs.append(c)
+        return {"final": str(Path(c.output_dir).parent / f"cand-{Path(c.output_dir).parent.name}")}
+
+    monkeypatch.setattr(grpo, "train", fake_train)
+    state = run_loop(cfg(tmp_path))
+    assert [r["target"] for r in state.rounds] == ["S3", "S3", "S3"]
+    assert [Path(c.model).name for c in configs] == ["start", "cand-round-00", "cand-round-00"]
+    seeds = [c.seed for c in configs]
+    assert len(set(seeds)) == 3 and seeds == [bicurl.round_seed(0, r) for r in range(3)]
+    assert all(c.kl_reference is None for c in configs)  # the round's incumbent
+
+    configs.clear()
+    anchored = BiCuRLConfig(
+        model=str(tmp_path / "start"), output_dir=str(tmp_path / "anchored"),
+        benchmark="toy_pipeline", rounds=2, kl_reference="start",
+    )  # fmt: skip
+    run_loop(anchored)
+    assert [c.kl_reference for c in configs] == [anchored.model] * 2
 
 
 @pytest.mark.parametrize("kill_at", range(1, 8))

@@ -68,6 +68,46 @@ def test_config_errors_name_the_fix(tiny, toy_bank, tmp_path):
         config(tiny, toy_bank, tmp_path, warmup_steps=3)
 
 
+def test_a_bf16_checkpoint_trains_fp32_master_weights_at_the_reference_lr(
+    tiny, toy_bank, tmp_path, monkeypatch
+):
+    """One AdamW step at lr 2.5e-7 moves every weight that has a gradient by ~lr: far
+    below bf16's spacing, so a bf16 master copy would round nearly all of it away."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bat_gym.trainers import grpo
+
+    start = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.bfloat16).save_pretrained(start)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(start)
+    # Rewards of a random tiny model are all 0; fixed advantages give every step a
+    # policy gradient, which is what this test is about.
+    monkeypatch.setattr(grpo, "group_advantages", lambda r, g, **_: torch.linspace(-1, 1, len(r)))
+    cfg = config(start, toy_bank, tmp_path / "run", steps=1, lr=2.5e-7, kl_coef=0.0)
+    summary = train(cfg)
+    before = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(summary["final"], dtype="auto").state_dict()
+    blocks = [k for k in before if ".layers." in k and k.endswith("weight")]
+    assert all(after[k].dtype == torch.float32 for k in blocks)
+    moved = sum(int((after[k] != before[k]).sum()) for k in blocks)
+    total = sum(before[k].numel() for k in blocks)
+    assert moved / total > 0.9, f"{moved} of {total} weights moved"
+
+
+def test_a_resumed_run_continues_the_sampling_seed_sequence(tiny, toy_bank, tmp_path):
+    def requests_seeded(out, step):
+        state = out / "checkpoints" / f"step-{step:08d}" / "trainer_state.pt"
+        return torch.load(state, weights_only=False)["sampling"]["requests_seeded"]
+
+    whole = tmp_path / "whole"
+    train(config(tiny, toy_bank, whole, steps=2))
+    split = tmp_path / "split"
+    train(config(tiny, toy_bank, split, steps=1))
+    train(config(tiny, toy_bank, split, steps=2))  # resumes from step 1
+    assert requests_seeded(split, 1) == requests_seeded(whole, 1) > 0
+    assert requests_seeded(split, 2) == requests_seeded(whole, 2) > requests_seeded(whole, 1)
+
+
 @pytest.mark.slow
 def test_a_killed_run_resumes_from_its_last_checkpoint(tiny, toy_bank, tmp_path):
     cfg = config(tiny, toy_bank, tmp_path, steps=4, warmup_steps=4)
