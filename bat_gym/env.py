@@ -29,7 +29,7 @@ import gymnasium as gym
 
 from bat_gym.benchmark import Benchmark
 from bat_gym.completion import Completion
-from bat_gym.errors import ResetNeeded, WorkspaceRejected
+from bat_gym.errors import EnvNotCopyable, ResetNeeded, WorkspaceRejected
 from bat_gym.protocol import TOOLS, ToolProtocol, clean_text, get_protocol, validate_call
 from bat_gym.record import ExecutionRecord, ToolCallRecord
 from bat_gym.sandbox import ExecResult, Sandbox, SandboxLimits, make_sandbox
@@ -269,6 +269,16 @@ class StageEnv(gym.Env[str, str]):
             self.sandbox.close()
             self.sandbox = None
         super().close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle (and deep-copy) an env that holds no sandbox: before reset, after close.
+
+        Raises:
+            EnvNotCopyable: the env holds a running sandbox.
+        """
+        if self.sandbox is not None:
+            raise EnvNotCopyable(self.spec.id if self.spec is not None else "StageEnv")
+        return self.__dict__.copy()
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ __all__ = [
     "StateNotFound",
     "TrackNotFound",
     "ResetNeeded",
+    "EnvNotCopyable",
     "BankError",
     "RubricContractError",
     "ContractNotFound",
@@ -211,6 +212,23 @@ class StateNotFound(_NotFound):
 
 class ResetNeeded(BatGymError, RuntimeError):
     """``step`` was called before ``reset`` or after the episode ended."""
+
+
+class EnvNotCopyable(BatGymError, TypeError):
+    """``pickle`` or ``copy.deepcopy`` of an env in the middle of an episode.
+
+    The episode lives in a running sandbox (processes, sockets, a seccomp listener),
+    which cannot be copied. A ``TypeError``, as ``pickle`` raises for what it cannot
+    pickle.
+    """
+
+    def __init__(self, env_id: str) -> None:
+        super().__init__(
+            f"{env_id} is in an episode, which lives in a running sandbox and cannot be "
+            "pickled or copied; copy the env before reset() or after close(), or make a new "
+            "one (gym.make(env.spec)) and reset it to the same start state with "
+            "reset(options={'state_id': env.unwrapped.state.state_id})"
+        )
 
 
 class BankError(BatGymError):

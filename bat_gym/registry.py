@@ -165,7 +165,12 @@ def env_ids() -> list[str]:
 def register_envs() -> None:
     """Register the ``bat/*`` ids with Gymnasium (idempotent, imports no benchmark)."""
     import gymnasium as gym
+    from gymnasium.envs.registration import WrapperSpec
 
+    # Applied after Gymnasium's TimeLimit, so a max_episode_steps truncation is scored.
+    verdict = WrapperSpec(
+        "TruncationVerdict", "bat_gym.rubrics.reward:TruncationVerdict", kwargs={}
+    )
     for name, env_id in zip(STAGE_ENV_NAMES, env_ids(), strict=True):
         if env_id not in gym.registry:
             gym.register(
@@ -173,6 +178,7 @@ def register_envs() -> None:
                 entry_point="bat_gym.rubrics.reward:make_env",
                 kwargs={"stage": name},
                 disable_env_checker=False,
+                additional_wrappers=(verdict,),
             )
 
 

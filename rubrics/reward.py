@@ -13,7 +13,10 @@ a zero with that category in :attr:`~bat_gym.rubrics.verifier.Verdict.rejected`,
 never an exception.
 
 ``gym.make("bat/...-v0")`` applies it through :func:`make_env`; pass
-``rubric_reward=False`` for the bare env.
+``rubric_reward=False`` for the bare env. The ids also end their wrapper stack with
+:class:`TruncationVerdict`, so an episode that ``gym.make(..., max_episode_steps=N)``
+(Gymnasium's ``TimeLimit``, applied outside the entry point's wrappers) truncates is
+scored like one the env's own budgets truncate.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from bat_gym.rubrics.verifier import Verdict, rejected_verdict, verify
 from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.sandbox.snapshot import without_paths
 
-__all__ = ["RubricReward", "make_env"]
+__all__ = ["RubricReward", "TruncationVerdict", "make_env"]
 
 
 class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
@@ -56,6 +59,18 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
         gym.Wrapper.__init__(self, env)
         self.contracts = contracts
         self.last_verdict: Verdict | None = None
+
+    @property
+    def spec(self) -> Any:
+        """The env's spec, without this wrapper in ``additional_wrappers``.
+
+        :func:`make_env` applies (or, with ``rubric_reward=False``, leaves out) this
+        wrapper from the id's own keyword arguments, so recreating the env from its spec
+        must not add it a second time; and the ids' registered
+        :class:`TruncationVerdict` follows Gymnasium's ``TimeLimit`` only when the
+        entry point's wrappers are not listed as applied before it.
+        """
+        return self.env.spec
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -124,6 +139,47 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
             spec=base.benchmark.spec,
         )
         return verify(contract, ctx, library=library)
+
+
+class TruncationVerdict(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
+    """Score an episode that a wrapper outside the rubric truncated.
+
+    ``RubricReward`` scores when the env's own budgets end an episode; a ``TimeLimit``
+    applied around it (``gym.make(id, max_episode_steps=N)``) truncates a step that the
+    rubric took for an intermediate one, which would leave the episode with reward 0
+    and no verdict. Around such a stack, this wrapper scores that step with the
+    enclosed :class:`RubricReward` (its reward and ``info["verdict"]``), as the env's
+    own truncation would. Without a ``RubricReward`` inside it passes steps through.
+
+    The ``bat/*`` ids apply it last. Around your own ``TimeLimit``, wrap it yourself::
+
+        env = TruncationVerdict(TimeLimit(gym.make("bat/S3-v0"), 5))  # doctest: +SKIP
+    """
+
+    def __init__(self, env: gym.Env[str, str]) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step; when an outer wrapper truncated an unscored episode, score it."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if truncated and not terminated and "verdict" not in info:
+            rubric = _rubric_inside(self.env)
+            if rubric is not None:
+                verdict = rubric.score_episode()
+                rubric.last_verdict = verdict
+                reward = 0.0 if verdict.reward is None else verdict.reward
+                info = {**info, "verdict": verdict}
+        return obs, reward, terminated, truncated, info
+
+
+def _rubric_inside(env: gym.Env[str, str]) -> RubricReward | None:
+    """The RubricReward in ``env``'s wrapper stack, or None."""
+    while not isinstance(env, RubricReward):
+        env = getattr(env, "env", None)  # type: ignore[assignment]
+        if env is None:
+            return None
+    return env
 
 
 def make_env(stage: str = "E2E", *, rubric_reward: bool = True, **kwargs: Any) -> gym.Env[str, str]:

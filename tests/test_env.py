@@ -214,3 +214,46 @@ def test_close_releases_the_sandbox(env):
     env.close()
     assert env.sandbox is None and not slot.exists()
     env.close()  # idempotent
+
+
+def test_a_time_limit_from_make_truncates_with_a_verdict(toy_bank):
+    """``gym.make(id, max_episode_steps=N)`` puts Gymnasium's TimeLimit outside the
+    rubric; the truncated step still gets the verdict and its reward."""
+    env = gym.make("bat/Plan-v0", benchmark="toy_pipeline", states=toy_bank, max_episode_steps=2)
+    try:
+        env.reset(seed=0)
+        assert env.step(bash("true"))[3] is False
+        _, reward, term, trunc, info = env.step(
+            bash("mkdir -p plan && echo '# Plan' > plan/plan.md")
+        )
+        assert trunc and not term
+        verdict = info["verdict"]
+        assert verdict.reward is not None and reward == verdict.reward
+        # The same stack comes back from the spec, and without the rubric the wrapper idles.
+        again = gym.make(env.spec)
+        assert str(again) == str(env)
+        again.close()
+        bare = gym.make("bat/Plan-v0", benchmark="toy_pipeline", states=toy_bank,
+                        rubric_reward=False, max_episode_steps=1)  # fmt: skip
+        bare.reset(seed=0)
+        _, reward, _, trunc, info = bare.step(bash("true"))
+        assert trunc and reward == 0.0 and "verdict" not in info
+        bare.close()
+    finally:
+        env.close()
+
+
+def test_pickle_and_deepcopy_work_out_of_an_episode_and_say_why_not_in_one(env):
+    import copy
+    import pickle
+
+    from bat_gym.errors import EnvNotCopyable
+
+    assert type(copy.deepcopy(env)) is StageEnv
+    env.reset(seed=0)
+    for copier in (pickle.dumps, copy.deepcopy):
+        with pytest.raises(EnvNotCopyable, match="reset\\(options=\\{'state_id'"):
+            copier(env)
+    env.close()
+    restored = pickle.loads(pickle.dumps(env))
+    assert restored.focus == env.focus and restored.sandbox is None
