@@ -25,6 +25,7 @@ __all__ = [
     "ResetNeeded",
     "EnvNotCopyable",
     "BankError",
+    "ModelNotFound",
     "RubricContractError",
     "ContractNotFound",
     "CheckNotFound",
@@ -242,6 +243,21 @@ class BankError(BatGymError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class ModelNotFound(BatGymError):
+    """A local model path that is not a model directory.
+
+    Attributes:
+        path: the path given.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"no model directory at {path}: give a directory that save_pretrained wrote "
+            "(config.json, weights, tokenizer); `bat-gym tiny-model DIR` builds a tiny one"
+        )
 
 
 class RubricContractError(BatGymError):

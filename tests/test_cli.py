@@ -53,3 +53,29 @@ def test_bank_build_then_show(tmp_path):
     assert result.exit_code == 0, result.output
     shown = runner.invoke(app, ["bank", "show", str(out)])
     assert "12 states of toy_pipeline" in shown.output and "S3   lookup" in shown.output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["bank", "show", "README.md"], "a file, not a Stage Bank directory"),
+        (["eval", "--policy", "hf:/no/such/model", "--out", "{tmp}/run"], "no model directory"),
+        (["eval", "--policy", "openai:http://127.0.0.1:9/v1#m", "--out", "{tmp}/run",
+          "--benchmark", "toy_pipeline"], "no server answers"),
+    ],
+)  # fmt: skip
+def test_user_mistakes_are_one_line(args, says, tmp_path):
+    """Run as the console script runs it: an error a user caused is one line, no traceback."""
+    import subprocess
+    import sys
+
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    done = subprocess.run(
+        [sys.executable, "-c", "from bat_gym.cli import main; main()", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert says in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -14,7 +14,7 @@ import typer
 
 from bat_gym.cli.options import BenchmarkName
 
-__all__ = ["train_app", "loop"]
+__all__ = ["train_app", "loop", "tiny_model"]
 
 train_app = typer.Typer(no_args_is_help=True, help="Train a policy: cold-start SFT, GRPO.")
 
@@ -234,3 +234,34 @@ def loop(
     )
     state = run_loop(cfg)
     typer.echo(f"best eligible checkpoint: {state.incumbent}  (report: {out}/report.md)")
+
+
+def tiny_model(
+    out: Annotated[Path, typer.Argument(help="Directory to write the model and tokenizer to.")],
+    benchmark: BenchmarkName = None,
+    hidden_size: Annotated[
+        int, typer.Option("--hidden-size", min=64, help="Width; heads are 64 wide.")
+    ] = 128,
+    layers: Annotated[int, typer.Option("--layers", min=1, help="Decoder layers.")] = 2,
+    vocab_size: Annotated[int, typer.Option("--vocab-size", min=300, help="BPE vocabulary.")] = 1024,
+    seed: Seed = 0,
+) -> None:
+    """Build a tiny random-init Qwen3-style model whose tokenizer knows the benchmark's text.
+
+    For trying the trainers on a CPU: nothing is downloaded, and the directory loads
+    with AutoModelForCausalLM / AutoTokenizer like any checkpoint (--model OUT).
+    """
+    from bat_gym.trainers.tiny_model import benchmark_corpus, build_tiny_model
+
+    if hidden_size % 64:
+        raise typer.BadParameter("--hidden-size must be a multiple of 64 (heads are 64 wide)")
+    build_tiny_model(
+        out,
+        benchmark_corpus(benchmark),
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=layers,
+        num_heads=hidden_size // 64,
+        seed=seed,
+    )
+    typer.echo(f"tiny model ({hidden_size} wide, {layers} layers) -> {out}")

@@ -16,7 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "build_tokenizer", "build_tiny_model"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "benchmark_corpus",
+    "build_tokenizer",
+    "build_tiny_model",
+]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -147,3 +153,28 @@ def build_tiny_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def benchmark_corpus(benchmark: str | None = None, *, tasks_per_track: int = 2) -> list[str]:
+    """What a model trained on ``benchmark`` reads and writes: its prompts and teacher turns.
+
+    The system prompt of every focus (the Hermes tool protocol, the stage skills), the
+    user prompts and the teacher's turns of ``tasks_per_track`` training tasks per
+    track, every outcome the benchmark declares. A tokenizer trained on it covers the
+    benchmark's text without a Stage Bank being built.
+    """
+    from bat_gym.protocol import get_protocol
+    from bat_gym.registry import get_benchmark
+
+    bench = get_benchmark(benchmark)
+    protocol = get_protocol("hermes")
+    texts = [bench.system_prompt(f, protocol) for f in bench.spec.focuses]
+    seeds = bench.seeds("train")
+    for track in bench.spec.tracks:
+        for seed in seeds[:tasks_per_track]:
+            task = bench.make_task(track.name, seed, "train")
+            texts += [bench.user_prompt(task, f) for f in bench.spec.focuses]
+            for outcome in bench.outcomes:
+                for turn in bench.teacher_script(task, outcome):
+                    texts.append(protocol.render(turn.content, list(turn.calls)))
+    return texts

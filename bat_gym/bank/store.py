@@ -52,6 +52,12 @@ class StageBank(_StateLookup):
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         rows_path = self.root / "rows.jsonl"
+        if self.root.exists() and not self.root.is_dir():
+            raise BankError(
+                str(self.root),
+                "a file, not a Stage Bank directory; give the directory `bat-gym bank build "
+                "--out DIR` made",
+            )
         try:
             manifest = json.loads((self.root / "manifest.json").read_text())
             data = rows_path.read_bytes()

@@ -145,6 +145,7 @@ def evaluate(
     cells = held_out_cells(bench, cfg)
     identity = _identity(bench, policy, cells, cfg)
     _check_resumable(out, identity)
+    policy.check_ready()  # a server that is down: one error now, not one per cell
 
     started, t0 = datetime.now(UTC), time.perf_counter()
     results = run_cells(bench, policy, cells, out, cfg)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.completion import Completion
+from bat_gym.errors import BatGymError
 
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["EpisodeContext", "Policy", "PolicyOutput", "PolicyRequest", "PolicyError"]
 
 
-class PolicyError(RuntimeError):
+class PolicyError(BatGymError, RuntimeError):
     """The policy could not produce a message (server down, bad reply, engine crash).
 
     An infrastructure failure, not a model failure: the evaluation marks the cell
@@ -122,6 +123,17 @@ class Policy(ABC):
     def act(self, request: PolicyRequest) -> PolicyOutput:
         """One assistant message for one request."""
         return self.act_batch([request])[0]
+
+    def check_ready(self) -> None:
+        """Fail fast when the backend cannot answer at all (nothing to check by default).
+
+        Called once before a run plays any episode, so a server that is down is one
+        clear error up front instead of a retry storm in every cell.
+
+        Raises:
+            PolicyError: the backend is unreachable or refuses to serve.
+        """
+        return None
 
     def identity(self) -> dict[str, Any]:
         """What reproduces this policy, for run manifests: kind, model digest or server+model.

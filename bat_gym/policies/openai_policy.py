@@ -260,6 +260,41 @@ class OpenAIPolicy(Policy):
             pool = self._pool
         return list(pool.map(self._complete, requests))
 
+    def check_ready(self, timeout_s: float = 5.0) -> None:
+        """One ``GET {base_url}/models``: the server must answer, and know the model.
+
+        Any HTTP answer but 401/403/404 means a server is there; a refused connection,
+        an unknown host or no answer within ``timeout_s`` is a :class:`PolicyError`
+        at once, without the retries a request would get.
+        """
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        req = urllib.request.Request(f"{self.base_url}/models", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                body = resp.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                raise PolicyError(
+                    f"{self.name} at {self.base_url}: HTTP {exc.code}, the server refuses "
+                    "the credentials; set the API key (api_key= or OPENAI_API_KEY)"
+                ) from None
+            return  # a server answered; some have no /models route
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise PolicyError(
+                f"{self.name} at {self.base_url}: no server answers ({reason}); start it, or "
+                "check the URL (it ends in /v1 for vLLM and SGLang)"
+            ) from None
+        try:
+            served = [m.get("id") for m in json.loads(body).get("data", [])]
+        except (ValueError, AttributeError):
+            return
+        if served and self.model not in served:
+            raise PolicyError(
+                f"{self.name} at {self.base_url}: the server does not serve model "
+                f"{self.model!r}; it serves {', '.join(map(str, served[:8]))}"
+            )
+
     def identity(self) -> dict[str, Any]:
         """Server, model and sampling settings; never the API key."""
         return {

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bat_gym.errors import ModelNotFound
 from bat_gym.policies.base import PolicyError
 from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
 
@@ -112,7 +113,7 @@ class TransformersPolicy(LocalModelPolicy):
         transformers = _import_transformers()
         self.path = Path(path)
         if not self.path.is_dir():
-            raise FileNotFoundError(f"no model directory at {self.path}")
+            raise ModelNotFound(str(self.path))
         self.name = f"hf:{self.path.name}"
         self.temperature = temperature
         self.top_p = top_p

@@ -65,11 +65,23 @@ class FakeServer:
         self.requests = []  # (headers, body) per request, in arrival order
         self.lock = threading.Lock()
         self.in_flight = self.max_in_flight = 0
+        self.models = ["tiny-qwen"]  # GET /v1/models lists these
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):  # keep test output clean
                 pass
+
+            def do_GET(self):
+                if self.path != "/v1/models":
+                    self.send_error(404)
+                    return
+                data = json.dumps({"data": [{"id": m} for m in server.models]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -342,3 +354,39 @@ def test_an_episode_on_the_toy_benchmark_driven_through_the_server(server, make,
     assert all(
         isinstance(c["function"]["arguments"], str) for m in sent for c in m.get("tool_calls", [])
     )
+
+
+def _closed_port_url():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_check_ready_passes_on_a_serving_server_and_names_what_is_wrong_otherwise(server, make):
+    from bat_gym.errors import BatGymError
+
+    make().check_ready()
+    server.models = ["other-model"]
+    with pytest.raises(PolicyError, match="does not serve model 'tiny-qwen'; it serves other-model"):
+        make().check_ready()
+    down = OpenAIPolicy(_closed_port_url(), "tiny-qwen", api_key="", backoff_s=0.01)
+    t0 = time.monotonic()
+    with pytest.raises(BatGymError, match="no server answers .* start it, or check the URL"):
+        down.check_ready()
+    assert time.monotonic() - t0 < 3.0  # no retries
+    down.close()
+
+
+def test_an_evaluation_against_a_server_that_is_down_fails_once_up_front(tmp_path):
+    from bat_gym.evaluation import evaluate
+
+    down = OpenAIPolicy(_closed_port_url(), "tiny-qwen", api_key="", backoff_s=0.01)
+    t0 = time.monotonic()
+    with pytest.raises(PolicyError, match="no server answers"):
+        evaluate("toy_pipeline", down, tmp_path / "run")
+    assert time.monotonic() - t0 < 5.0
+    assert not list((tmp_path / "run").glob("cells/*"))
+    down.close()

@@ -225,5 +225,7 @@ def test_bad_settings_fail_before_loading(model_dir):
         TransformersPolicy(model_dir, temperature=-1)
     with pytest.raises(ValueError, match="top_p"):
         TransformersPolicy(model_dir, top_p=0)
-    with pytest.raises(FileNotFoundError):
+    from bat_gym.errors import ModelNotFound
+
+    with pytest.raises(ModelNotFound, match="bat-gym tiny-model DIR"):
         TransformersPolicy(model_dir / "missing")
