@@ -20,6 +20,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from bat_gym.env import StageEnv
+from bat_gym.errors import CurriculumError
 from bat_gym.rounds import RLRow, RoundSpec, build_round
 from bat_gym.spec import StageState
 
@@ -149,7 +150,7 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
     def _stage_id(self, stage: str) -> str:
         focus = self.env.unwrapped.benchmark.spec.focus(stage)
         if focus == "E2E":
-            raise ValueError(
+            raise CurriculumError(
                 "target must be a stage (S1, S2, ...; or its name), got 'E2E': E2E states "
                 "are their own pool in every batch (e2e_per_batch)"
             )

@@ -24,6 +24,7 @@ __all__ = [
     "TrackNotFound",
     "ResetNeeded",
     "EnvNotCopyable",
+    "CurriculumError",
     "BankError",
     "ModelNotFound",
     "RubricContractError",
@@ -230,6 +231,14 @@ class EnvNotCopyable(BatGymError, TypeError):
             "one (gym.make(env.spec)) and reset it to the same start state with "
             "reset(options={'state_id': env.unwrapped.state.state_id})"
         )
+
+
+class CurriculumError(BatGymError, ValueError):
+    """A curriculum round cannot be drawn from the states it is given.
+
+    The message names what is short (a target stage no state has, a pool with fewer
+    states than a batch takes) and the fix.
+    """
 
 
 class BankError(BatGymError):

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from bat_gym.errors import CurriculumError
 from bat_gym.spec import E2E, ContractRef, Outcome, StageState
 
 __all__ = ["Pool", "POOLS", "RoundSpec", "RLRow", "build_round"]
@@ -236,10 +237,12 @@ def build_round(rows: Sequence[StageState], spec: RoundSpec) -> list[list[RLRow]
         {a.state_id for a, b in zip(ordered, ordered[1:], strict=False) if a.state_id == b.state_id}
     )
     if dupes:
-        raise ValueError(f"state_id(s) {dupes[:5]} occur more than once; pass each state once")
+        raise CurriculumError(
+            f"state_id(s) {dupes[:5]} occur more than once; pass each state once"
+        )
     focuses = sorted({r.focus for r in ordered})
     if spec.target not in focuses:
-        raise ValueError(
+        raise CurriculumError(
             f"unknown target stage {spec.target!r}: no state has it as focus (focuses present: "
             f"{focuses}); pick one of those, or build a bank that holds {spec.target} states"
         )
@@ -248,9 +251,10 @@ def build_round(rows: Sequence[StageState], spec: RoundSpec) -> list[list[RLRow]
         have = len({r.state_id for r in pools[pool]})
         if k and have < k:
             what = _POOL_WORDS[pool].format(target=spec.target)
-            raise ValueError(
+            raise CurriculumError(
                 f"the {pool!r} pool needs at least {k} {what} per batch, but the rows hold "
-                f"{have}; add such states to the bank, or lower {pool}_per_batch"
+                f"{have}; add such states to the bank (bat-gym bank build --tasks-per-track N), "
+                f"or lower {pool}_per_batch"
             )
     streams = {
         pool: _PoolStream(pools[pool], random.Random(f"bat-round/{spec.seed}/{spec.target}/{pool}"))

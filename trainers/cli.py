@@ -98,7 +98,7 @@ def grpo(
     bank: BankOpt = None,
     target: Annotated[
         str | None,
-        typer.Option("--target", help="Curriculum target stage (S1..S5, a name, or E2E)."),
+        typer.Option("--target", help="Curriculum target stage (S1..S5, or a name: Validate)."),
     ] = None,
     state_id: Annotated[
         list[str] | None,

@@ -62,137 +62,12 @@ _KILL_TIMEOUT_S = 10.0
 _DRAIN_GRACE_S = 2.0
 _FRAME = struct.Struct(">BxxxL")
 _STDOUT = 1
-
-# Runs every call inside the container, as ``python3 -I -S boot.py CPU ARGV...``. The
-# program's stdout and stderr share one pipe, so they interleave as written, and boot
-# copies that pipe to the exec's stdout only until the program itself exits: a
-# background process the call left running keeps the pipe, not the exec, open (the
-# engine would otherwise hold the call until it ended). The exit status goes out on
-# the exec's stderr, which no process of the agent holds or can reach, so it cannot be
-# forged.
-_BOOT = r"""
-import ctypes, os, resource, select, sys
-import _signal as signal  # not `signal`: it imports enum, a few ms at every call
-
-# Not dumpable: processes of the agent's uid can neither ptrace this one nor open its
-# descriptors through /proc to write into the exec's streams. The program it execs is
-# dumpable again, as usual.
-ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
-cpu = int(sys.argv[1])
-argv = sys.argv[3:]
-# Every program this call executes reports to the host first (exec_filter.py): the
-# host takes the listener from this process by its number and answers each exec.
-if sys.argv[2] == "trace":
-    sys.path.insert(0, "/run/bat")
-    try:
-        import exec_filter
-
-        os.write(2, b"listener %d\n" % exec_filter.install_listener())
-    except (ImportError, OSError) as exc:
-        os.write(2, b"nolistener %s\n" % str(exc).encode(errors="replace")[:200])
-r, w = os.pipe()
-try:
-    pid = os.fork()
-except OSError as exc:  # the cgroup's process limit is reached
-    os.write(1, f"[cannot start {argv[0]}: {exc.strerror}: too many processes]\n".encode())
-    os.write(2, b"status 126\n")
-    sys.exit(0)
-if pid == 0:
-    try:
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(w, 1)
-        os.dup2(w, 2)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; exec keeps that
-            signal.signal(sig, signal.SIG_DFL)
-        os.execvp(argv[0], argv)
-    except BaseException as exc:
-        os.write(2, f"{argv[0]}: {exc}\n".encode())
-    os._exit(127)
-os.close(w)
-pidfd = os.pidfd_open(pid)
-
-
-def copy():
-    try:
-        chunk = os.read(r, 65536)
-    except BlockingIOError:
-        return False
-    view = memoryview(chunk)
-    while view:
-        view = view[os.write(1, view):]
-    return bool(chunk)
-
-
-open_ = True
-while True:
-    ready, _, _ = select.select([r, pidfd] if open_ else [pidfd], [], [])
-    if r in ready:
-        open_ = copy()
-    if pidfd in ready:
-        break
-_, status = os.waitpid(pid, 0)
-os.set_blocking(r, False)
-for _ in range(256):  # what the program wrote before it exited; later writers are cut off
-    if not copy():
-        break
-os.write(2, b"status %d\n" % os.waitstatus_to_exitcode(status))
-"""
-
-# Kills every process of the agent's uid and empties /tmp, run as that uid. kill(-1)
-# spares the caller and the namespace's init, but reports success whenever any process
-# exists, so whether agent processes remain is read from /proc (dead ones are zombies
-# until init reaps them). Nothing here forks, so it works even when a fork bomb holds
-# every pid the cgroup allows. Prints "done" only if it finished.
-_RESET = r"""
-import os, signal, sys, time
-
-me, uid = os.getpid(), os.getuid()
-
-
-def alive():
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in (1, me):
-            continue
-        try:
-            with open(f"/proc/{name}/status", "rb") as f:
-                fields = dict(line.split(b":", 1) for line in f if b":" in line)
-            if fields[b"State"].split()[0] in (b"Z", b"X"):
-                continue
-            if int(fields[b"Uid"].split()[0]) == uid:
-                return True
-        except (OSError, KeyError, IndexError, ValueError):
-            continue
-    return False
-
-
-def remove(path):
-    if os.path.islink(path) or not os.path.isdir(path):
-        os.unlink(path)
-        return
-    os.chmod(path, 0o700)  # the agent may have made its own directories unreadable
-    for name in os.listdir(path):
-        remove(os.path.join(path, name))
-    os.rmdir(path)
-
-
-deadline = time.monotonic() + 5
-while True:
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    if not alive():
-        break
-    if time.monotonic() > deadline:
-        sys.exit(3)
-if sys.argv[1:] == ["clear"]:
-    for name in os.listdir("/tmp"):
-        remove(os.path.join("/tmp", name))
-sys.stdout.write("done\n")
-"""
-
+# What runs inside the container: real files beside this one, copied in, never imported.
+_IN_CONTAINER = {
+    "boot.py": Path(__file__).with_name("_docker_boot.py"),
+    "reset.py": Path(__file__).with_name("_docker_reset.py"),
+    "exec_filter.py": Path(exec_filter.__file__),
+}
 
 _checked_images: set[tuple[str, tuple[str, ...]]] = set()
 
@@ -367,12 +242,8 @@ class DockerSandbox(Sandbox):
         # Read-only inside: boot.py, and code too long to pass as an argument.
         self._run = self._slot.dir / "run"
         self._run.mkdir(mode=0o755)
-        for name, text in (
-            ("boot.py", _BOOT),
-            ("reset.py", _RESET),
-            ("exec_filter.py", Path(exec_filter.__file__).read_text()),
-        ):
-            (self._run / name).write_text(text)
+        for name, source in _IN_CONTAINER.items():
+            (self._run / name).write_bytes(source.read_bytes())
             (self._run / name).chmod(0o644)
         self.store = store or BlobStore(self._slot.dir / "store")
         self.index = WorkspaceIndex(
