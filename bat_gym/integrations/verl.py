@@ -168,9 +168,11 @@ async def run_episode(
     and the event loop serves the other samples' generations meanwhile.
 
     ``stop_token_ids`` are the tokens the generator stops at; default: the chat
-    template's end-of-turn token and the tokenizer's eos, which verl's vLLM and SGLang
-    servers stop at with Qwen's generation config. ``cut_turn`` is what a turn that ends
-    without one does (see :class:`~bat_gym.integrations.TokenEpisode`).
+    template's end-of-turn token and the tokenizer's eos. Pass the server's own when it
+    stops at more (verl's vLLM and SGLang servers also stop at the model's generation
+    config's eos ids): a turn ending in a token the episode does not know looks cut.
+    ``cut_turn`` is what a turn that ends without a stop token does (see
+    :class:`~bat_gym.integrations.TokenEpisode`).
     """
     loop = asyncio.get_running_loop()
     episode = TokenEpisode(
