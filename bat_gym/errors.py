@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "BatGymError",
     "SpecError",
+    "ConfigError",
     "SandboxError",
     "SandboxUnavailable",
     "SandboxCrashed",
@@ -73,6 +74,13 @@ class SpecError(BatGymError, ValueError):
         self.problems = problems
         lines = "\n".join(f"  - {path or '<root>'}: {msg}" for path, msg in problems)
         super().__init__(f"{source}: {len(problems)} problem(s) in the spec\n{lines}")
+
+
+class ConfigError(BatGymError, ValueError):
+    """A setting (a config field, a command-line option) has a value that cannot work.
+
+    The message names the setting, what is wrong with its value, and the fix.
+    """
 
 
 class SandboxError(BatGymError):

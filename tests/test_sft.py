@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from bat_gym.protocol import get_protocol  # noqa: E402
+from bat_gym.protocol import TOOLS, get_protocol  # noqa: E402
 from bat_gym.sft import (  # noqa: E402
     IGNORE_INDEX,
     SFTRejected,
@@ -154,6 +154,47 @@ def test_a_template_that_breaks_the_prefix_is_named(rows, tokenizer):
             render_sft(rows[0], tokenizer, 100_000)
     finally:
         tokenizer.chat_template = old
+
+
+@pytest.fixture(scope="module")
+def qwen3(tokenizer, tmp_path_factory):
+    from chat_templates import QWEN3, qwen_tokenizer
+
+    return qwen_tokenizer(
+        tokenizer.name_or_path, tmp_path_factory.mktemp("qwen3"), eos="<|im_end|>", template=QWEN3
+    )
+
+
+@pytest.mark.parametrize("thinking", [False, None])
+def test_a_qwen3_template_renders_with_or_without_thinking(rows, qwen3, thinking):
+    kwargs = {} if thinking is None else {"enable_thinking": thinking}
+    empty = "<think>\n\n</think>\n\n"
+    hermes = get_protocol("hermes")
+    for row in rows[:6]:
+        enc = render_sft(row, qwen3, 100_000, chat_template_kwargs=kwargs, tools=TOOLS)
+        ids, labels = enc["input_ids"], enc["labels"]
+        first = next(i for i, lab in enumerate(labels) if lab != IGNORE_INDEX)
+        prompt = qwen3.decode(ids[:first])
+        target = qwen3.decode([lab for lab in labels if lab != IGNORE_INDEX])
+        action = hermes.render(row.target.content, list(row.target.calls))
+        if thinking is False:
+            # The switch puts the empty think block in the prompt; the model answers after it.
+            assert prompt.endswith("<|im_start|>assistant\n" + empty)
+            assert target == action + "<|im_end|>"
+        else:
+            # The template writes an empty think block before the last assistant turn.
+            assert prompt.endswith("<|im_start|>assistant\n")
+            assert target == empty + action + "<|im_end|>"
+
+
+def test_the_export_records_its_chat_template_kwargs(toy, toy_bank, rows, qwen3, tmp_path):
+    kwargs = {"enable_thinking": False}
+    manifest = export_sft(
+        toy_bank, toy, qwen3, tmp_path, 100_000, rows=rows[:4], chat_template_kwargs=kwargs
+    )
+    assert manifest["chat_template_kwargs"] == kwargs
+    line = json.loads((tmp_path / "train.jsonl").read_text().splitlines()[0])
+    assert "<think>\n\n</think>" in qwen3.decode(line["input_ids"])
 
 
 def test_split_is_grouped_by_trajectory_and_deterministic(rows):

@@ -78,6 +78,9 @@ class BiCuRLConfig:
     """What each round's KL term pulls toward: the round's incumbent (the paper's "KL
     penalty toward the current policy") or the starting checkpoint (``model``, the
     cold-start SFT), which anchors every round to the same point."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Chat template arguments (e.g. ``{"enable_thinking": False}``) of every GRPO round
+    and every evaluation, so candidates are trained and judged on the same rendering."""
     seed: int = 0
     """Base seed; round ``r``'s GRPO block gets :func:`round_seed` (seed, r)."""
 
@@ -150,6 +153,8 @@ def evaluate_checkpoint(model_dir: str, out_dir: Path, cfg: BiCuRLConfig) -> Agg
     ):
         if value is not None:
             cmd += [flag, str(value)]
+    if cfg.chat_template_kwargs:
+        cmd += ["--chat-template-kwargs", json.dumps(cfg.chat_template_kwargs)]
     cmd += ["--seed", str(cfg.seed)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if done.returncode != 0:
@@ -184,6 +189,7 @@ def _grpo_block(incumbent: str, target: str, out_dir: Path, cfg: BiCuRLConfig, *
         "steps": cfg.steps_per_round,
         "seed": seed,
         "kl_reference": cfg.model if cfg.kl_reference == "start" else None,
+        "chat_template_kwargs": cfg.chat_template_kwargs,
         **cfg.grpo,
     }
     return train(GRPOConfig(**settings))["final"]
@@ -203,7 +209,9 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
     settings = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k != "rounds"}))
     if state_path.exists():
         state = LoopState.load(state_path)
-        changed = sorted(k for k in settings if state.settings.get(k) != settings[k])
+        # A loop started before chat_template_kwargs existed ran with the template's defaults.
+        recorded = {"chat_template_kwargs": {}, **state.settings}
+        changed = sorted(k for k in settings if recorded.get(k) != settings[k])
         if changed:
             raise ValueError(
                 f"{out} holds a loop run with other {', '.join(changed)}; rerun with the same "

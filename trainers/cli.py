@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from bat_gym.cli.options import BenchmarkName
+from bat_gym.cli.options import BenchmarkName, ChatTemplateKwargs, parse_chat_template_kwargs
 
 __all__ = ["train_app", "loop", "tiny_model"]
 
@@ -48,13 +48,15 @@ def sft(
     ] = None,
     eval_every: Annotated[int, typer.Option("--eval-every", min=0)] = 50,
     save_every: Annotated[int, typer.Option("--save-every", min=0)] = 50,
+    chat_template_kwargs: ChatTemplateKwargs = None,
     seed: Seed = 0,
     device: Device = "auto",
 ) -> None:
     """Cold-start SFT on the bank's SFT view (one target action per row).
 
     The view is rendered with the model's own chat template into OUT/data (reused when
-    present), then the model is fine-tuned on the target tokens only.
+    present and rendered with the same --chat-template-kwargs), then the model is
+    fine-tuned on the target tokens only.
     """
     from transformers import AutoTokenizer
 
@@ -63,16 +65,20 @@ def sft(
     from bat_gym.sft import export_sft
     from bat_gym.trainers.sft import SFTConfig, train
 
+    template_kwargs = parse_chat_template_kwargs(chat_template_kwargs)
     bench = get_benchmark(benchmark)
     data = out / "data"
     if not (data / "train.jsonl").is_file():
         states = StageBank(bank) if bank else default_bank(bench)
         tokenizer = AutoTokenizer.from_pretrained(model)
-        manifest = export_sft(states, bench, tokenizer, data, max_length)
+        manifest = export_sft(
+            states, bench, tokenizer, data, max_length, chat_template_kwargs=template_kwargs
+        )
         typer.echo(f"SFT view: {json.dumps({k: manifest[k] for k in manifest if k != 'rejected'})}")
     cfg = SFTConfig(
         model=model,
         data_dir=str(data),
+        chat_template_kwargs=template_kwargs,
         output_dir=str(out),
         lr=lr,
         micro_batch_size=micro_batch_size,
@@ -113,6 +119,38 @@ def grpo(
     ] = 0,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.7,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 512,
+    max_total_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-total-tokens",
+            min=2,
+            help="Cap on an episode's prompt + response tokens; it ends 'length' before "
+            "passing it (default: the model's context length).",
+        ),
+    ] = None,
+    cut_turn: Annotated[
+        str,
+        typer.Option(
+            "--cut-turn",
+            help="A turn cut by --max-new-tokens (no stop token): 'end' the episode there "
+            "(default; the unfinished message is not run) or 'act' on its text.",
+        ),
+    ] = "end",
+    overlong: Annotated[
+        str,
+        typer.Option(
+            "--overlong",
+            help="Episodes a token limit ended: 'mask' them out of the loss (default, DAPO's "
+            "overlong filtering), 'keep' them, or 'penalize' their reward.",
+        ),
+    ] = "mask",
+    overlong_penalty: Annotated[
+        float,
+        typer.Option(
+            "--overlong-penalty", min=0.0, help="Reward subtracted under --overlong penalize."
+        ),
+    ] = 1.0,
+    chat_template_kwargs: ChatTemplateKwargs = None,
     max_turns: Annotated[int | None, typer.Option("--max-turns", min=1)] = None,
     kl_coef: Annotated[float, typer.Option("--kl-coef", min=0.0)] = 0.006,
     kl_reference: Annotated[
@@ -138,6 +176,12 @@ def grpo(
 
     if (target is None) == (not state_id):
         raise typer.BadParameter("give exactly one of --target and --state-id")
+    for flag, value, allowed in (
+        ("--cut-turn", cut_turn, ("end", "act")),
+        ("--overlong", overlong, ("mask", "keep", "penalize")),
+    ):
+        if value not in allowed:
+            raise typer.BadParameter(f"use one of {', '.join(allowed)}", param_hint=flag)
     cfg = GRPOConfig(
         model=model,
         output_dir=str(out),
@@ -152,6 +196,11 @@ def grpo(
         warmup_steps=warmup_steps,
         temperature=temperature,
         max_new_tokens=max_new_tokens,
+        max_total_tokens=max_total_tokens,
+        cut_turn=cut_turn,  # type: ignore[arg-type]
+        overlong=overlong,  # type: ignore[arg-type]
+        overlong_penalty=overlong_penalty,
+        chat_template_kwargs=parse_chat_template_kwargs(chat_template_kwargs),
         max_turns=max_turns,
         kl_coef=kl_coef,
         kl_reference=kl_reference,
@@ -166,7 +215,8 @@ def grpo(
         typer.echo(
             f"step {m['step']:4d}  reward {m['reward']:.3f}  kl {m['kl']:.4f}  "
             f"clip {m['clip_fraction']:.3f}  zero-adv groups {m['zero_advantage_groups']:.2f}  "
-            f"len {m['response_tokens']:.0f}  ({m['rollout_s']:.1f} s + {m['update_s']:.1f} s)"
+            f"len {m['response_tokens']:.0f}  cut {m['length_cut']:.2f}  "
+            f"({m['rollout_s']:.1f} s + {m['update_s']:.1f} s)"
             + "".join(f"  {pool} {r:.3f}" for pool, r in m["reward_by_pool"].items())
         )
 
@@ -198,6 +248,7 @@ def loop(
             help="KL toward each round's incumbent (the paper's setting) or the --model start.",
         ),
     ] = "incumbent",
+    chat_template_kwargs: ChatTemplateKwargs = None,
     seed: Seed = 0,
 ) -> None:
     """BiCuRL: evaluate, pick the weakest stage, GRPO on it, gate, keep the best; repeat.
@@ -230,6 +281,7 @@ def loop(
         selector=selector,
         kl_reference=kl_reference,  # type: ignore[arg-type]
         grpo=grpo_overrides,
+        chat_template_kwargs=parse_chat_template_kwargs(chat_template_kwargs),
         seed=seed,
     )
     state = run_loop(cfg)

@@ -5,14 +5,19 @@ One optimizer step::
     states   <- next B states (a StageCurriculum round, or fixed state ids)
     rollouts <- G token-level episodes per state, played concurrently     (B*G,)
     r_i      <- rubric reward of episode i                                 (B*G,)
+                [- overlong_penalty if a token limit ended it, overlong="penalize"]
     A_i      <- r_i - mean_{j in group(i)} r_j    [/ std, off by default]  (B*G,)
+    batch    <- the rollouts, less those a token limit ended (overlong="mask", default)
     loss     <- clipped-ratio objective on every sampled token with A_i,
                 + beta * k3(pi, pi_ref), aggregated seq-mean then token-mean
     theta    <- AdamW(theta, grad loss)
 
 Episodes reach the model only through ``env.reset(options={"state_id": ...})`` and
 ``env.step``; the model sees and is trained on the exact token ids it sampled
-(:mod:`bat_gym.trainers.rollout`), with tool observations at loss mask 0.
+(:mod:`bat_gym.trainers.rollout`), with tool observations at loss mask 0. A turn ends
+at one of the sampler's stop tokens; a turn cut by ``max_new_tokens`` ends its episode
+unrun (``cut_turn``), as does ``max_total_tokens`` (prompt plus response), and such
+``length`` episodes are masked out of the loss by default (``overlong``).
 
 Defaults follow the BaT reference (G=4, 8 groups per step, T=0.7, lr 2.5e-7, k3 KL
 0.006, no std normalisation, seq-mean-token-mean); a tiny model learning a toy task
@@ -44,6 +49,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
+from bat_gym.errors import ConfigError
 from bat_gym.integrations._episode import EpisodeResult
 from bat_gym.trainers.checkpoints import (
     CheckpointDir,
@@ -127,6 +133,32 @@ class GRPOConfig:
     GPU, so leave it room)."""
     max_new_tokens: int = 512
     """Tokens per assistant turn."""
+    max_total_tokens: int | None = None
+    """Cap on an episode's prompt plus response tokens (the context the model is trained
+    on); the episode ends ``length`` before a turn or reply would pass it. None: the
+    model's context length (``max_model_len`` in ``vllm_kwargs`` when given, else the
+    model config's ``max_position_embeddings``)."""
+    cut_turn: Literal["end", "act"] = "end"
+    """A turn that used all ``max_new_tokens`` without sampling its stop token: ``end``
+    the episode there (``length``, scored as the workspace stands), or ``act`` on it
+    (close the turn with the end-of-turn token and step the env with the cut text).
+    Default ``end``: the cut text is an unfinished message, and acting on it would put
+    an end-of-turn token the model did not sample into its context."""
+    overlong: Literal["mask", "keep", "penalize"] = "mask"
+    """Episodes a token limit ended (``stop_reason == "length"``: a cut turn,
+    ``max_total_tokens``): ``mask`` leaves them out of the loss (DAPO's overlong
+    filtering; their reward still counts in their group's baseline), ``keep`` trains on
+    them with the reward as scored, ``penalize`` with ``reward - overlong_penalty``.
+    Default ``mask``: such an episode is scored on an unfinished workspace, so its reward
+    says as much about the token limits as about the policy, and training on it would
+    push down every turn of it, the sound early ones too. The ``length_cut`` metric is
+    the share masked; when it is large, raise ``max_new_tokens``."""
+    overlong_penalty: float = 1.0
+    """Subtracted from the reward of an episode a token limit ended, with
+    ``overlong="penalize"`` (1.0: below any finished episode's reward in [0, 1])."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra arguments of the chat template for prompts and env replies, e.g.
+    ``{"enable_thinking": False}`` for Qwen3; give SFT and evaluation the same."""
     max_turns: int | None = None
     """Override of the benchmark's turn budget (None: keep it)."""
     lr: float = 2.5e-7
@@ -197,6 +229,27 @@ class GRPOConfig:
             raise ValueError(
                 f"clip widths must satisfy 0 <= low < 1 and high >= 0, got "
                 f"{self.clip_eps_low}, {self.clip_eps_high}"
+            )
+        if self.max_total_tokens is not None and self.max_total_tokens < 2:
+            raise ConfigError(
+                f"max_total_tokens must hold a prompt and a token (>= 2) or be None for the "
+                f"model's context length, got {self.max_total_tokens}"
+            )
+        if self.cut_turn not in ("end", "act"):
+            raise ConfigError(f"cut_turn must be 'end' or 'act', got {self.cut_turn!r}")
+        if self.overlong not in ("mask", "keep", "penalize"):
+            raise ConfigError(
+                f"overlong must be 'mask', 'keep' or 'penalize', got {self.overlong!r}"
+            )
+        if self.overlong_penalty < 0:
+            raise ConfigError(
+                f"overlong_penalty is subtracted from the reward and must be >= 0, got "
+                f"{self.overlong_penalty}"
+            )
+        if not isinstance(self.chat_template_kwargs, dict):
+            raise ConfigError(
+                "chat_template_kwargs must be a dict of chat template arguments, e.g. "
+                f'{{"enable_thinking": False}}, got {type(self.chat_template_kwargs).__name__}'
             )
 
 
@@ -347,16 +400,19 @@ class _RolloutRow(NamedTuple):
     tokens: int
     turns: int
     finished: bool
+    length_cut: bool
+    rerendered: int
 
 
 def _rollout_metrics(
     rollouts: Sequence[EpisodeResult], pools: Sequence[str], dist: Dist
 ) -> dict[str, Any]:
-    """Means over every rank's rollouts: reward (also per pool), length, turns, finishes."""
+    """Means over every rank's rollouts: reward (also per pool), length, turns, how they ended."""
     rows: list[_RolloutRow] = dist.all_gather(
         [
             _RolloutRow(r.reward, r.reward_or_none is not None, r.state_id, pool,
-                        sum(r.response_mask), r.num_turns, r.stop_reason == "terminated")
+                        sum(r.response_mask), r.num_turns, r.stop_reason == "terminated",
+                        r.stop_reason == "length", r.rerendered_replies)
             for r, pool in zip(rollouts, pools, strict=True)
         ]
     )  # fmt: skip
@@ -379,7 +435,48 @@ def _rollout_metrics(
         "response_tokens": sum(row.tokens for row in rows) / n,
         "turns": sum(row.turns for row in rows) / n,
         "finished": sum(row.finished for row in rows) / n,
+        # Ended by a token limit (a cut turn, max_total_tokens): masked out of the loss
+        # under overlong="mask".
+        "length_cut": sum(row.length_cut for row in rows) / n,
+        # Replies after a turn the chat template re-renders (see TokenEpisode).
+        "rerendered_replies": sum(row.rerendered for row in rows) / n,
     }
+
+
+def _context_length(model: Any, cfg: GRPOConfig) -> int | None:
+    """The longest sequence the model (or the vLLM engine) is set up for; None if unknown."""
+    limits = [
+        getattr(getattr(model, "config", None), "max_position_embeddings", None),
+        cfg.vllm_kwargs.get("max_model_len") if cfg.generator == "vllm" else None,
+    ]
+    known = [int(x) for x in limits if isinstance(x, int) and x > 1]
+    return min(known) if known else None
+
+
+def _shaped_reward(rollout: EpisodeResult, cfg: GRPOConfig) -> float:
+    """The reward the advantages see: less ``overlong_penalty`` for a token-limited episode."""
+    if cfg.overlong == "penalize" and rollout.stop_reason == "length":
+        return rollout.reward - cfg.overlong_penalty
+    return rollout.reward
+
+
+def _mask_overlong(
+    rollouts: Sequence[EpisodeResult], adv: torch.Tensor
+) -> tuple[list[EpisodeResult], torch.Tensor]:
+    """Leave the episodes a token limit ended out of the update, with their advantages.
+
+    The same as a loss mask of 0 on all their tokens (DAPO's overlong filtering), except
+    that they do not count in a per-sequence mean either.
+
+    Args:
+        rollouts: the scored rollouts, (N,).
+        adv: their advantages, (N,).
+
+    Returns:
+        The rollouts that ended otherwise, and their advantages, (M,) with M <= N.
+    """
+    kept = [i for i, r in enumerate(rollouts) if r.stop_reason != "length"]
+    return [rollouts[i] for i in kept], adv[torch.tensor(kept, dtype=torch.long)]
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
@@ -434,6 +531,7 @@ def train(
             start,
             max_tokens=cfg.max_new_tokens,
             max_batch_size=cfg.num_envs,
+            chat_template_kwargs=cfg.chat_template_kwargs,
             **sampling,
             **cfg.vllm_kwargs,
         )
@@ -448,9 +546,11 @@ def train(
             dtype="float32",  # the master weights (see the module docstring)
             max_new_tokens=cfg.max_new_tokens,
             max_batch_size=cfg.num_envs,
+            chat_template_kwargs=cfg.chat_template_kwargs,
             **sampling,
         )
         model, tokenizer = policy.model, policy.tokenizer
+    max_total_tokens = cfg.max_total_tokens or _context_length(model, cfg)
     ref = None
     if cfg.kl_coef > 0:
         # Frozen, so it keeps the checkpoint's own dtype: its precision only enters the
@@ -510,6 +610,12 @@ def train(
         max_new_tokens=cfg.max_new_tokens,
         num_envs=cfg.num_envs,
         max_batch_size=cfg.num_envs,
+        # The sampler's own stop tokens: a turn that ends in one is finished, any other
+        # was cut by max_new_tokens.
+        stop_token_ids=sorted(policy.stop_token_ids),
+        chat_template_kwargs=cfg.chat_template_kwargs,
+        max_total_tokens=max_total_tokens,
+        cut_turn=cfg.cut_turn,
     )
 
     # ---- resume -------------------------------------------------------------------
@@ -542,7 +648,9 @@ def train(
 
             # ---- rewards and advantages ------------------------------------------
             scored = [r for r in rollouts if r.reward_or_none is not None]  # null verdicts dropped
-            rewards = torch.tensor([r.reward for r in scored], dtype=torch.float)  # (N,)
+            rewards = torch.tensor(
+                [_shaped_reward(r, cfg) for r in scored], dtype=torch.float
+            )  # (N,)
             groups = [r.state_id for r in scored]
             # A_i = r_i - mean_{j in g(i)} r_j   (/ std_g + eps when normalize_std)  -> (N,)
             # A group never spans ranks (each rank plays whole groups), so this is local.
@@ -551,6 +659,9 @@ def train(
             if cfg.filter_uniform_groups:
                 scored = [r for r, k in zip(scored, keep.tolist(), strict=True) if k]
                 adv = adv[keep]
+            if cfg.overlong == "mask":
+                # After the baselines: a masked episode still counts in its group's mean.
+                scored, adv = _mask_overlong(scored, adv)
 
             # ---- policy update -------------------------------------------------------
             t1 = time.perf_counter()

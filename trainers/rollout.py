@@ -12,11 +12,17 @@ in batches while a slow tool call holds up only its own episode.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bat_gym.integrations._episode import EpisodeResult, TokenEpisode
+from bat_gym.integrations._episode import (
+    CutTurn,
+    EpisodeResult,
+    Rerendering,
+    TokenEpisode,
+    default_stop_token_ids,
+)
 from bat_gym.policies.batching import MicroBatcher
 from bat_gym.policies.local import TokenGeneration
 
@@ -38,6 +44,18 @@ class RolloutWorkers:
         num_envs: episodes played at once (one env, one sandbox each).
         max_batch_size: the most sequences one generation call gets.
         wait_s: how long generation waits for more episodes to join a batch.
+        stop_token_ids: the tokens ``generate_batch`` stops at (``policy.stop_token_ids``),
+            so that episodes know a finished turn from a cut one; default: the chat
+            template's end-of-turn token and the tokenizer's eos
+            (:func:`~bat_gym.integrations._episode.default_stop_token_ids`).
+        chat_template_kwargs: extra ``apply_chat_template`` arguments (e.g.
+            ``{"enable_thinking": False}``), the same the policy renders prompts with.
+        max_total_tokens: cap on prompt plus response tokens of an episode (None: none).
+        cut_turn: what a turn cut by ``max_new_tokens`` does (see
+            :class:`~bat_gym.integrations.TokenEpisode`): ``"end"`` the episode or
+            ``"act"`` on it.
+        rerendering: what a chat template that re-renders earlier turns does:
+            ``"follow_sampled"`` or ``"error"``.
     """
 
     def __init__(
@@ -50,6 +68,11 @@ class RolloutWorkers:
         num_envs: int = 8,
         max_batch_size: int = 32,
         wait_s: float = 0.005,
+        stop_token_ids: Collection[int] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        max_total_tokens: int | None = None,
+        cut_turn: CutTurn = "end",
+        rerendering: Rerendering = "follow_sampled",
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -57,8 +80,18 @@ class RolloutWorkers:
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.num_envs = num_envs
-        self.batcher: MicroBatcher[list[int], TokenGeneration] = MicroBatcher(
-            lambda prompts: list(generate_batch(prompts, max_new_tokens)),
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.stop_token_ids = (
+            list(stop_token_ids)
+            if stop_token_ids is not None
+            else default_stop_token_ids(tokenizer, self.chat_template_kwargs)
+        )
+        self.max_total_tokens = max_total_tokens
+        self.cut_turn: CutTurn = cut_turn
+        self.rerendering: Rerendering = rerendering
+        self._generate_batch = generate_batch
+        self.batcher: MicroBatcher[tuple[list[int], int], TokenGeneration] = MicroBatcher(
+            self._generate,
             max_batch_size=max_batch_size,
             wait_s=wait_s,
             name="bat-gym-rollout-generate",
@@ -66,6 +99,21 @@ class RolloutWorkers:
         self._free: list[Any] = []
         self._all: list[Any] = []
         self._lock = threading.Lock()
+
+    def _generate(self, requests: list[tuple[list[int], int]]) -> list[TokenGeneration]:
+        """One call for the batch at its largest cap; each turn is then cut to its own.
+
+        The first ``k`` tokens of a sample are a sample with limit ``k`` (decoding is
+        autoregressive), so one call serves episodes with less room left.
+        """
+        cap = max(n for _, n in requests)
+        gens = list(self._generate_batch([context for context, _ in requests], cap))
+        out = []
+        for gen, (_, n) in zip(gens, requests, strict=True):
+            if len(gen.token_ids) > n:
+                gen = TokenGeneration(gen.token_ids[:n], gen.logprobs[:n], "length")
+            out.append(gen)
+        return out
 
     def _acquire(self) -> Any:
         with self._lock:
@@ -80,14 +128,28 @@ class RolloutWorkers:
         with self._lock:
             self._free.append(env)
 
+    def episode(self, env: Any) -> TokenEpisode:
+        """A :class:`~bat_gym.integrations.TokenEpisode` on ``env`` with these settings."""
+        return TokenEpisode(
+            env,
+            self.tokenizer,
+            max_new_tokens_per_turn=self.max_new_tokens,
+            max_total_tokens=self.max_total_tokens,
+            stop_token_ids=self.stop_token_ids,
+            chat_template_kwargs=self.chat_template_kwargs,
+            cut_turn=self.cut_turn,
+            rerendering=self.rerendering,
+        )
+
     def play_one(self, state_id: str) -> EpisodeResult:
         """One episode from ``state_id`` on a pooled env."""
         env = self._acquire()
         try:
-            episode = TokenEpisode(env, self.tokenizer, max_new_tokens_per_turn=self.max_new_tokens)
+            episode = self.episode(env)
             episode.reset(state_id)
             while not episode.done:
-                sample = self.batcher(episode.context_ids)
+                cap = episode.max_new_tokens
+                sample = self.batcher((episode.context_ids, cap or self.max_new_tokens))
                 episode.advance(sample.token_ids, sample.logprobs)
             return episode.result()
         finally:

@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bat_gym.errors import ConfigError
 from bat_gym.sft.rows import IGNORE_INDEX
 
 try:
@@ -100,6 +101,12 @@ class SFTConfig:
     data_dir: str | None = None
     """The :func:`~bat_gym.sft.export_sft` output (``train.jsonl``, ``validation.jsonl``).
     ``None`` when the rows are passed to :func:`train` directly."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """The chat template arguments the rows in ``data_dir`` were rendered with (e.g.
+    ``{"enable_thinking": False}``); when set, :func:`train` checks that
+    ``data_dir/manifest.json`` (written by :func:`~bat_gym.sft.export_sft`) records the
+    same, so the model is not fine-tuned on another rendering than GRPO and evaluation
+    use. None: no check."""
     output_dir: str = "runs/sft"
     """Checkpoints (``checkpoints/step-XXXXXXXX``), ``metrics.jsonl``, ``summary.json``
     and the exported model (``final``)."""
@@ -442,6 +449,8 @@ def _load_data(
         ]
     elif cfg.data_dir is not None:
         data = Path(cfg.data_dir)
+        if cfg.chat_template_kwargs is not None:
+            _check_rendering(data, cfg.chat_template_kwargs)
         train_set = load_sft_jsonl(data / "train.jsonl")
         val_path = data / "validation.jsonl"
         val = load_sft_jsonl(val_path) if val_path.is_file() else []
@@ -450,6 +459,23 @@ def _load_data(
     if not train_set:
         raise ValueError("the training split is empty")
     return train_set, val
+
+
+def _check_rendering(data: Path, wanted: dict[str, Any]) -> None:
+    """Refuse rows rendered with other chat template arguments than ``wanted``."""
+    manifest = data / "manifest.json"
+    if not manifest.is_file():
+        raise ConfigError(
+            f"{data} has no manifest.json recording its chat_template_kwargs; export the rows "
+            "with bat_gym.sft.export_sft, or set SFTConfig.chat_template_kwargs=None"
+        )
+    # Exports made before the manifest recorded them used the template's defaults.
+    recorded = json.loads(manifest.read_text(encoding="utf-8")).get("chat_template_kwargs", {})
+    if recorded != wanted:
+        raise ConfigError(
+            f"{data} was rendered with chat_template_kwargs={recorded!r}, not {wanted!r}; "
+            "export the rows again with the wanted arguments into a new directory"
+        )
 
 
 def _optimizer(model: Any, cfg: SFTConfig) -> torch.optim.Optimizer:

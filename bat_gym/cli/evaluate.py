@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from bat_gym.cli.options import Backend, BenchmarkName, EpisodeWorkers, Tracks
+from bat_gym.cli.options import (
+    Backend,
+    BenchmarkName,
+    ChatTemplateKwargs,
+    EpisodeWorkers,
+    Tracks,
+    parse_chat_template_kwargs,
+)
 
 
 def evaluate(
@@ -43,6 +50,7 @@ def evaluate(
         typer.Option("--temperature", min=0.0, help="Sampling temperature (hf, vllm, openai)."),
     ] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed (hf, vllm).")] = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -72,6 +80,7 @@ def evaluate(
             "max_new_tokens": max_new_tokens,
             "temperature": temperature,
             "seed": seed,
+            "chat_template_kwargs": parse_chat_template_kwargs(chat_template_kwargs) or None,
         }.items()
         if v is not None
     }

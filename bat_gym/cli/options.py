@@ -6,11 +6,19 @@ Each is an ``Annotated`` type for a typer parameter; give it a default as usual
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
 
-__all__ = ["Backend", "BenchmarkName", "EpisodeWorkers", "Tracks"]
+__all__ = [
+    "Backend",
+    "BenchmarkName",
+    "ChatTemplateKwargs",
+    "EpisodeWorkers",
+    "Tracks",
+    "parse_chat_template_kwargs",
+]
 
 BenchmarkName = Annotated[
     str | None,
@@ -24,3 +32,38 @@ Tracks = Annotated[
     list[str] | None,
     typer.Option("--track", help="Only this track (repeatable). Default: all."),
 ]
+ChatTemplateKwargs = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help="Extra chat template arguments, a JSON object, e.g. "
+        "'{\"enable_thinking\": false}' for Qwen3. Give training and evaluation the same.",
+    ),
+]
+
+
+_EXAMPLE = """'{"enable_thinking": false}'"""
+
+
+def parse_chat_template_kwargs(text: str | None) -> dict[str, Any]:
+    """The ``--chat-template-kwargs`` value as a dict ({} when not given).
+
+    Raises:
+        typer.BadParameter: the value is not a JSON object.
+    """
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(
+            f"{text!r} is not JSON ({exc}); write an object, e.g. {_EXAMPLE}",
+            param_hint="--chat-template-kwargs",
+        ) from exc
+    if not isinstance(value, dict):
+        raise typer.BadParameter(
+            f"{text!r} is not a JSON object; write one, e.g. {_EXAMPLE}",
+            param_hint="--chat-template-kwargs",
+        )
+    return value

@@ -17,12 +17,20 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["ChatTemplateError", "EpisodeResult", "TokenEpisode", "make_env", "state_rows"]
+__all__ = [
+    "ChatTemplateError",
+    "EpisodeResult",
+    "TokenEpisode",
+    "default_stop_token_ids",
+    "make_env",
+    "state_rows",
+]
 
 _EXPORTS = {
     "ChatTemplateError": "bat_gym.integrations._episode",
     "EpisodeResult": "bat_gym.integrations._episode",
     "TokenEpisode": "bat_gym.integrations._episode",
+    "default_stop_token_ids": "bat_gym.integrations._episode",
     "make_env": "bat_gym.integrations._states",
     "state_rows": "bat_gym.integrations._states",
 }

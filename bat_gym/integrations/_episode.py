@@ -1,4 +1,4 @@
-"""TokenEpisode: one bat_gym episode as the token sequence a trainer learns from.
+r"""TokenEpisode: one bat_gym episode as the token sequence a trainer learns from.
 
 Every trainer adapter shares this bookkeeping, so prompts, tool results, masks and
 rewards cannot drift between frameworks. The env stays the only source of prompts,
@@ -9,16 +9,66 @@ tool semantics and rewards; this class only turns its text into tokens:
 * a turn's sampled tokens are appended as they are (token in, token out), with
   ``response_mask`` 1, and their text is the env's action;
 * the env's reply is appended with ``response_mask`` 0, as the chat-template delta
-  between the conversation with and without the new messages (see :func:`delta_ids`).
+  between the conversation with and without the new messages (see :func:`reply_delta`).
 
 Formally, with ``g_t`` the tokens sampled at turn ``t`` and ``o_t`` the reply's tokens::
 
     response_ids  = g_1 + o_1 + g_2 + o_2 + ... + g_T
     response_mask = [1]*|g_1| + [0]*|o_1| + ... + [1]*|g_T|
 
+and turn ``t`` is sampled from exactly ``prompt_ids + g_1 + o_1 + ... + o_{t-1}``.
 The last reply (e.g. ``finish``'s "Finished.") is not appended: nothing is generated
 after it. The reward is the env's final-step reward (the rubric verdict under
 :class:`~bat_gym.rubrics.reward.RubricReward`).
+
+**What ends a turn.** The episode and the sampler must agree on the stop tokens: a
+turn whose last token is one of ``stop_token_ids`` is complete; any other turn was cut
+by a token limit. Give the sampler's own ids (``policy.stop_token_ids``); the default,
+:func:`default_stop_token_ids`, is the template's end-of-turn token (``<|im_end|>``
+for ChatML, found by rendering a probe conversation) and the tokenizer's
+``eos_token_id``, which for Qwen base tokenizers is ``<|endoftext|>``, not the token
+that ends a chat turn.
+
+**Token limits.** An episode ends with ``stop_reason == "length"`` when a token limit
+leaves no room for another turn, and ``EpisodeResult.length_limit`` says which:
+
+* ``"turn"``: the sampler returned a turn without a stop token (``max_new_tokens`` per
+  turn ran out). By default (``cut_turn="end"``) the cut turn is not acted on: its
+  text is an unfinished message, and continuing would need an end-of-turn token the
+  model did not sample, so the episode ends there and is scored as it stands.
+  ``cut_turn="act"`` closes the turn with the template's end-of-turn token (mask 0)
+  and steps the env with the cut text, which usually answers with a tool-call error;
+* ``"response"``: ``max_response_tokens`` (sampled plus reply tokens) is spent;
+* ``"total"``: ``max_total_tokens`` (prompt plus response, the model's context) is spent.
+
+A ``length`` episode is scored as it stands (the rubric on the workspace), as the env
+does when one of its own budgets truncates the episode (``"truncated"``).
+
+**Templates that re-render earlier turns.** Some chat templates render a turn one way
+while it is the last message and another way once messages follow (Qwen3's drops an
+empty ``<think></think>`` block from assistant turns that are not last, and the
+reasoning of every assistant turn before the last user message). The sampled tokens
+then are not what the template renders for the conversation, and the reply cannot be
+the plain difference of two renderings. The episode keeps the sampled tokens (they are
+what the model was conditioned on and what it is trained on) and takes the reply
+tokens from the template: the tokens after the end of the assistant turn in the
+rendering with the new messages, an end found by rendering a marker in place of the
+assistant's text (:func:`reply_delta`). Such replies are counted in
+``EpisodeResult.rerendered_replies``. Limits:
+
+* the training context then differs from what the template renders for the whole
+  conversation, which is what an evaluation that re-renders each turn conditions on:
+  with Qwen3 and ``enable_thinking=False``, earlier assistant turns keep the empty
+  ``<think>\n\n</think>\n\n`` the generation prompt put before them; with thinking on,
+  an assistant turn with empty reasoning, and the reasoning of turns before a later user
+  message (bat_gym's tool-call errors are user messages), stay in the context. In an
+  agent episode (one user message, then assistant and tool turns whose reasoning is not
+  empty) Qwen3's template keeps the reasoning of every turn, and training and
+  evaluation see the same tokens;
+* a template that does not write the assistant's text as it is, or ends an assistant
+  turn with none of the stop tokens, cannot be aligned this way:
+  :class:`ChatTemplateError` names it. ``rerendering="error"`` refuses every
+  re-rendering template, for runs that must train on exactly what evaluation renders.
 
 >>> episode = TokenEpisode(env, tokenizer, max_response_tokens=4096)  # doctest: +SKIP
 >>> result = episode.run(lambda context_ids, max_new: sample(context_ids, max_new))  # doctest: +SKIP
@@ -27,39 +77,66 @@ after it. The reward is the env's final-step reward (the rubric verdict under
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import gymnasium as gym
 
 from bat_gym.completion import Completion
-from bat_gym.errors import BatGymError
+from bat_gym.errors import BatGymError, ConfigError
 
 __all__ = [
     "ChatTemplateError",
+    "CutTurn",
     "EpisodeResult",
     "Generate",
+    "LengthLimit",
+    "ReplyDelta",
+    "Rerendering",
     "StopReason",
     "TokenEpisode",
+    "default_stop_token_ids",
     "delta_ids",
+    "end_of_turn_id",
     "render_ids",
+    "reply_delta",
     "rubric_wrapper",
 ]
 
+log = logging.getLogger(__name__)
+
 StopReason = Literal["terminated", "truncated", "length"]
-"""Why an episode ended: the policy called ``finish``; an env budget ran out; or the
-adapter's token budget (``max_response_tokens``) left no room for another turn."""
+"""Why an episode ended: the policy called ``finish``; an env budget ran out; or a token
+limit of the episode left no room for another turn (see :data:`LengthLimit`)."""
+
+LengthLimit = Literal["turn", "response", "total"]
+"""The token limit that ended a ``length`` episode: a turn cut by the sampler's
+per-turn limit (no stop token), ``max_response_tokens``, or ``max_total_tokens``."""
+
+CutTurn = Literal["end", "act"]
+"""What a turn cut before its stop token does: end the episode (``length``), or close
+the turn and step the env with its text."""
+
+Rerendering = Literal["follow_sampled", "error"]
+"""What a template that re-renders earlier turns does: keep the sampled tokens and take
+the reply from the template (see the module doc), or raise :class:`ChatTemplateError`."""
 
 Generate = Callable[[list[int], int | None], Sequence[int]]
 """``generate(context_ids, max_new_tokens) -> sampled token ids`` (None: no limit)."""
 
+# Texts no template writes itself: the assistant's and the reply's content in the
+# renderings that locate a turn's end-of-turn token.
+_PROBE = "bat-gym end-of-turn probe"
+_REPLY_PROBE = "bat-gym reply probe"
+
 
 class ChatTemplateError(BatGymError, ValueError):
-    """The chat template re-renders earlier turns when new messages are appended.
+    """The chat template cannot give the tokens of an env reply after a sampled turn.
 
-    Token-in-token-out training needs a prefix-preserving template: the conversation
-    rendered with new messages must start with the conversation rendered without them.
+    Token-in-token-out training appends each env reply after the sampled tokens; the
+    reply's tokens are what the template writes after the assistant turn.
     """
 
 
@@ -76,14 +153,18 @@ class EpisodeResult:
             env tokens), shape ``(R,)``; None when the generator gave none.
         reward: the env's final-step reward (the rubric reward under RubricReward).
         verdict: the rubric verdict (``info["verdict"]``); None for a bare env.
-        num_turns: assistant turns generated (those the env stepped, plus a turn the
-            token budget cut).
+        num_turns: assistant turns generated (those the env stepped, plus a last turn
+            a token limit cut).
         num_replies: env replies appended to ``response_ids``.
         stop_reason: why the episode ended.
         messages: the env's conversation at the end (OpenAI chat format).
         observations: the env's reply text to each stepped turn, in order (``obs``
             of ``step``), the last one included.
         info: the env's last ``info``.
+        length_limit: for ``stop_reason == "length"``, the limit that ended it
+            (``"turn"``, ``"response"`` or ``"total"``); None otherwise.
+        rerendered_replies: replies taken from a template that re-renders earlier
+            turns (see the module doc); 0 for a prefix-preserving template.
     """
 
     state_id: str
@@ -99,6 +180,8 @@ class EpisodeResult:
     messages: list[dict[str, Any]]
     observations: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    length_limit: LengthLimit | None = None
+    rerendered_replies: int = 0
 
     @property
     def reward_or_none(self) -> float | None:
@@ -128,6 +211,145 @@ def render_ids(
     return [int(i) for i in ids]
 
 
+def _special_ids(tokenizer: Any) -> set[int]:
+    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", None) or ()}
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(int(i) for i, token in added.items() if getattr(token, "special", False))
+    return ids
+
+
+def end_of_turn_id(
+    tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
+) -> int | None:
+    """The special token the chat template closes an assistant turn with, or None.
+
+    Found by rendering a user turn and an assistant turn: the first special token after
+    the assistant's text (``<|im_end|>`` for ChatML, ``<|eot_id|>`` for Llama 3,
+    ``<end_of_turn>`` for Gemma). None when the template writes no special token there
+    or cannot render the probe.
+    """
+    probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": _PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(
+            probe, tokenize=False, add_generation_prompt=False, **(chat_template_kwargs or {})
+        )
+    except Exception:  # jinja raises its own types; then there is no token to find
+        return None
+    at = text.rfind(_PROBE) if isinstance(text, str) else -1
+    if at < 0:
+        return None
+    special = _special_ids(tokenizer)
+    tail = tokenizer.encode(text[at + len(_PROBE) :], add_special_tokens=False)
+    return next((int(t) for t in tail if int(t) in special), None)
+
+
+def default_stop_token_ids(
+    tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
+) -> list[int]:
+    """The tokens that end a turn in this tokenizer's chat format, end-of-turn first.
+
+    The template's end-of-turn token (:func:`end_of_turn_id`) and ``eos_token_id``:
+    what a sampler of chat turns stops at when it is given no stop ids of its own.
+    """
+    ids: list[int] = []
+    eot = end_of_turn_id(tokenizer, chat_template_kwargs)
+    if eot is not None:
+        ids.append(eot)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int) and eos not in ids:
+        ids.append(eos)
+    return ids
+
+
+class ReplyDelta(NamedTuple):
+    """The tokens of an env reply, and whether the template re-rendered earlier turns."""
+
+    ids: list[int]
+    """What the template writes after the assistant turn, generation prompt included."""
+    rerendered: bool
+    """True when the rendering with the reply does not start with the one without it."""
+
+
+def reply_delta(
+    tokenizer: Any,
+    before: Sequence[dict[str, Any]],
+    new: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None,
+    *,
+    stop_token_ids: Collection[int],
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> ReplyDelta:
+    """The tokens the template writes after a generated turn when ``new`` messages follow.
+
+    ``before`` ends with the assistant turn. Its rendering is cut after its last stop
+    token (the end-of-turn token the model sampled), so what the template writes after
+    that token (e.g. the newline after Qwen's ``<|im_end|>``) belongs to the reply, as the
+    model never sampled it.
+
+    When the rendering of ``before + new`` starts with that of ``before`` (a
+    prefix-preserving template), the reply is the rest. Otherwise the template
+    re-rendered earlier turns or the assistant turn itself, and the stop token that
+    closes the assistant turn in the rendering of ``before + new`` is found by rendering
+    it once more with markers as the assistant's text and the first reply's: the earlier
+    turns are rendered as in ``full``, so the closing token is the ``k+1``-th stop token
+    of ``full``, with ``k`` the stop tokens before the assistant's marker, and it must
+    lie between the two markers.
+
+    Raises:
+        ChatTemplateError: the template re-renders earlier turns and does not write the
+            assistant's text, or does not end its turn with one of ``stop_token_ids``,
+            so the reply cannot be located.
+    """
+    kwargs = chat_template_kwargs or {}
+    head = render_ids(
+        tokenizer, before, tools, add_generation_prompt=False, chat_template_kwargs=kwargs
+    )
+    full = render_ids(
+        tokenizer, [*before, *new], tools, add_generation_prompt=True, chat_template_kwargs=kwargs
+    )
+    stops = [i for i, t in enumerate(head) if t in stop_token_ids]
+    if stops:
+        head = head[: stops[-1] + 1]
+    if full[: len(head)] == head:
+        return ReplyDelta(full[len(head) :], False)
+    # Mark the assistant's text (and the reply's) and render again: the stop tokens
+    # before the marker are the earlier turns', in the same rendering as ``full``.
+    marked_new = [dict(m) for m in new]
+    if marked_new and isinstance(marked_new[0].get("content"), str):
+        marked_new[0]["content"] = _REPLY_PROBE
+    text = tokenizer.apply_chat_template(
+        [*before[:-1], {**before[-1], "content": _PROBE}, *marked_new],
+        tools=list(tools) if tools else None,
+        add_generation_prompt=True,
+        tokenize=False,
+        **kwargs,
+    )
+    at = text.find(_PROBE)
+    reply_at = text.find(_REPLY_PROBE, at) if at >= 0 else -1
+    if reply_at < 0:  # no marked reply text to bound the turn with
+        reply_at = len(text)
+    earlier = sum(
+        1
+        for t in tokenizer.encode(text[: max(at, 0)], add_special_tokens=False)
+        if t in stop_token_ids
+    )
+    closed = any(
+        t in stop_token_ids
+        for t in tokenizer.encode(text[at + len(_PROBE) : reply_at], add_special_tokens=False)
+    )
+    full_stops = [i for i, t in enumerate(full) if t in stop_token_ids]
+    if at < 0 or not closed or earlier >= len(full_stops):
+        raise ChatTemplateError(
+            "the chat template renders earlier turns differently once the env's reply is "
+            "appended, and the end of the assistant turn cannot be found in the new "
+            "rendering: the template does not write the assistant's text as it is, or does "
+            f"not end the turn with one of the stop tokens {sorted(stop_token_ids)} before "
+            "the reply; pass the template's end-of-turn token in stop_token_ids, or use a "
+            "prefix-preserving template"
+        )
+    return ReplyDelta(full[full_stops[earlier] + 1 :], True)
+
+
 def delta_ids(
     tokenizer: Any,
     before: Sequence[dict[str, Any]],
@@ -137,40 +359,31 @@ def delta_ids(
     stop_token_ids: Collection[int],
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
-    """The tokens the template adds after a generated turn when ``new`` messages follow.
-
-    ``before`` ends with the assistant turn. Its rendering is cut after its last stop
-    token (the end-of-turn token the model sampled), so what the template writes after
-    that token (e.g. the newline after Qwen's ``<|im_end|>``) belongs to the reply, as the
-    model never sampled it.
+    """:func:`reply_delta` of a prefix-preserving template; refuses any other.
 
     Raises:
         ChatTemplateError: the template is not prefix-preserving.
     """
-    head = render_ids(
+    delta = reply_delta(
         tokenizer,
         before,
+        new,
         tools,
-        add_generation_prompt=False,
+        stop_token_ids=stop_token_ids,
         chat_template_kwargs=chat_template_kwargs,
     )
-    full = render_ids(
-        tokenizer,
-        [*before, *new],
-        tools,
-        add_generation_prompt=True,
-        chat_template_kwargs=chat_template_kwargs,
-    )
-    stops = [i for i, t in enumerate(head) if t in stop_token_ids]
-    if stops:
-        head = head[: stops[-1] + 1]
-    if full[: len(head)] != head:
-        raise ChatTemplateError(
-            "the chat template renders the conversation differently once tool results are "
-            "appended, so the sampled tokens cannot stay as they are; use a prefix-preserving "
-            "template (for thinking models, one that keeps earlier turns' reasoning)"
-        )
-    return full[len(head) :]
+    if delta.rerendered:
+        raise ChatTemplateError(_RERENDERED)
+    return delta.ids
+
+
+_RERENDERED = (
+    "the chat template renders the conversation differently once tool results are "
+    "appended (it is not prefix-preserving), so the context the model was sampled from "
+    "differs from what the template renders for the conversation; use a prefix-preserving "
+    "template (for thinking models, one that keeps earlier turns' reasoning), or "
+    "rerendering='follow_sampled' to train on the sampled context"
+)
 
 
 def rubric_wrapper(env: gym.Env[str, str]) -> Any:
@@ -202,10 +415,17 @@ class TokenEpisode:
             budget beyond the env's own.
         max_new_tokens_per_turn: cap on one turn's sampled tokens; None: the remaining
             budget only.
-        stop_token_ids: the end-of-turn tokens the generator stops at; default: the
-            tokenizer's ``eos_token_id``.
+        max_total_tokens: cap on ``prompt_ids + response_ids`` (the model's context
+            length, e.g. vLLM's ``max_model_len``); the episode ends ``length`` before a
+            turn or reply would exceed it. None: no cap.
+        stop_token_ids: the tokens the sampler stops at (``policy.stop_token_ids``); a
+            turn ending in one is complete. Default: :func:`default_stop_token_ids`.
         chat_template_kwargs: extra arguments of ``apply_chat_template`` (e.g.
             ``{"enable_thinking": False}``).
+        cut_turn: what a turn that ends without a stop token does (see the module doc):
+            ``"end"`` the episode, or ``"act"`` on its text.
+        rerendering: what a template that re-renders earlier turns does (see the module
+            doc): ``"follow_sampled"`` or ``"error"``.
     """
 
     def __init__(
@@ -215,27 +435,44 @@ class TokenEpisode:
         *,
         max_response_tokens: int | None = None,
         max_new_tokens_per_turn: int | None = None,
+        max_total_tokens: int | None = None,
         stop_token_ids: Collection[int] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        cut_turn: CutTurn = "end",
+        rerendering: Rerendering = "follow_sampled",
     ) -> None:
         for name, value in (
             ("max_response_tokens", max_response_tokens),
             ("max_new_tokens_per_turn", max_new_tokens_per_turn),
+            ("max_total_tokens", max_total_tokens),
         ):
             # A budget of 0 could never hold a turn: the episode would end unplayed.
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive number of tokens or None, got {value}")
-        if stop_token_ids is None:
-            eos = getattr(tokenizer, "eos_token_id", None)
-            stop_token_ids = () if eos is None else (eos,)
+        if cut_turn not in ("end", "act"):
+            raise ConfigError(f"cut_turn must be 'end' or 'act', got {cut_turn!r}")
+        if rerendering not in ("follow_sampled", "error"):
+            raise ConfigError(
+                f"rerendering must be 'follow_sampled' or 'error', got {rerendering!r}"
+            )
         self.env = env
         self.tokenizer = tokenizer
         self.max_response_tokens = max_response_tokens
         self.max_new_tokens_per_turn = max_new_tokens_per_turn
-        self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
-        # The token that closes a turn the generator left open: the first one given.
-        self._close_token = next((int(t) for t in stop_token_ids), None)
+        self.max_total_tokens = max_total_tokens
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        if stop_token_ids is None:
+            stop_token_ids = default_stop_token_ids(tokenizer, self.chat_template_kwargs)
+        self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
+        if not self.stop_token_ids:
+            raise ConfigError(
+                "no stop token: the tokenizer has no eos_token_id and its chat template no "
+                "end-of-turn token; pass the sampler's stop_token_ids"
+            )
+        self._first_stop = next(iter(int(t) for t in stop_token_ids))
+        self.cut_turn: CutTurn = cut_turn
+        self.rerendering: Rerendering = rerendering
+        self._close: int | None = None
         self._info: dict[str, Any] | None = None
         self._result: EpisodeResult | None = None
         self._tools: list[dict[str, Any]] = []
@@ -244,7 +481,7 @@ class TokenEpisode:
         self.response_mask: list[int] = []
         self._logprobs: list[float] | None = []
         self.observations: list[str] = []
-        self.num_turns = self.num_replies = 0
+        self.num_turns = self.num_replies = self.rerendered_replies = 0
 
     # -- stepping ------------------------------------------------------------------------
 
@@ -255,7 +492,11 @@ class TokenEpisode:
         return self.begin(info)
 
     def begin(self, info: dict[str, Any]) -> list[int]:
-        """Start from an env that was just reset, given the ``info`` its reset returned."""
+        """Start from an env that was just reset, given the ``info`` its reset returned.
+
+        A prompt that leaves no room under ``max_total_tokens`` ends the episode at once
+        (``length``, limit ``"total"``), scored as the state stands.
+        """
         self._info = info
         self._tools = list(info["tools"])
         self.prompt_ids = render_ids(
@@ -269,8 +510,11 @@ class TokenEpisode:
         self.response_mask = []
         self._logprobs = []
         self.observations = []
-        self.num_turns = self.num_replies = 0
+        self.num_turns = self.num_replies = self.rerendered_replies = 0
         self._result = None
+        room = self.remaining_tokens
+        if room is not None and room < 1:
+            self._finish("length", info, None, self._binding_limit())
         return list(self.prompt_ids)
 
     @property
@@ -285,10 +529,9 @@ class TokenEpisode:
 
     @property
     def remaining_tokens(self) -> int | None:
-        """Room left in ``max_response_tokens`` (None: no budget)."""
-        if self.max_response_tokens is None:
-            return None
-        return self.max_response_tokens - len(self.response_ids)
+        """Room left under ``max_response_tokens`` and ``max_total_tokens`` (None: no limit)."""
+        rooms = [r for r in self._rooms() if r is not None]
+        return min(rooms) if rooms else None
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -306,6 +549,11 @@ class TokenEpisode:
 
         Returns:
             Whether the episode has ended.
+
+        Raises:
+            ChatTemplateError: the template's reply cannot be placed after the sampled
+                tokens (see :func:`reply_delta`), or it re-renders earlier turns and
+                ``rerendering="error"``.
         """
         if self._info is None or self._result is not None:
             raise RuntimeError("advance() needs a started, unfinished episode: call reset() first")
@@ -320,12 +568,20 @@ class TokenEpisode:
         # sampled them) but do not act on it.
         cut = room is not None and (len(tokens) > room or (len(tokens) == room and not stopped))
         if cut:
+            limit = self._binding_limit()
             tokens = tokens[:room]
             logprobs = None if logprobs is None else list(logprobs)[:room]
+            self._append(tokens, 1, logprobs)
+            self.num_turns += 1
+            return self._finish("length", self._info, None, limit)
+        if not stopped:
+            self._check_unstopped(tokens)
+            if self.cut_turn == "end":
+                self._append(tokens, 1, logprobs)
+                self.num_turns += 1
+                return self._finish("length", self._info, None, "turn")
         self._append(tokens, 1, logprobs)
         self.num_turns += 1
-        if cut:
-            return self._finish("length", self._info, None)
 
         text = self._action_text(tokens)
         before = list(self._info["messages"])
@@ -338,7 +594,7 @@ class TokenEpisode:
             return self._finish("terminated" if terminated else "truncated", info, float(reward))
 
         messages = info["messages"]
-        reply = delta_ids(
+        delta = reply_delta(
             self.tokenizer,
             messages[: len(before) + 1],  # the conversation up to the new assistant turn
             messages[len(before) + 1 :],
@@ -346,14 +602,20 @@ class TokenEpisode:
             stop_token_ids=self.stop_token_ids,
             chat_template_kwargs=self.chat_template_kwargs,
         )
-        if not stopped and self._close_token is not None:
-            # The turn ended without its end-of-turn token (a per-turn cap): close it
-            # here so the context stays well formed; the model did not sample it.
-            reply = [self._close_token, *reply]
+        if delta.rerendered:
+            if self.rerendering == "error":
+                raise ChatTemplateError(_RERENDERED)
+            self.rerendered_replies += 1
+        reply = delta.ids
+        if not stopped:
+            # cut_turn="act": the turn ended without its end-of-turn token (a per-turn
+            # cap); close it here so the context stays well formed. The model did not
+            # sample it, so it is a reply token (mask 0).
+            reply = [self._close_token(), *reply]
         room = self.remaining_tokens
         if room is not None and len(reply) >= room:
             # No room for the reply and one more sampled token.
-            return self._finish("length", info, None)
+            return self._finish("length", info, None, self._binding_limit())
         self._append(reply, 0, None)
         self.num_replies += 1
         return False
@@ -377,6 +639,47 @@ class TokenEpisode:
 
     # -- helpers -------------------------------------------------------------------------
 
+    def _rooms(self) -> tuple[int | None, int | None]:
+        """Room under ``max_response_tokens`` and under ``max_total_tokens``."""
+        response = (
+            None
+            if self.max_response_tokens is None
+            else self.max_response_tokens - len(self.response_ids)
+        )
+        total = (
+            None
+            if self.max_total_tokens is None
+            else self.max_total_tokens - len(self.prompt_ids) - len(self.response_ids)
+        )
+        return response, total
+
+    def _binding_limit(self) -> LengthLimit:
+        """The budget with the least room (``max_total_tokens`` on a tie)."""
+        response, total = self._rooms()
+        if total is not None and (response is None or total <= response):
+            return "total"
+        return "response"
+
+    def _check_unstopped(self, tokens: list[int]) -> None:
+        cap = self.max_new_tokens
+        if cap is not None and len(tokens) < cap:
+            # Shorter than every limit and yet no stop token: the sampler stopped at a
+            # token this episode does not know, and every turn would look cut.
+            log.warning(
+                "a turn of %d tokens ended without any of the stop tokens %s before its "
+                "limit of %d; pass the sampler's own stop_token_ids to TokenEpisode",
+                len(tokens),
+                sorted(self.stop_token_ids),
+                cap,
+            )
+
+    def _close_token(self) -> int:
+        """The token that closes a turn the sampler left open: the template's end of turn."""
+        if self._close is None:
+            eot = end_of_turn_id(self.tokenizer, self.chat_template_kwargs)
+            self._close = eot if eot in self.stop_token_ids else self._first_stop
+        return self._close
+
     def _append(self, tokens: list[int], mask: int, logprobs: Sequence[float] | None) -> None:
         self.response_ids.extend(tokens)
         self.response_mask.extend([mask] * len(tokens))
@@ -394,10 +697,16 @@ class TokenEpisode:
             tokens = tokens[:-1]
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
-    def _finish(self, reason: StopReason, info: dict[str, Any], reward: float | None) -> bool:
+    def _finish(
+        self,
+        reason: StopReason,
+        info: dict[str, Any],
+        reward: float | None,
+        limit: LengthLimit | None = None,
+    ) -> bool:
         verdict = info.get("verdict")
         if reward is None:
-            # Cut by the token budget mid-episode: score the workspace as it stands,
+            # Cut by a token limit mid-episode: score the workspace as it stands,
             # as the env does when one of its own budgets truncates the episode.
             rubric = rubric_wrapper(self.env)
             if rubric is not None:
@@ -420,5 +729,7 @@ class TokenEpisode:
             messages=list(info["messages"]),
             observations=list(self.observations),
             info=info,
+            length_limit=limit if reason == "length" else None,
+            rerendered_replies=self.rerendered_replies,
         )
         return True

@@ -30,7 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import BatGymError
-from bat_gym.integrations._episode import EpisodeResult, TokenEpisode
+from bat_gym.integrations._episode import (
+    CutTurn,
+    EpisodeResult,
+    TokenEpisode,
+    default_stop_token_ids,
+)
 from bat_gym.integrations._states import (
     EnvSpec,
     conversation_text,
@@ -160,6 +165,12 @@ class BatRollout:
             server); it must sample from the policy being trained. The default samples
             with ``model.generate`` and the trainer's generation config, on one process
             or DDP; ZeRO-3 and FSDP need a ``generate`` of their own.
+        stop_token_ids: the tokens that end a turn, which ``generate`` stops at. Default:
+            the trainer's ``eos_token_ids`` (or the tokenizer's eos) and the chat
+            template's end-of-turn token; the default generator stops at them.
+        cut_turn: a turn that ends without a stop token (``max_new_tokens_per_turn`` ran
+            out): ``"end"`` the rollout there, or ``"act"`` on its text (see
+            :class:`~bat_gym.integrations.TokenEpisode`).
     """
 
     def __init__(
@@ -170,6 +181,8 @@ class BatRollout:
         max_response_tokens: int | None = None,
         max_new_tokens_per_turn: int | None = None,
         generate: GenerateBatch | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        cut_turn: CutTurn = "end",
     ) -> None:
         if max_response_tokens is not None and max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be positive, got {max_response_tokens}")
@@ -178,6 +191,8 @@ class BatRollout:
         self.max_response_tokens = max_response_tokens
         self.max_new_tokens_per_turn = max_new_tokens_per_turn
         self.generate = generate
+        self.stop_token_ids = None if stop_token_ids is None else [int(t) for t in stop_token_ids]
+        self.cut_turn: CutTurn = cut_turn
         self.last_results: list[EpisodeResult] = []
         self._made: list[BatEnvironment] = []
 
@@ -208,7 +223,13 @@ class BatRollout:
             )
         tokenizer = trainer.processing_class
         budget = self.max_response_tokens or trainer.max_completion_length
-        stops = list(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+        template_kwargs = getattr(trainer, "chat_template_kwargs", None)
+        stops = self.stop_token_ids
+        if stops is None:
+            # The trainer's eos alone may not end a chat turn (a Qwen base tokenizer's eos
+            # is <|endoftext|>, its turns end in <|im_end|>): add the template's.
+            eos = list(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+            stops = list(dict.fromkeys(eos + default_stop_token_ids(tokenizer, template_kwargs)))
         episodes = []
         for environment in environments:
             episode = TokenEpisode(
@@ -217,7 +238,8 @@ class BatRollout:
                 max_response_tokens=budget,
                 max_new_tokens_per_turn=self.max_new_tokens_per_turn,
                 stop_token_ids=stops,
-                chat_template_kwargs=getattr(trainer, "chat_template_kwargs", None),
+                chat_template_kwargs=template_kwargs,
+                cut_turn=self.cut_turn,
             )
             episode.begin(environment.info)
             episodes.append(episode)
@@ -279,6 +301,8 @@ def _model_generator(trainer: Any, stops: Sequence[int]) -> GenerateBatch:
         caps = [m for m in max_new if m is not None]
         config = copy.deepcopy(trainer.generation_config)
         config.max_new_tokens = max(caps) if caps else trainer.max_completion_length
+        # Stop where the episode says a turn ends, not only at the config's eos.
+        config.eos_token_id = list(stops)
         with (
             unwrap_model_for_generation(
                 trainer.model_wrapped,

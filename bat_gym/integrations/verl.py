@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
-from bat_gym.integrations._episode import EpisodeResult, TokenEpisode
+from bat_gym.integrations._episode import CutTurn, EpisodeResult, TokenEpisode
 from bat_gym.integrations._states import conversation_text, make_env, state_id_of, state_rows
 
 if TYPE_CHECKING:
@@ -111,6 +111,8 @@ def agent_loop_config(
     env_kwargs: Mapping[str, Any] | None = None,
     name: str = AGENT_NAME,
     max_new_tokens_per_turn: int | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    cut_turn: CutTurn = "end",
 ) -> Path:
     """Write the YAML that ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` names.
 
@@ -121,6 +123,10 @@ def agent_loop_config(
             as ``states``).
         name: the agent name rows carry in ``agent_name``.
         max_new_tokens_per_turn: cap on one turn's sampled tokens.
+        stop_token_ids: the tokens verl's rollout server stops at, when they are not
+            the chat template's end-of-turn token and the tokenizer's eos.
+        cut_turn: a turn cut by ``max_new_tokens_per_turn`` (no stop token): ``"end"``
+            the episode there, or ``"act"`` on its text.
 
     Returns:
         ``path``.
@@ -135,6 +141,10 @@ def agent_loop_config(
     }
     if max_new_tokens_per_turn is not None:
         entry["max_new_tokens_per_turn"] = max_new_tokens_per_turn
+    if stop_token_ids is not None:
+        entry["stop_token_ids"] = [int(t) for t in stop_token_ids]
+    if cut_turn != "end":
+        entry["cut_turn"] = cut_turn
     path = Path(path)
     path.write_text(yaml.safe_dump([entry], sort_keys=False))
     return path
@@ -149,11 +159,20 @@ async def run_episode(
     max_response_tokens: int | None,
     max_new_tokens_per_turn: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    cut_turn: CutTurn = "end",
 ) -> EpisodeResult:
     """Play one episode from ``state_id`` with an async generator.
 
     The env's reset and steps run in the default executor: they block on the sandbox,
     and the event loop serves the other samples' generations meanwhile.
+
+    ``stop_token_ids`` are the tokens the generator stops at; default: the chat
+    template's end-of-turn token and the tokenizer's eos. Pass the server's own when it
+    stops at more (verl's vLLM and SGLang servers also stop at the model's generation
+    config's eos ids): a turn ending in a token the episode does not know looks cut.
+    ``cut_turn`` is what a turn that ends without a stop token does (see
+    :class:`~bat_gym.integrations.TokenEpisode`).
     """
     loop = asyncio.get_running_loop()
     episode = TokenEpisode(
@@ -161,7 +180,9 @@ async def run_episode(
         tokenizer,
         max_response_tokens=max_response_tokens,
         max_new_tokens_per_turn=max_new_tokens_per_turn,
+        stop_token_ids=stop_token_ids,
         chat_template_kwargs=chat_template_kwargs,
+        cut_turn=cut_turn,
     )
     await loop.run_in_executor(None, episode.reset, state_id)
     while not episode.done:
@@ -222,6 +243,10 @@ def _build_agent_loop() -> type:
             env: the ``bat/...-v0`` id to play (from the agent loop config).
             env_kwargs: ``gym.make`` keyword arguments (from the agent loop config).
             max_new_tokens_per_turn: cap on one turn's sampled tokens.
+            stop_token_ids: the tokens the rollout server stops at (from the agent loop
+                config); default: the template's end-of-turn token and the eos.
+            cut_turn: what a turn without a stop token does (from the agent loop
+                config): ``"end"`` the episode or ``"act"`` on it.
             **kwargs: what verl's version of ``AgentLoopBase`` also takes (dataset
                 class and config, ``name`` from the config file), passed on.
         """
@@ -236,12 +261,16 @@ def _build_agent_loop() -> type:
             env: str = "bat/E2E-v0",
             env_kwargs: Mapping[str, Any] | None = None,
             max_new_tokens_per_turn: int | None = None,
+            stop_token_ids: Sequence[int] | None = None,
+            cut_turn: CutTurn = "end",
             **kwargs: Any,
         ) -> None:
             super().__init__(trainer_config, server_manager, tokenizer, processor, **kwargs)
             self.env_id = env
             self.env_kwargs = dict(env_kwargs or {})
             self.max_new_tokens_per_turn = max_new_tokens_per_turn
+            self.stop_token_ids = None if stop_token_ids is None else list(stop_token_ids)
+            self.cut_turn: CutTurn = cut_turn
             rollout = trainer_config.config.actor_rollout_ref.rollout
             self.response_length = int(rollout.response_length)
             self.chat_template_kwargs = dict(
@@ -275,6 +304,8 @@ def _build_agent_loop() -> type:
                     max_response_tokens=self.response_length,
                     max_new_tokens_per_turn=self.max_new_tokens_per_turn,
                     chat_template_kwargs=self.chat_template_kwargs,
+                    stop_token_ids=self.stop_token_ids,
+                    cut_turn=self.cut_turn,
                 )
             finally:
                 await loop.run_in_executor(None, env.close)

@@ -34,6 +34,10 @@ SPEC_FORMS = ("teacher", "naive", "teacher:OUTCOME", "hf:PATH", "vllm:PATH", "op
 def make_policy(spec: str, **options: Any) -> Policy:
     """Build a policy from a spec string (see the module doc); ``options`` go to its class.
 
+    ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) renders the prompts of
+    ``hf:`` and ``vllm:`` policies; an ``openai:`` server gets them in each request's
+    body, which vLLM's and SGLang's servers pass to the chat template.
+
     Raises:
         ValueError: the spec has none of the known forms; the message lists them.
     """
@@ -52,6 +56,12 @@ def make_policy(spec: str, **options: Any) -> Policy:
 
         return VLLMPolicy(rest, **options)
     if kind == "openai" and rest:
+        template = options.pop("chat_template_kwargs", None)
+        if template:
+            options["extra_body"] = {
+                **(options.get("extra_body") or {}),
+                "chat_template_kwargs": dict(template),
+            }
         url, sep, model = rest.partition("#")
         if not sep or not model:
             raise ValueError(

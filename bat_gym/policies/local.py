@@ -129,15 +129,20 @@ class LocalModelPolicy(Policy):
         path: the checkpoint directory.
         seed: base seed; None: every request samples differently.
         tokenizer: the tokenizer, with the chat template.
+        chat_template_kwargs: extra ``apply_chat_template`` arguments every prompt is
+            rendered with (e.g. ``{"enable_thinking": False}``).
         batcher: the :class:`~bat_gym.policies.batching.MicroBatcher` behind :meth:`act`.
     """
 
     path: Path
     seed: int | None
     tokenizer: Any
+    chat_template_kwargs: dict[str, Any]
 
     def _serve(self, *, max_batch_size: int, batch_wait_s: float) -> None:
         """Set up request seeding, the digest cache and the batcher behind :meth:`act`."""
+        if not hasattr(self, "chat_template_kwargs"):  # a subclass that sets none
+            self.chat_template_kwargs = {}
         self._seed_lock = threading.Lock()
         self._requests_seeded = 0
         self._digest: str | None = None
@@ -185,6 +190,7 @@ class LocalModelPolicy(Policy):
             tools=list(request.tools) or None,
             add_generation_prompt=True,
             tokenize=False,
+            **self.chat_template_kwargs,
         )
         # The template writes every special token itself; the tokenizer must add none.
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -213,6 +219,11 @@ class LocalModelPolicy(Policy):
             first = self._requests_seeded
             self._requests_seeded += n
         return [request_seed(self.seed, first + i) for i in range(n)]
+
+    def _template_identity(self) -> dict[str, Any]:
+        """``chat_template_kwargs`` for :meth:`identity`, when set (they change the prompts)."""
+        kwargs = self.chat_template_kwargs
+        return {"chat_template_kwargs": dict(kwargs)} if kwargs else {}
 
     def checkpoint_sha256(self) -> str:
         """:func:`checkpoint_digest` of :attr:`path`, computed once.

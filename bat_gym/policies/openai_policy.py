@@ -307,6 +307,8 @@ class OpenAIPolicy(Policy):
             "max_tokens": self.max_tokens,
             "seed": self.seed,
             "protocol": self.protocol.name,
+            # What else each request carries (e.g. chat_template_kwargs) changes the prompts.
+            **({"extra_body": dict(self.extra_body)} if self.extra_body else {}),
         }
 
     def close(self) -> None:

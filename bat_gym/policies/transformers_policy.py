@@ -26,7 +26,7 @@ import contextlib
 import inspect
 import random
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,8 @@ class TransformersPolicy(LocalModelPolicy):
             its batch.
         stop_tokens: tokens that end a reply besides the tokenizer's and generation
             config's end-of-sequence ids (those missing from the vocabulary are ignored).
+        chat_template_kwargs: extra ``apply_chat_template`` arguments for every prompt,
+            e.g. ``{"enable_thinking": False}`` for Qwen3's thinking switch.
         trust_remote_code: passed to ``from_pretrained``; only for checkpoints you trust.
 
     Attributes:
@@ -99,6 +101,7 @@ class TransformersPolicy(LocalModelPolicy):
         max_batch_size: int = 8,
         batch_wait_s: float = 0.01,
         stop_tokens: Sequence[str] = ("<|im_end|>",),
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         trust_remote_code: bool = False,
     ) -> None:
         if temperature < 0:
@@ -120,6 +123,7 @@ class TransformersPolicy(LocalModelPolicy):
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.max_batch_size = max_batch_size
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -171,6 +175,7 @@ class TransformersPolicy(LocalModelPolicy):
             "top_p": self.top_p,
             "max_new_tokens": self.max_new_tokens,
             "seed": self.seed,
+            **self._template_identity(),
         }
 
     # -- token level ---------------------------------------------------------------

@@ -233,6 +233,8 @@ class VLLMPolicy(LocalModelPolicy):
             ``generate``; vLLM schedules them itself.
         batch_wait_s: seconds :meth:`act` waits for other threads' requests.
         stop_tokens: tokens that end a reply besides the tokenizer's end-of-sequence.
+        chat_template_kwargs: extra ``apply_chat_template`` arguments for every prompt,
+            e.g. ``{"enable_thinking": False}`` for Qwen3's thinking switch.
         **engine_kwargs: more ``vllm.LLM`` arguments (``max_model_len``,
             ``enforce_eager``, ``dtype``, ``enable_sleep_mode``, ...).
 
@@ -254,6 +256,7 @@ class VLLMPolicy(LocalModelPolicy):
         max_batch_size: int = 64,
         batch_wait_s: float = 0.01,
         stop_tokens: Sequence[str] = ("<|im_end|>",),
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         **engine_kwargs: Any,
     ) -> None:
         vllm = import_vllm()
@@ -270,6 +273,7 @@ class VLLMPolicy(LocalModelPolicy):
         self.top_p = top_p
         self.max_tokens = max_tokens
         self.seed = seed
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.engine_kwargs = dict(engine_kwargs)
         kwargs: dict[str, Any] = {
             "model": str(self.path),
@@ -309,6 +313,7 @@ class VLLMPolicy(LocalModelPolicy):
             "seed": self.seed,
             "logprobs_mode": self.logprobs_mode,
             "vllm": getattr(self._vllm, "__version__", "unknown"),
+            **self._template_identity(),
         }
 
     def close(self) -> None:

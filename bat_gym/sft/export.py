@@ -73,6 +73,7 @@ def export_sft(
     protocol: str | ToolProtocol | None = "hermes",
     validation_fraction: float = 0.1,
     rows: Sequence[SFTRow] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``train.jsonl``, ``validation.jsonl`` and ``manifest.json`` into ``out_dir``.
 
@@ -90,10 +91,13 @@ def export_sft(
             the replay uses, or ``hermes`` when ``None``.
         validation_fraction: share of trajectories held out for validation.
         rows: precomputed :func:`sft_rows` output (skips the replay).
+        chat_template_kwargs: extra ``apply_chat_template`` arguments (e.g.
+            ``{"enable_thinking": False}``); recorded in the manifest.
 
     Returns:
-        The manifest: row counts per split, trajectories per split, and the rejections
-        (counts by reason, and each rejected row with its detail).
+        The manifest: row counts per split, trajectories per split, the chat template
+        arguments, and the rejections (counts by reason, and each rejected row with its
+        detail).
     """
     if rows is None:
         rows = sft_rows(bank, benchmark, protocol=protocol if protocol is not None else "hermes")
@@ -105,6 +109,7 @@ def export_sft(
         "max_length": max_length,
         "protocol": get_protocol(protocol).name if protocol is not None else "template",
         "tokenizer": getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__,
+        "chat_template_kwargs": dict(chat_template_kwargs or {}),
         "rows": len(rows),
         "splits": {},
         "rejected": 0,
@@ -113,7 +118,14 @@ def export_sft(
     }
     rejected_all: list[SFTRejection] = []
     for name, part in (("train", train), ("validation", validation)):
-        rendered, rejected = render_rows(part, tokenizer, max_length, protocol, tools=TOOLS)
+        rendered, rejected = render_rows(
+            part,
+            tokenizer,
+            max_length,
+            protocol,
+            tools=TOOLS,
+            chat_template_kwargs=chat_template_kwargs,
+        )
         (out / f"{name}.jsonl").write_text("".join(_line(r, e) for r, e in rendered))
         rejected_all += rejected
         manifest["splits"][name] = {

@@ -89,6 +89,7 @@ def render_sft(
     *,
     tools: Sequence[dict[str, Any]] | None = None,
     pad: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, list[int]]:
     """Tokenize a row with the tokenizer's own chat template; loss on the target only.
 
@@ -105,6 +106,10 @@ def render_sft(
         tools: tool schemas passed to the template (``tools=``), for templates that
             describe them in the system turn.
         pad: right-pad to ``max_length`` (padding gets label -100, attention 0).
+        chat_template_kwargs: extra ``apply_chat_template`` arguments, e.g.
+            ``{"enable_thinking": False}`` for Qwen3 (the prompt then ends with the empty
+            ``<think>`` block the template adds, and the target is the answer after it);
+            give GRPO and evaluation the same.
 
     Returns:
         ``input_ids``, ``labels``, ``attention_mask``: lists of ints of length ``n``
@@ -117,7 +122,9 @@ def render_sft(
             or the span is empty or does not hold the target.
     """
     context, target = chat_messages(row, protocol)
-    kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    kwargs: dict[str, Any] = dict(chat_template_kwargs or {})
+    if tools:
+        kwargs["tools"] = list(tools)
     prompt = _ids(tokenizer, context, add_generation_prompt=True, **kwargs)
     full = _ids(tokenizer, [*context, target], **kwargs)
     if len(full) > max_length:

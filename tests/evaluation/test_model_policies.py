@@ -28,6 +28,7 @@ class AgentServer:
 
     def __init__(self) -> None:
         self.requests = 0
+        self.bodies: list[dict] = []
         lock = threading.Lock()
         server = self
 
@@ -39,6 +40,7 @@ class AgentServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with lock:
                     server.requests += 1
+                    server.bodies.append(body)
                     first = server.requests == 1
                 if first:  # an overloaded server: the policy must retry, not score 0
                     status, data = 503, {"error": {"message": "overloaded"}}
@@ -104,11 +106,42 @@ def test_eval_against_a_local_openai_compatible_server(toy, agent_server, tmp_pa
     assert "sk-secret" not in manifest + (tmp_path / "report.json").read_text()
 
 
-def test_a_dead_server_gives_invalid_cells_not_zeros(toy, tmp_path):
+def test_eval_passes_chat_template_kwargs_to_the_policy(toy, agent_server, tmp_path):
+    result = CliRunner().invoke(
+        app,
+        ["eval", "--benchmark", "toy_pipeline", "--policy", f"openai:{agent_server.url}#tiny",
+         "--repeats", "1", "--track", toy.spec.tracks[0].name, "--out", str(tmp_path),
+         "--chat-template-kwargs", '{"enable_thinking": false}', "--quiet"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert all(b["chat_template_kwargs"] == {"enable_thinking": False} for b in agent_server.bodies)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["policy"]["extra_body"] == {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+@pytest.mark.parametrize(
+    ("policy", "value", "message"),
+    [
+        ("openai:http://127.0.0.1:9/v1#m", "thinking", "is not JSON"),
+        ("teacher", '{"enable_thinking": false}', "apply to model policies"),
+    ],
+)
+def test_eval_names_a_bad_chat_template_kwargs(tmp_path, policy, value, message):
+    result = CliRunner().invoke(
+        app,
+        ["eval", "--benchmark", "toy_pipeline", "--policy", policy, "--out", str(tmp_path),
+         "--chat-template-kwargs", value],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.replace("│", " ").split())
+
+
+def test_a_server_that_dies_during_a_run_gives_invalid_cells_not_zeros(toy, tmp_path):
     from bat_gym.evaluation import EvalConfig, evaluate
     from bat_gym.policies.openai_policy import OpenAIPolicy
 
     dead = OpenAIPolicy("http://127.0.0.1:9/v1", "gone", max_retries=1, backoff_s=0.01)
+    dead.check_ready = lambda: None  # it answered the check before the run, then went down
     cfg = EvalConfig(repeats=1, max_attempts=1, progress=False)
     agg = evaluate(toy, dead, tmp_path, cfg).aggregates
     assert agg.completion.invalid == len(toy.spec.tracks) and agg.overall is None
@@ -140,3 +173,16 @@ def test_eval_with_a_tiny_local_hf_model(toy, tiny_model, tmp_path):
     assert manifest["policy"]["kind"] in ("transformers", "TransformersPolicy")
     assert len(manifest["policy"]["sha256"]) == 64
     assert manifest["settings"]["budgets"]["max_turns"] == 2
+
+
+def test_eval_of_a_local_hf_model_renders_with_the_chat_template_kwargs(toy, tiny_model, tmp_path):
+    result = CliRunner().invoke(
+        app,
+        ["eval", "--benchmark", "toy_pipeline", "--policy", f"hf:{tiny_model}", "--repeats", "1",
+         "--track", toy.spec.tracks[0].name, "--max-turns", "1", "--max-new-tokens", "4",
+         "--chat-template-kwargs", '{"enable_thinking": false}', "--out", str(tmp_path),
+         "--quiet"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["policy"]["chat_template_kwargs"] == {"enable_thinking": False}

@@ -50,6 +50,27 @@ def tiny_model_dir(toy, toy_bank, tmp_path_factory):
     )
 
 
+@pytest.fixture(scope="session")
+def endoftext_model_dir(toy, toy_bank, tmp_path_factory):
+    """A tiny model whose tokenizer is Qwen2.5-base-like: ChatML turns end in <|im_end|>, but
+    its eos is <|endoftext|>."""
+    pytest.importorskip("torch")
+    from chat_templates import CHATML, qwen_model
+
+    return qwen_model(tmp_path_factory.mktemp("eot"), _corpus(toy, toy_bank), template=CHATML)
+
+
+@pytest.fixture(scope="session")
+def qwen3_model_dir(toy, toy_bank, tmp_path_factory):
+    """A tiny model with a Qwen3-style thinking template (eos <|im_end|>, as Qwen3's)."""
+    pytest.importorskip("torch")
+    from chat_templates import QWEN3, qwen_model
+
+    return qwen_model(
+        tmp_path_factory.mktemp("qwen3"), _corpus(toy, toy_bank), eos="<|im_end|>", template=QWEN3
+    )
+
+
 def teacher_actions(bench, state) -> list[str]:
     """The teacher's turns from ``state`` to its ``finish``, written as Hermes messages."""
     policy = ScriptedPolicy("teacher", protocol="hermes")
@@ -79,11 +100,11 @@ def script(bench, state, kind: str) -> list[str]:
 
 class ScriptedTokens:
     """A generator that samples a fixed script: each call returns the next action's tokens
-    followed by the end-of-turn token."""
+    followed by the end-of-turn token (default: the tokenizer's eos)."""
 
-    def __init__(self, tokenizer, actions: list[str]) -> None:
-        eos = tokenizer.eos_token_id
-        self.turns = [tokenizer.encode(a, add_special_tokens=False) + [eos] for a in actions]
+    def __init__(self, tokenizer, actions: list[str], end: str | None = None) -> None:
+        stop = tokenizer.eos_token_id if end is None else tokenizer.convert_tokens_to_ids(end)
+        self.turns = [tokenizer.encode(a, add_special_tokens=False) + [stop] for a in actions]
         self.contexts: list[list[int]] = []
 
     def __call__(self, context_ids, max_new_tokens=None):

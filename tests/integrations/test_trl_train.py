@@ -32,12 +32,14 @@ def test_grpo_trains_on_a_bat_env_with_the_rubric_reward(
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.padding_side = "left"
-    # A 16-token cap per turn ends turns early, so the env replies (a malformed-call
-    # error) inside the 160-token completion: there are reply tokens to mask.
+    # A 16-token cap per turn ends turns early and cut_turn="act" runs them, so the env
+    # replies (a malformed-call error) inside the 160-token completion: there are reply
+    # tokens to mask.
     rollout = RecordingRollout(
         "bat/E2E-v0",
         env_kwargs={"benchmark": toy, "states": toy_bank},
         max_new_tokens_per_turn=16,
+        cut_turn="act",
     )
     args = GRPOConfig(
         output_dir=str(tmp_path),

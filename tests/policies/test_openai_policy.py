@@ -289,6 +289,24 @@ def test_the_api_key_is_sent_but_never_shown(server, make, monkeypatch):
     assert server.requests[-1][0]["Authorization"] == "Bearer sk-from-env"
 
 
+def test_chat_template_kwargs_ride_in_the_request_body(server):
+    from bat_gym.policies import make_policy
+
+    pol = make_policy(
+        f"openai:{server.url}#tiny-qwen",
+        api_key="",
+        extra_body={"top_k": 20},
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    try:
+        pol.act(req())
+    finally:
+        pol.close()
+    body = server.requests[-1][1]
+    assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["top_k"] == 20
+    assert pol.identity()["extra_body"]["chat_template_kwargs"] == {"enable_thinking": False}
+
+
 def test_env_messages_are_sent_in_strict_openai_form():
     messages = [
         {

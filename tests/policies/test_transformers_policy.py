@@ -101,6 +101,21 @@ def test_the_prompt_is_the_chat_template_with_tools_and_parsed_arguments(policy)
     ) == [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{bad"}}]}]
 
 
+def test_chat_template_kwargs_render_every_prompt_and_name_the_policy(model_dir, monkeypatch):
+    pol = make_policy(f"hf:{model_dir}", chat_template_kwargs={"enable_thinking": False})
+    try:
+        # A template with Qwen3's thinking switch: an empty think block when it is off.
+        switch = (
+            "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+        )
+        monkeypatch.setattr(pol.tokenizer, "chat_template", pol.tokenizer.chat_template + switch)
+        text = pol.tokenizer.decode(pol.prompt_token_ids(REQUESTS[0]))
+        assert text.endswith("<|im_start|>assistant\n<think></think>")
+        assert pol.identity()["chat_template_kwargs"] == {"enable_thinking": False}
+    finally:
+        pol.close()
+
+
 def test_logprobs_are_the_temperature_scaled_model_logprobs(policy):
     prompt = policy.prompt_token_ids(REQUESTS[0])
     (gen,) = policy.generate_tokens([prompt], temperature=0.5, max_new_tokens=6, seeds=[3])
@@ -207,6 +222,7 @@ def test_a_stop_token_ends_the_reply_and_stays_out_of_the_text(policy, monkeypat
 def test_identity_digest_changes_when_the_weights_change(policy, model_dir, tmp_path):
     ident = policy.identity()
     assert ident["kind"] == "transformers" and ident["sha256"] == checkpoint_digest(model_dir)
+    assert "chat_template_kwargs" not in ident  # only when set: older runs still resume
     assert ident["temperature"] == 1.0 and ident["max_new_tokens"] == 12 and ident["seed"] == 7
     changed = tmp_path / "changed"
     shutil.copytree(model_dir, changed)

@@ -256,6 +256,27 @@ def test_act_batch_sends_chat_template_tokens_with_per_request_seeds(fake_vllm, 
     pol.close()
 
 
+def test_chat_template_kwargs_render_the_prompts_not_the_engine(fake_vllm, tokenizer_dir):
+    from bat_gym.policies.vllm_policy import VLLMPolicy
+
+    pol = VLLMPolicy(tokenizer_dir, chat_template_kwargs={"enable_thinking": False})
+    try:
+        assert "chat_template_kwargs" not in fake_vllm.engine.kwargs
+        seen = []
+        template = pol.tokenizer.apply_chat_template
+
+        def spy(*args, **kwargs):
+            seen.append(kwargs.get("enable_thinking"))
+            return template(*args, **kwargs)
+
+        pol.tokenizer.apply_chat_template = spy
+        pol.act_batch([req()])
+        assert seen == [False]
+        assert pol.identity()["chat_template_kwargs"] == {"enable_thinking": False}
+    finally:
+        pol.close()
+
+
 def test_update_weights_stages_loads_and_resets_the_prefix_cache(
     fake_vllm, tokenizer_dir, tmp_path
 ):

@@ -14,7 +14,17 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from bat_gym.trainers.grpo import GRPOConfig, train  # noqa: E402
+from chat_templates import CHATML, qwen_model  # noqa: E402
+
+from bat_gym.errors import ConfigError  # noqa: E402
+from bat_gym.integrations import EpisodeResult  # noqa: E402
+from bat_gym.trainers.grpo import (  # noqa: E402
+    GRPOConfig,
+    _mask_overlong,
+    _shaped_reward,
+    train,
+)
+from bat_gym.trainers.rollout import RolloutWorkers  # noqa: E402
 from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,10 +37,13 @@ def tiny(tmp_path_factory):
 
 
 def config(tiny, bank, out, **kw):
+    # A random model does not finish a turn in 12 tokens, so every episode ends "length";
+    # overlong="keep" trains on them anyway (the default, "mask", would leave no update).
     settings = dict(
         model=str(tiny), output_dir=str(out), benchmark="toy_pipeline", bank=str(bank.root),
         state_ids=tuple(bank.select(focus="S1")[:3]), steps=2, groups_per_step=1, group_size=2,
         max_new_tokens=12, max_turns=2, num_envs=2, lr=1e-3, save_every=1, seed=0,
+        overlong="keep",
     )  # fmt: skip
     settings.update(kw)
     return GRPOConfig(**settings)
@@ -66,6 +79,78 @@ def test_config_errors_name_the_fix(tiny, toy_bank, tmp_path):
         config(tiny, toy_bank, tmp_path, generator="sglang")
     with pytest.raises(ValueError, match="warmup_steps"):
         config(tiny, toy_bank, tmp_path, warmup_steps=3)
+    for field, value in (
+        ("cut_turn", "run"),
+        ("overlong", "drop"),
+        ("overlong_penalty", -1.0),
+        ("max_total_tokens", 1),
+        ("chat_template_kwargs", '{"enable_thinking": false}'),
+    ):
+        with pytest.raises(ConfigError, match=field):
+            config(tiny, toy_bank, tmp_path, **{field: value})
+
+
+def episode(stop_reason, reward):
+    return EpisodeResult(
+        state_id="s", prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1],
+        response_logprobs=None, reward=reward, verdict=None, num_turns=1, num_replies=0,
+        stop_reason=stop_reason, messages=[],
+        length_limit="turn" if stop_reason == "length" else None,
+    )  # fmt: skip
+
+
+def test_episodes_a_token_limit_ended_are_masked_penalized_or_kept(tiny, toy_bank, tmp_path):
+    rollouts = [episode("terminated", 1.0), episode("length", 0.4), episode("truncated", 0.0)]
+    # penalize: the advantages see the reward less the penalty; the env's reward is kept.
+    cfg = config(tiny, toy_bank, tmp_path, overlong="penalize", overlong_penalty=0.5)
+    assert [_shaped_reward(r, cfg) for r in rollouts] == pytest.approx([1.0, -0.1, 0.0])
+    assert rollouts[1].reward == 0.4
+    for mode in ("keep", "mask"):
+        cfg = config(tiny, toy_bank, tmp_path, overlong=mode)
+        assert [_shaped_reward(r, cfg) for r in rollouts] == pytest.approx([1.0, 0.4, 0.0])
+    # mask: the cut episode leaves the update with its advantage; the env's own
+    # truncation (a turn budget) is an outcome like any other and stays.
+    kept, adv = _mask_overlong(rollouts, torch.tensor([0.5, -0.1, -0.4]))
+    assert kept == [rollouts[0], rollouts[2]] and adv.tolist() == pytest.approx([0.5, -0.4])
+    kept, adv = _mask_overlong(rollouts[1:2], torch.tensor([0.3]))
+    assert kept == [] and adv.shape == (0,)
+
+
+def test_grpo_gives_the_episodes_the_samplers_stop_tokens_and_masks_cut_ones(
+    toy_bank, tmp_path, monkeypatch
+):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import bat_gym.trainers.grpo as grpo
+
+    # A Qwen base tokenizer: eos <|endoftext|>, chat turns end in <|im_end|>.
+    texts = (ROOT / "README.md").read_text().splitlines()
+    start = qwen_model(tmp_path / "start", texts, template=CHATML)
+    tok = AutoTokenizer.from_pretrained(start)
+    seen = {}
+
+    class Spy(RolloutWorkers):
+        def __init__(self, *args, **kwargs):
+            seen.update(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(grpo, "RolloutWorkers", Spy)
+    template = {"enable_thinking": False}
+    cfg = config(start, toy_bank, tmp_path / "run", steps=1, max_new_tokens=8,
+                 overlong="mask", kl_coef=0.0, chat_template_kwargs=template)  # fmt: skip
+    summary = train(cfg)
+    assert set(seen["stop_token_ids"]) == set(
+        tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    )
+    assert seen["chat_template_kwargs"] == template and seen["cut_turn"] == "end"
+    assert seen["max_total_tokens"] == 8192  # the model's max_position_embeddings
+    step = summary["history"][0]
+    assert step["length_cut"] == 1.0  # 8 tokens never finish a turn
+    assert step["loss"] == 0.0 and step["grad_norm"] == 0.0
+    # Every episode was masked out of the loss: the weights did not move.
+    before = AutoModelForCausalLM.from_pretrained(start).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(summary["final"]).state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_a_bf16_checkpoint_trains_fp32_master_weights_at_the_reference_lr(

@@ -8,6 +8,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from chat_templates import qwen_tokenizer  # noqa: E402
+
 from bat_gym.env import StageEnv  # noqa: E402
 from bat_gym.policies import EpisodeContext, PolicyRequest, make_policy  # noqa: E402
 from bat_gym.policies.local import TokenGeneration  # noqa: E402
@@ -18,6 +20,9 @@ from bat_gym.trainers.tiny_model import build_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 HERMES = get_protocol("hermes")
+# Room for the longest teacher turn with this small vocabulary (about 520 tokens): the
+# workers cut a turn to the tokens it was asked for, as a real sampler does.
+TEACHER_TURN_TOKENS = 1024
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +35,10 @@ def tokenizer(toy_bank, tmp_path_factory):
 class TeacherTokens:
     """A batch generator that emits each episode's next teacher turn, recording prompts."""
 
-    def __init__(self, toy, toy_bank, tokenizer) -> None:
+    def __init__(self, toy, toy_bank, tokenizer, end: str | None = None) -> None:
         self.toy, self.bank, self.tokenizer = toy, toy_bank, tokenizer
+        # The token each turn ends with (default: the eos), and that closes each turn.
+        self.end = tokenizer.eos_token_id if end is None else tokenizer.convert_tokens_to_ids(end)
         self.prompts: list[list[int]] = []
         self.batches: list[int] = []
         self.sampled: list[list[int]] = []
@@ -50,10 +57,10 @@ class TeacherTokens:
             for prompt in prompts:
                 self.prompts.append(list(prompt))
                 # Each earlier turn left two end-of-turn tokens: its own and its reply's.
-                k = (prompt.count(self.tokenizer.eos_token_id) - self.prompt_turns) // 2
+                k = (prompt.count(self.end) - self.prompt_turns) // 2
                 turn = self.script[k]
                 ids = self.tokenizer.encode(HERMES.render(turn.content, list(turn.calls)))
-                ids = ids + [self.tokenizer.eos_token_id]
+                ids = ids + [self.end]
                 self.sampled.append(ids)
                 out.append(TokenGeneration(ids, [-0.25] * len(ids), "stop"))
         return out
@@ -68,7 +75,9 @@ def test_every_turn_is_trained_on_exactly_the_ids_that_were_sampled(toy, toy_ban
     gen = TeacherTokens(toy, toy_bank, tokenizer)
     gen.script = gen.turns(state_id)
     # The prompt's own end-of-turn tokens (system, user) precede the first turn.
-    workers = RolloutWorkers(lambda: make_env(toy, toy_bank), gen, tokenizer, max_new_tokens=512)
+    workers = RolloutWorkers(
+        lambda: make_env(toy, toy_bank), gen, tokenizer, max_new_tokens=TEACHER_TURN_TOKENS
+    )
     env = make_env(toy, toy_bank)
     _, info = env.reset(options={"state_id": state_id})
     env.close()
@@ -101,7 +110,12 @@ def test_group_episodes_meet_in_one_generation_batch(toy, toy_bank, tokenizer):
     prompt = render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
     gen.prompt_turns = prompt.count(tokenizer.eos_token_id)
     workers = RolloutWorkers(
-        lambda: make_env(toy, toy_bank), gen, tokenizer, max_new_tokens=512, num_envs=4, wait_s=0.05
+        lambda: make_env(toy, toy_bank),
+        gen,
+        tokenizer,
+        max_new_tokens=TEACHER_TURN_TOKENS,
+        num_envs=4,
+        wait_s=0.05,
     )
     try:
         results = workers.play([state_id] * 4)
@@ -111,3 +125,105 @@ def test_group_episodes_meet_in_one_generation_batch(toy, toy_bank, tokenizer):
     assert all(r.reward == pytest.approx(1.0) for r in results)
     assert max(gen.batches) > 1  # concurrent episodes were decoded together
     assert len(workers._all) <= 4
+
+
+def prompt_ids(toy, toy_bank, tokenizer, state_id):
+    """The rendered prompt of ``state_id``."""
+    from bat_gym.integrations._episode import render_ids
+
+    env = make_env(toy, toy_bank)
+    _, info = env.reset(options={"state_id": state_id})
+    env.close()
+    return render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
+
+
+def test_episodes_stop_where_the_sampler_stops(toy, toy_bank, tokenizer, tmp_path):
+    # A Qwen base tokenizer: the eos is <|endoftext|>, a chat turn ends in <|im_end|>.
+    tok = qwen_tokenizer(tokenizer.name_or_path, tmp_path / "tok")
+    im_end, endoftext = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    state_id = toy_bank.select(focus="E2E")[0]
+    gen = TeacherTokens(toy, toy_bank, tok, end="<|im_end|>")
+    gen.script = gen.turns(state_id)
+    gen.prompt_turns = prompt_ids(toy, toy_bank, tok, state_id).count(im_end)
+    # The sampler's stop ids, as GRPO passes them (policy.stop_token_ids).
+    workers = RolloutWorkers(
+        lambda: make_env(toy, toy_bank),
+        gen,
+        tok,
+        max_new_tokens=TEACHER_TURN_TOKENS,
+        stop_token_ids=[endoftext, im_end],
+    )
+    try:
+        (result,) = workers.play([state_id])
+    finally:
+        workers.close()
+    assert result.stop_reason == "terminated" and result.reward == pytest.approx(1.0)
+    assert result.num_turns == len(gen.script)
+    sequence = result.prompt_ids + result.response_ids
+    assert endoftext not in sequence
+    for seen in gen.prompts:
+        assert sequence[: len(seen)] == seen
+        assert "<|im_end|><|im_end|>" not in tok.decode(seen)
+
+
+class Rambling:
+    """A sampler that never stops: every turn is ``n`` tokens of text, no stop token."""
+
+    def __init__(self, tokenizer) -> None:
+        self.word = tokenizer.encode(" data", add_special_tokens=False)[0]
+        self.calls: list[tuple[list[int], int]] = []
+
+    def __call__(self, prompts, max_new_tokens):
+        self.calls.append(([len(p) for p in prompts], max_new_tokens))
+        return [TokenGeneration([self.word] * max_new_tokens, [-1.0] * max_new_tokens, "length")]
+
+
+def test_a_cut_turn_ends_the_episode_unplayed(toy, toy_bank, tokenizer):
+    state_id = toy_bank.select(focus="E2E")[0]
+    gen = Rambling(tokenizer)
+    workers = RolloutWorkers(lambda: make_env(toy, toy_bank), gen, tokenizer, max_new_tokens=9)
+    try:
+        (result,) = workers.play([state_id])
+    finally:
+        workers.close()
+    assert result.stop_reason == "length" and result.length_limit == "turn"
+    assert result.num_turns == 1 and result.response_ids == [gen.word] * 9
+    assert result.info["turns"] == 0  # the env never ran the unfinished message
+
+
+def test_the_total_cap_bounds_each_turn_and_ends_the_episode(toy, toy_bank, tokenizer):
+    state_id = toy_bank.select(focus="E2E")[0]
+    length = len(prompt_ids(toy, toy_bank, tokenizer, state_id))
+    gen = Rambling(tokenizer)
+    workers = RolloutWorkers(
+        lambda: make_env(toy, toy_bank),
+        gen,
+        tokenizer,
+        max_new_tokens=64,
+        max_total_tokens=length + 5,
+        cut_turn="act",
+    )
+    try:
+        (result,) = workers.play([state_id])
+    finally:
+        workers.close()
+    assert result.stop_reason == "length" and result.length_limit == "total"
+    assert len(result.prompt_ids) + len(result.response_ids) == length + 5
+    assert gen.calls == [([length], 5)]  # asked for what fits, not max_new_tokens
+
+
+def test_a_batch_is_sampled_at_its_largest_cap_and_each_turn_cut_to_its_own(tokenizer):
+    calls = []
+
+    def batch(prompts, n):
+        calls.append(n)
+        return [TokenGeneration([7] * n, [-1.0] * n, "length") for _ in prompts]
+
+    workers = RolloutWorkers(lambda: None, batch, tokenizer, max_new_tokens=16)
+    try:
+        out = workers._generate([([1, 2], 3), ([1], 10)])
+    finally:
+        workers.close()
+    assert calls == [10]
+    assert [len(g.token_ids) for g in out] == [3, 10]
+    assert out[0].finish_reason == "length" and len(out[0].logprobs) == 3

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from bat_gym.errors import ConfigError  # noqa: E402
 from bat_gym.protocol import ToolCall  # noqa: E402
 from bat_gym.sft import IGNORE_INDEX, SFTAction, SFTRow, export_sft, render_rows, sft_rows  # noqa: E402
 from bat_gym.trainers.schedule import lr_factor  # noqa: E402
@@ -222,6 +223,19 @@ def test_train_on_the_export_one_step(tiny, toy, toy_bank, tmp_path):
     assert summary["step"] == 1 and len(summary["train_loss"]) == 1
     assert list(summary["eval_loss"]) == [1]  # validation.jsonl is read and scored at the end
     assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+def test_training_refuses_rows_rendered_with_other_chat_template_kwargs(
+    tiny, toy, toy_bank, tmp_path
+):
+    data = tmp_path / "data"
+    export_sft(toy_bank, toy, tiny.tokenizer, data, 8192, rows=tiny.rows[:4])
+    wanted = {"enable_thinking": False}
+    with pytest.raises(ConfigError, match="rendered with chat_template_kwargs=\\{\\}"):
+        train(config(tiny, tmp_path, data_dir=str(data), chat_template_kwargs=wanted))
+    (data / "manifest.json").unlink()
+    with pytest.raises(ConfigError, match="no manifest.json"):
+        train(config(tiny, tmp_path, data_dir=str(data), chat_template_kwargs=wanted))
 
 
 def test_loss_decreases_when_overfitting(tiny, examples, tmp_path):
