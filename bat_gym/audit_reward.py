@@ -38,6 +38,7 @@ import gymnasium as gym
 from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym.benchmark import Benchmark
+from bat_gym.errors import ConfigError
 from bat_gym.policies.base import Policy
 
 __all__ = [
@@ -543,11 +544,11 @@ def audit_reward(
     from bat_gym.rubrics.reward import RubricReward
 
     if states_per_focus < 0 or heldout_cells < 0:
-        raise ValueError(
+        raise ConfigError(
             f"sizes must be >= 0, got states_per_focus={states_per_focus}, heldout_cells={heldout_cells}"
         )
     if not (0 <= margin <= 1 and 0 <= absolute <= 1):
-        raise ValueError(f"margin and absolute must be in [0, 1], got {margin} and {absolute}")
+        raise ConfigError(f"margin and absolute must be in [0, 1], got {margin} and {absolute}")
     t0 = time.perf_counter()
     bench = benchmark if isinstance(benchmark, Benchmark) else get_benchmark(benchmark)
     tracks = tuple(bench.spec.track(t).name for t in tracks)

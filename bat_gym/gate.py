@@ -55,7 +55,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from bat_gym.errors import BatGymError
+from bat_gym.errors import BatGymError, ConfigError
 from bat_gym.evaluation.aggregates import Aggregates
 
 __all__ = [
@@ -137,12 +137,12 @@ class GateThresholds(BaseModel):
         # A catastrophic drop must also fail the overall check; otherwise a candidate
         # could be flagged catastrophic while the overall check calls it acceptable.
         if self.catastrophic_drop <= self.max_overall_drop:
-            raise ValueError(
+            raise ConfigError(
                 f"catastrophic_drop ({self.catastrophic_drop}) must be greater than "
                 f"max_overall_drop ({self.max_overall_drop})"
             )
         if len(set(self.guarded_stages)) != len(self.guarded_stages):
-            raise ValueError(f"guarded_stages repeats a stage: {self.guarded_stages}")
+            raise ConfigError(f"guarded_stages repeats a stage: {self.guarded_stages}")
         return self
 
 

@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from bat_gym.errors import BatGymError
+from bat_gym.errors import BatGymError, ConfigError
 from bat_gym.gate import GateDecision, stage_order
 from bat_gym.spec import BenchmarkSpec
 
@@ -143,7 +143,7 @@ class TargetSelector(ABC):
             ValueError: the state is of another version or another selector.
         """
         if state.get("version") != _STATE_VERSION or state.get("selector") != self.name:
-            raise ValueError(
+            raise ConfigError(
                 f"expected a {self.name!r} selector state of version {_STATE_VERSION}, got "
                 f"selector {state.get('selector')!r} version {state.get('version')!r}"
             )
@@ -183,7 +183,7 @@ class DeficitSelector(TargetSelector):
     def __init__(self, weights: Mapping[str, float]) -> None:
         bad = {s: w for s, w in weights.items() if not 0.0 <= w <= 1.0}
         if bad:
-            raise ValueError(f"expected stage weights in [0, 1], got {bad}")
+            raise ConfigError(f"expected stage weights in [0, 1], got {bad}")
         self.weights = dict(weights)
 
     @classmethod
@@ -254,11 +254,11 @@ class ProgressSelector(TargetSelector):
         smoothing: float = 0.5,
     ) -> None:
         if exploration < 0:
-            raise ValueError(f"expected exploration >= 0, got {exploration}")
+            raise ConfigError(f"expected exploration >= 0, got {exploration}")
         if not 0.0 <= epsilon <= 1.0:
-            raise ValueError(f"expected epsilon in [0, 1], got {epsilon}")
+            raise ConfigError(f"expected epsilon in [0, 1], got {epsilon}")
         if not 0.0 < smoothing <= 1.0:
-            raise ValueError(f"expected smoothing in (0, 1], got {smoothing}")
+            raise ConfigError(f"expected smoothing in (0, 1], got {smoothing}")
         self.seed = seed
         self.exploration = exploration
         self.epsilon = epsilon
@@ -358,8 +358,8 @@ def make_selector(
         return PaperSelector()
     if name == "deficit":
         if spec is None:
-            raise ValueError("the 'deficit' selector needs stage weights: pass spec=")
+            raise ConfigError("the 'deficit' selector needs stage weights: pass spec=")
         return DeficitSelector.from_spec(spec)
     if name == "progress":
         return ProgressSelector(seed=seed)
-    raise ValueError(f"unknown selector {name!r}; choose from {list(SELECTORS)}")
+    raise ConfigError(f"unknown selector {name!r}; choose from {list(SELECTORS)}")

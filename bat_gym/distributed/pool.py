@@ -19,6 +19,7 @@ from bat_gym.distributed.runtime import (
     install_exit_hooks,
     shutdown_if_owned,
 )
+from bat_gym.errors import ConfigError
 
 __all__ = ["CLOSE_TIMEOUT_S", "DEFAULT_NUM_CPUS", "START_TIMEOUT_S", "RayEnvPool"]
 
@@ -85,9 +86,9 @@ class RayEnvPool:
         **env_kwargs: Any,
     ) -> None:
         if num_envs < 1:
-            raise ValueError(f"expected num_envs >= 1, got {num_envs}")
+            raise ConfigError(f"expected num_envs >= 1, got {num_envs}")
         if num_cpus < 0:
-            raise ValueError(f"expected num_cpus >= 0, got {num_cpus}")
+            raise ConfigError(f"expected num_cpus >= 0, got {num_cpus}")
         ray = import_ray()
         started_local = connect(ray_address, dict(ray_init_kwargs or {}))
         install_exit_hooks()
@@ -336,7 +337,7 @@ class RayEnvPool:
         if not isinstance(values, (list, tuple)):
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} values, got {len(values)}")
+            raise ConfigError(f"expected {self.num_envs} values, got {len(values)}")
         ray = import_ray()
         ray.get([a.set_attr.remote(name, v) for a, v in zip(self.actors, values, strict=True)])
 
@@ -422,7 +423,7 @@ def per_env_seeds(seed: int | Sequence[int | None] | None, n: int) -> list[int |
         return [int(seed) + i for i in range(n)]
     seeds = list(seed)
     if len(seeds) != n:
-        raise ValueError(f"expected {n} seeds, got {len(seeds)}")
+        raise ConfigError(f"expected {n} seeds, got {len(seeds)}")
     return seeds
 
 
@@ -433,5 +434,5 @@ def per_env_options(
         return [None if options is None else dict(options) for _ in range(n)]
     opts = list(options)
     if len(opts) != n:
-        raise ValueError(f"expected one options dict per env ({n}), got {len(opts)}")
+        raise ConfigError(f"expected one options dict per env ({n}), got {len(opts)}")
     return [None if o is None else dict(o) for o in opts]

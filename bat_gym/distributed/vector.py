@@ -12,6 +12,7 @@ from gymnasium.vector.utils import batch_space
 
 from bat_gym.distributed.actor import EnvResult, EnvSource
 from bat_gym.distributed.pool import RayEnvPool, per_env_options, per_env_seeds
+from bat_gym.errors import ConfigError
 
 __all__ = ["RayVectorEnv"]
 
@@ -126,7 +127,7 @@ class RayVectorEnv(VectorEnv):
             raise AlreadyPendingCallError("step_async called twice without step_wait", "step")
         actions = list(actions)
         if len(actions) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+            raise ConfigError(f"expected {self.num_envs} actions, got {len(actions)}")
         if self.pool.in_flight:
             raise AlreadyPendingCallError(
                 f"envs {self.pool.in_flight} have step_some calls whose results were not "
@@ -136,7 +137,7 @@ class RayVectorEnv(VectorEnv):
         for i, action in enumerate(actions):
             if self._autoreset_envs[i]:
                 if self.autoreset_mode == AutoresetMode.DISABLED:
-                    raise ValueError(
+                    raise ConfigError(
                         f"env {i}'s episode ended and autoreset is disabled: reset it with "
                         "options={'reset_mask': ...} before stepping it"
                     )
@@ -196,7 +197,7 @@ class RayVectorEnv(VectorEnv):
         """
         indices, actions = list(indices), list(actions)
         if len(indices) != len(actions):
-            raise ValueError(
+            raise ConfigError(
                 f"expected one action per index, got {len(actions)} for {len(indices)}"
             )
         if self._batch_pending:
@@ -238,5 +239,5 @@ def _check_mask(mask: Any, n: int) -> np.ndarray:
             f"options['reset_mask'] must be a bool numpy array of shape ({n},), got {mask!r}"
         )
     if not mask.any():
-        raise ValueError("options['reset_mask'] must select at least one env")
+        raise ConfigError("options['reset_mask'] must select at least one env")
     return mask

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bat_gym.benchmark import Benchmark
+from bat_gym.errors import ConfigError
 from bat_gym.evaluation.cells import Cell, CellResult, FailureCategory
 from bat_gym.files import write_atomic
 from bat_gym.policies.base import EpisodeContext, Policy, PolicyError, PolicyRequest
@@ -71,11 +72,11 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
         if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
 
 
 def held_out_cells(bench: Benchmark, cfg: EvalConfig) -> list[Cell]:
@@ -87,7 +88,7 @@ def held_out_cells(bench: Benchmark, cfg: EvalConfig) -> list[Cell]:
     tracks = [bench.spec.track(t).name for t in cfg.tracks] or [t.name for t in bench.spec.tracks]
     seeds = list(bench.seeds("heldout"))
     if cfg.repeats > len(seeds):
-        raise ValueError(
+        raise ConfigError(
             f"{bench.name} has {len(seeds)} held-out seeds per track; ask for at most that many "
             f"repeats (got {cfg.repeats})"
         )

@@ -17,6 +17,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from bat_gym.errors import ConfigError
+
 __all__ = [
     "EnvSpec",
     "conversation_text",
@@ -46,7 +48,7 @@ def make_env(env: EnvSpec, env_kwargs: Mapping[str, Any] | None = None) -> gym.E
     kwargs = dict(env_kwargs or {})
     if callable(env):
         if kwargs:
-            raise ValueError("env_kwargs apply to an env id; a factory takes no arguments")
+            raise ConfigError("env_kwargs apply to an env id; a factory takes no arguments")
         return env()
     if not isinstance(env, str):
         raise TypeError(f"expected a bat/...-v0 id or a factory, got {type(env).__name__}")
@@ -109,7 +111,7 @@ def state_rows(
 
     if isinstance(source, StageCurriculum):
         if focus is not None or track is not None or state_ids is not None:
-            raise ValueError(
+            raise ConfigError(
                 "a curriculum chooses its own states; pass focus/track/state_ids with a bank instead"
             )
         states = source.env.unwrapped.states
@@ -122,7 +124,7 @@ def state_rows(
     states = _source_of(source)
     ids = list(state_ids) if state_ids is not None else states.select(focus=focus, track=track)
     if not ids:
-        raise ValueError(f"no states with focus {focus!r} and track {track!r} in {source!r}")
+        raise ConfigError(f"no states with focus {focus!r} and track {track!r} in {source!r}")
     return [_row(states.get(i)) for i in ids]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bat_gym.errors import ConfigError
 from bat_gym.policies.base import EpisodeContext, Policy, PolicyError, PolicyOutput, PolicyRequest
 from bat_gym.policies.scripted import ScriptedPolicy
 
@@ -64,10 +65,10 @@ def make_policy(spec: str, **options: Any) -> Policy:
             }
         url, sep, model = rest.partition("#")
         if not sep or not model:
-            raise ValueError(
+            raise ConfigError(
                 f"policy spec {spec!r}: write openai:URL#MODEL, e.g. openai:http://127.0.0.1:8000/v1#qwen"
             )
         from bat_gym.policies.openai_policy import OpenAIPolicy
 
         return OpenAIPolicy(url, model, **options)
-    raise ValueError(f"unknown policy spec {spec!r}; use one of: {', '.join(SPEC_FORMS)}")
+    raise ConfigError(f"unknown policy spec {spec!r}; use one of: {', '.join(SPEC_FORMS)}")

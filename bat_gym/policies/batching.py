@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Generic, TypeVar
 
+from bat_gym.errors import ConfigError
+
 __all__ = ["BatcherClosed", "MicroBatcher"]
 
 ItemT = TypeVar("ItemT")
@@ -67,9 +69,9 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         name: str = "bat-gym-batcher",
     ) -> None:
         if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if wait_s < 0:
-            raise ValueError(f"wait_s must be >= 0, got {wait_s}")
+            raise ConfigError(f"wait_s must be >= 0, got {wait_s}")
         self.batch_fn = batch_fn
         self.max_batch_size = max_batch_size
         self.wait_s = wait_s

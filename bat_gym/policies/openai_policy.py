@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from bat_gym.errors import ConfigError
 from bat_gym.policies.base import Policy, PolicyError, PolicyOutput, PolicyRequest
 from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
 
@@ -207,17 +208,17 @@ class OpenAIPolicy(Policy):
         extra_body: dict[str, Any] | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+            raise ConfigError(f"base_url must start with http:// or https://, got {base_url!r}")
         if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+            raise ConfigError(f"timeout_s must be > 0, got {timeout_s}")
         if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+            raise ConfigError(f"max_retries must be >= 0, got {max_retries}")
         if backoff_s < 0 or max_backoff_s < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"backoff_s and max_backoff_s must be >= 0, got {backoff_s}, {max_backoff_s}"
             )
         if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+            raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.name = f"openai:{model}"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from bat_gym.benchmark import TeacherTurn
-from bat_gym.errors import BatGymError
+from bat_gym.errors import BatGymError, ConfigError
 from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest
 from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
 
@@ -38,7 +38,7 @@ class ScriptedPolicy(Policy):
         self, script: Script = "teacher", *, outcome: str = "success", protocol: str = "hermes"
     ) -> None:
         if script not in ("teacher", "naive"):
-            raise ValueError(f"script must be 'teacher' or 'naive', got {script!r}")
+            raise ConfigError(f"script must be 'teacher' or 'naive', got {script!r}")
         self.script = script
         self.outcome = outcome
         self.protocol: ToolProtocol = get_protocol(protocol)

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.errors import ModelNotFound
+from bat_gym.errors import ConfigError, ModelNotFound
 from bat_gym.policies.base import PolicyError
 from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
 
@@ -105,13 +105,13 @@ class TransformersPolicy(LocalModelPolicy):
         trust_remote_code: bool = False,
     ) -> None:
         if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+            raise ConfigError(f"temperature must be >= 0, got {temperature}")
         if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+            raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         torch = _import_torch()
         transformers = _import_transformers()
         self.path = Path(path)
@@ -131,7 +131,7 @@ class TransformersPolicy(LocalModelPolicy):
             self.path, trust_remote_code=trust_remote_code
         )
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(
+            raise ConfigError(
                 f"{self.path} has no chat template; the policy renders conversations with it"
             )
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -211,13 +211,13 @@ class TransformersPolicy(LocalModelPolicy):
         temp = self.temperature if temperature is None else temperature
         nucleus = self.top_p if top_p is None else top_p
         if max_new < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new}")
         if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+            raise ConfigError("every prompt needs at least one token")
         if seeds is None:
             seeds = self._next_seeds(len(prompts))
         elif len(seeds) != len(prompts):
-            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+            raise ConfigError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         out: list[TokenGeneration] = []
         for start in range(0, len(prompts), self.max_batch_size):
             chunk = slice(start, start + self.max_batch_size)
@@ -256,7 +256,7 @@ class TransformersPolicy(LocalModelPolicy):
         vocab = self.tokenizer.get_vocab()
         ids.update(vocab[t] for t in stop_tokens if t in vocab)
         if not ids:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.path}: no end-of-sequence token in the tokenizer or generation "
                 "config, and none of stop_tokens is in the vocabulary"
             )

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bat_gym.errors import ConfigError
 from bat_gym.policies.base import PolicyError
 from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
 
@@ -83,11 +84,11 @@ def sampling_kwargs(
     alternatives); the stop tokens end the reply and stay in its token ids, not its text.
     """
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
     if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
     if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
     kwargs: dict[str, Any] = {
         "n": 1,
         "temperature": temperature,
@@ -358,7 +359,7 @@ class VLLMPolicy(LocalModelPolicy):
         seeds: Sequence[int] | None = None,
     ) -> list[tuple[TokenGeneration, str]]:
         if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+            raise ConfigError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         if seeds is None:
             seeds = self._next_seeds(len(prompts))
         params = [
