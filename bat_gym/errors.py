@@ -26,6 +26,7 @@ __all__ = [
     "ResetNeeded",
     "EnvNotCopyable",
     "CurriculumError",
+    "EvaluationFailed",
     "BankError",
     "ModelNotFound",
     "RubricContractError",
@@ -246,6 +247,13 @@ class CurriculumError(BatGymError, ValueError):
 
     The message names what is short (a target stage no state has, a pool with fewer
     states than a batch takes) and the fix.
+    """
+
+
+class EvaluationFailed(BatGymError, RuntimeError):
+    """An evaluation run in a child process (the firewall) did not finish.
+
+    Only its exit status crosses the firewall; the message says where its own report is.
     """
 
 

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bat_gym.errors import ConfigError, EvaluationFailed
 from bat_gym.evaluation.aggregates import Aggregates
 from bat_gym.files import write_atomic
 from bat_gym.gate import GateThresholds, gate
@@ -86,9 +87,9 @@ class BiCuRLConfig:
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.steps_per_round < 1 or self.eval_repeats < 1:
-            raise ValueError("rounds, steps_per_round and eval_repeats must be >= 1")
+            raise ConfigError("rounds, steps_per_round and eval_repeats must be >= 1")
         if self.kl_reference not in ("incumbent", "start"):
-            raise ValueError(
+            raise ConfigError(
                 f"kl_reference must be 'incumbent' or 'start', got {self.kl_reference!r}"
             )
         GateThresholds(**self.thresholds)  # fail now, not after the first GRPO block
@@ -159,7 +160,7 @@ def evaluate_checkpoint(model_dir: str, out_dir: Path, cfg: BiCuRLConfig) -> Agg
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if done.returncode != 0:
         # Only the exit status crosses: the child's output may name tasks.
-        raise RuntimeError(
+        raise EvaluationFailed(
             f"the evaluation of {model_dir} exited with status {done.returncode}; see "
             f"{out_dir}/report.md on the evaluation side (status 2: invalid cells, rerun)"
         )
@@ -213,7 +214,7 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
         recorded = {"chat_template_kwargs": {}, **state.settings}
         changed = sorted(k for k in settings if recorded.get(k) != settings[k])
         if changed:
-            raise ValueError(
+            raise ConfigError(
                 f"{out} holds a loop run with other {', '.join(changed)}; rerun with the same "
                 "settings to resume it (only --rounds may change), or use a new output directory"
             )
@@ -247,7 +248,7 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
         round_dir = out / "rounds" / f"round-{r:02d}"
         if state.phase == "train":
             if state.target is None:
-                raise ValueError(
+                raise ConfigError(
                     f"{state_path} is in the train phase without a target stage; it was "
                     "edited or written by another release: start the loop in a new directory"
                 )

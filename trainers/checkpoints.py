@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from bat_gym.errors import ConfigError
+
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - depends on the install
@@ -55,7 +57,7 @@ def resolve_bf16(setting: str, device: torch.device) -> bool:
     supported = device.type == "cuda" and torch.cuda.is_bf16_supported()
     if setting == "on":
         if device.type == "cuda" and not supported:
-            raise ValueError(f"bf16='on' but {device} does not support bf16; use 'auto' or 'off'")
+            raise ConfigError(f"bf16='on' but {device} does not support bf16; use 'auto' or 'off'")
         return True
     return supported
 
@@ -93,7 +95,7 @@ class CheckpointDir:
 
     def __init__(self, output_dir: str | Path, *, marker: str, keep_last: int = 2) -> None:
         if keep_last < 1:
-            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+            raise ConfigError(f"keep_last must be >= 1, got {keep_last}")
         self.root = Path(output_dir) / "checkpoints"
         self.marker = marker
         self.keep_last = keep_last

@@ -163,25 +163,25 @@ class SFTConfig:
         positive = ("lr", "micro_batch_size", "grad_accum_steps", "max_steps", "keep_last")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("eval_every", "save_every", "log_every", "weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0 disables), got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 0 (0 disables), got {getattr(self, name)}")
         if not 0 <= self.adam_beta1 < 1 or not 0 <= self.adam_beta2 < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"AdamW betas must lie in [0, 1), got ({self.adam_beta1}, {self.adam_beta2})"
             )
         # Warmup must end by the last step, or the run never reaches the peak lr.
         if not 0 <= self.warmup_steps <= self.max_steps:
-            raise ValueError(
+            raise ConfigError(
                 f"warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}"
             )
         if self.lr_schedule not in ("constant", "linear", "cosine"):
-            raise ValueError(
+            raise ConfigError(
                 f"lr_schedule must be constant, linear or cosine, got {self.lr_schedule!r}"
             )
         if self.bf16 not in ("auto", "on", "off"):
-            raise ValueError(f"bf16 must be auto, on or off, got {self.bf16!r}")
+            raise ConfigError(f"bf16 must be auto, on or off, got {self.bf16!r}")
 
     @property
     def global_batch_size(self) -> int:
@@ -195,11 +195,11 @@ class SFTConfig:
 def _check_example(ex: dict[str, Any], where: str) -> Example:
     ids, labels = ex.get("input_ids"), ex.get("labels")
     if not isinstance(ids, list) or not isinstance(labels, list) or not ids:
-        raise ValueError(f"{where}: needs non-empty input_ids and labels lists")
+        raise ConfigError(f"{where}: needs non-empty input_ids and labels lists")
     if len(ids) != len(labels):
-        raise ValueError(f"{where}: {len(ids)} input_ids but {len(labels)} labels")
+        raise ConfigError(f"{where}: {len(ids)} input_ids but {len(labels)} labels")
     if any(lab != IGNORE_INDEX and lab != tok for tok, lab in zip(ids, labels, strict=True)):
-        raise ValueError(f"{where}: a label is neither {IGNORE_INDEX} nor its input id")
+        raise ConfigError(f"{where}: a label is neither {IGNORE_INDEX} nor its input id")
     return {"input_ids": ids, "labels": labels}
 
 
@@ -375,14 +375,14 @@ def _resume_point(
     if latest is None:
         return None, None
     if not cfg.resume:
-        raise ValueError(
+        raise ConfigError(
             f"{out} already holds checkpoints (newest {latest.name}); set resume=True to "
             "continue that run or choose another output_dir"
         )
     saved = torch.load(latest / _STATE, map_location="cpu", weights_only=True)
     _check_resumable(cfg, saved["config"], latest)
     if saved["run"]["data_fingerprint"] != fingerprint:
-        raise ValueError(
+        raise ConfigError(
             f"cannot resume from {latest}: the training rows differ from the ones it was "
             "trained on; pass the same data or use a new output_dir"
         )
@@ -398,7 +398,7 @@ def _check_resumable(cfg: SFTConfig, saved: dict[str, Any], latest: Path) -> Non
     }
     if changed:
         diff = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in changed.items())
-        raise ValueError(
+        raise ConfigError(
             f"cannot resume from {latest}: {diff}. These settings change the training math; "
             "restore them or use a new output_dir"
         )
@@ -455,9 +455,9 @@ def _load_data(
         val_path = data / "validation.jsonl"
         val = load_sft_jsonl(val_path) if val_path.is_file() else []
     else:
-        raise ValueError("no training data: set SFTConfig.data_dir or pass train_rows to train()")
+        raise ConfigError("no training data: set SFTConfig.data_dir or pass train_rows to train()")
     if not train_set:
-        raise ValueError("the training split is empty")
+        raise ConfigError("the training split is empty")
     return train_set, val
 
 

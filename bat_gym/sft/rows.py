@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym.bank import RecordedTurn, load_trajectory
 from bat_gym.benchmark import Benchmark
+from bat_gym.errors import BatGymError
 from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
 from bat_gym.spec import E2E, Outcome, StageState
 
@@ -76,7 +77,7 @@ class SFTRejection(BaseModel):
     detail: str
 
 
-class SFTRejected(ValueError):
+class SFTRejected(BatGymError, ValueError):
     """A row that cannot become a training example as it stands (e.g. it is too long)."""
 
     def __init__(self, row_id: str, reason: str, detail: str) -> None:
@@ -84,7 +85,7 @@ class SFTRejected(ValueError):
         self.rejection = SFTRejection(row_id=row_id, reason=reason, detail=detail)
 
 
-class SFTRenderError(RuntimeError):
+class SFTRenderError(BatGymError, RuntimeError):
     """The chat template does not render a row consistently (a template bug, not a row's)."""
 
 
