@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from bat_gym.errors import ConfigError
 from bat_gym.protocol import ToolCall, ToolProtocol
 from bat_gym.spec import E2E, BenchmarkSpec, ContractRef, StageState, Task
 
@@ -150,9 +151,9 @@ class Benchmark(ABC):
             ValueError: naming which.
         """
         if task.params.get("reduction"):
-            raise ValueError(f"task {task.task_id} is already reduced")
+            raise ConfigError(f"task {task.task_id} is already reduced")
         if max_cases < 1:
-            raise ValueError(f"max_cases must be at least 1, got {max_cases}")
+            raise ConfigError(f"max_cases must be at least 1, got {max_cases}")
 
     def task_of(
         self, track: str, seed: int, split: Split, reduction: dict[str, Any] | None = None

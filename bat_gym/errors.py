@@ -10,6 +10,7 @@ __all__ = [
     "BatGymError",
     "SpecError",
     "ConfigError",
+    "PluginError",
     "SandboxError",
     "SandboxUnavailable",
     "SandboxCrashed",
@@ -81,6 +82,14 @@ class ConfigError(BatGymError, ValueError):
     """A setting (a config field, a command-line option) has a value that cannot work.
 
     The message names the setting, what is wrong with its value, and the fix.
+    """
+
+
+class PluginError(BatGymError, TypeError, ValueError):
+    """A plugin (a benchmark, a rubric check, a command) that bat_gym cannot use.
+
+    A check whose signature is wrong, a name registered twice, an entry point that
+    resolves to something else. The message names the plugin and the fix.
     """
 
 

@@ -31,7 +31,7 @@ from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from bat_gym.errors import CheckNotFound, SandboxError
+from bat_gym.errors import CheckNotFound, PluginError, SandboxError
 from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckResult, CheckUnscorable
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,12 @@ def _args_model(name: str, fn: CheckFn) -> type[BaseModel]:
         params[0].POSITIONAL_ONLY,
         params[0].POSITIONAL_OR_KEYWORD,
     ):
-        raise TypeError(f"check {name!r} must take the CheckContext as its first parameter")
+        raise PluginError(f"check {name!r} must take the CheckContext as its first parameter")
     hints = get_type_hints(fn, include_extras=True)
     fields: dict[str, Any] = {}
     for p in params[1:]:
         if p.kind is not p.KEYWORD_ONLY:
-            raise TypeError(f"check {name!r}: parameter {p.name!r} must be keyword-only (after *)")
+            raise PluginError(f"check {name!r}: parameter {p.name!r} must be keyword-only (after *)")
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (hints.get(p.name, Any), default)
     return create_model(
@@ -101,7 +101,7 @@ def register_check(name: str) -> Callable[[F], F]:
         TypeError: the function does not take ``(ctx, *, **args)``.
     """
     if not _NAME.match(name):
-        raise ValueError(f"check names are lowercase with underscores, got {name!r}")
+        raise PluginError(f"check names are lowercase with underscores, got {name!r}")
 
     def decorate(fn: F) -> F:
         held = _checks.get(name)
@@ -109,7 +109,7 @@ def register_check(name: str) -> Callable[[F], F]:
             fn.__module__,
             fn.__qualname__,
         ):
-            raise ValueError(
+            raise PluginError(
                 f"check {name!r} is already registered by {held.__module__}.{held.__qualname__}"
             )
         _schemas[name] = _args_model(name, fn)
