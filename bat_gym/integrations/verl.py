@@ -219,6 +219,21 @@ def agent_loop_fields(result: EpisodeResult) -> dict[str, Any]:
     }
 
 
+def _missing_for_agent_loop(exc: ImportError) -> str:
+    """What to install when verl's agent loop cannot be imported, from the failed import."""
+    missing = (exc.name or "").split(".")[0]
+    if missing in ("", "verl"):
+        return (
+            "BatAgentLoop runs inside verl's agent loop: pip install 'bat-gym[verl]' "
+            "(verl brings ray and an inference engine; see verl's install guide)"
+        )
+    return (
+        f"verl is installed, but its agent loop imports {missing!r}, which is not: "
+        f"pip install {missing} (pip install 'bat-gym[verl]' brings the ones verl "
+        f"leaves out); the import failed with: {exc}"
+    )
+
+
 def _build_agent_loop() -> type:
     try:
         from verl.experimental.agent_loop.agent_loop import (
@@ -227,10 +242,7 @@ def _build_agent_loop() -> type:
             AgentLoopOutput,
         )
     except ImportError as exc:
-        raise ImportError(
-            "BatAgentLoop runs inside verl's agent loop: pip install verl "
-            "(it brings ray and an inference engine; see verl's install guide)"
-        ) from exc
+        raise ImportError(_missing_for_agent_loop(exc)) from exc
 
     class BatAgentLoop(AgentLoopBase):  # type: ignore[misc, valid-type]
         """A verl agent loop that plays one bat_gym episode per sample.

@@ -132,10 +132,31 @@ def test_the_agent_loop_needs_verl_or_says_how_to_get_it(monkeypatch):
 
     monkeypatch.setattr(bat_verl, "_built", {})
     monkeypatch.setitem(sys.modules, "verl", None)  # as if not installed
-    with pytest.raises(ImportError, match="pip install verl"):
+    with pytest.raises(ImportError, match=r"pip install 'bat-gym\[verl\]'"):
         _ = bat_verl.BatAgentLoop
     with pytest.raises(AttributeError):
         _ = bat_verl.NoSuchThing
+
+
+def test_a_dependency_verl_leaves_out_is_named(monkeypatch, tmp_path):
+    """verl 0.9's agent loop imports cachetools, uvicorn and fastapi without requiring
+    them: the message names the missing one, not verl."""
+    import sys
+
+    import bat_gym.integrations.verl as bat_verl
+
+    loop = tmp_path / "verl" / "experimental" / "agent_loop"
+    loop.mkdir(parents=True)
+    for d in (tmp_path / "verl", loop.parent, loop):
+        (d / "__init__.py").write_text("")
+    (loop / "agent_loop.py").write_text("import cachetools\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "verl" or m.startswith("verl.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "cachetools", None)  # as if not installed
+    monkeypatch.setattr(bat_verl, "_built", {})
+    with pytest.raises(ImportError, match="verl is installed, but .* imports 'cachetools'"):
+        _ = bat_verl.BatAgentLoop
 
 
 def _have_verl() -> bool:
