@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["Backend", "BenchmarkName", "EpisodeWorkers", "Tracks"]
+__all__ = ["Backend", "BenchmarkName", "EpisodeWorkers", "Quiet", "Tracks"]
 
 BenchmarkName = Annotated[
     str | None,
@@ -23,4 +23,11 @@ EpisodeWorkers = Annotated[
 Tracks = Annotated[
     list[str] | None,
     typer.Option("--track", help="Only this track (repeatable). Default: all."),
+]
+Quiet = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        help="No progress display (it is off anyway when stdout is not a terminal).",
+    ),
 ]
