@@ -24,6 +24,7 @@ __all__ = [
     "TrackNotFound",
     "ResetNeeded",
     "BankError",
+    "TrajectoryRejected",
     "RubricContractError",
     "ContractNotFound",
     "CheckNotFound",
@@ -224,6 +225,29 @@ class BankError(BatGymError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class TrajectoryRejected(BankError):
+    """A teacher trajectory a bank needs was rejected by the verifier or the admission gates.
+
+    Raised for the default states, which promise every state of their grid: a broken
+    teacher is reported here, with its verdict, not later as a missing focus.
+
+    Attributes:
+        task: the trajectory's job key (``track/seed/outcome``).
+        reason: why it was rejected, with the verdict in brief (reward, evidence
+            completeness, the items that fell short and their evidence).
+    """
+
+    def __init__(self, task: str, reason: str) -> None:
+        self.task = task
+        BankError.__init__(
+            self,
+            f"teacher trajectory {task}",
+            f"rejected: {reason}. Fix the benchmark's teacher (or its contract); "
+            "`bat-gym bank explain --default` shows every verdict",
+        )
+        self.reason = reason
 
 
 class RubricContractError(BatGymError):
