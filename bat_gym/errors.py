@@ -25,6 +25,7 @@ __all__ = [
     "ResetNeeded",
     "BankError",
     "TrajectoryRejected",
+    "UnsupportedPolicy",
     "RubricContractError",
     "ContractNotFound",
     "CheckNotFound",
@@ -248,6 +249,20 @@ class TrajectoryRejected(BankError):
             "`bat-gym bank explain --default` shows every verdict",
         )
         self.reason = reason
+
+
+class UnsupportedPolicy(BatGymError, ValueError):
+    """A policy cannot play this benchmark (a naive baseline it does not define, say).
+
+    Attributes:
+        policy: the policy spec, e.g. ``naive``.
+        reason: what the benchmark lacks, and what to use instead.
+    """
+
+    def __init__(self, policy: str, reason: str) -> None:
+        self.policy = policy
+        self.reason = reason
+        super().__init__(f"policy {policy!r}: {reason}")
 
 
 class RubricContractError(BatGymError):

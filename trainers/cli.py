@@ -181,7 +181,12 @@ def loop(
     bank: BankOpt = None,
     rounds: Annotated[int, typer.Option("--rounds", min=1)] = 10,
     steps_per_round: Annotated[int, typer.Option("--steps-per-round", min=1)] = 50,
-    eval_repeats: Annotated[int, typer.Option("--eval-repeats", min=1)] = 10,
+    eval_repeats: Annotated[
+        int | None,
+        typer.Option(
+            "--eval-repeats", min=1, help="Default: the benchmark's splits.heldout_repeats."
+        ),
+    ] = None,
     eval_max_turns: Annotated[int | None, typer.Option("--eval-max-turns", min=1)] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
     max_turns: Annotated[int | None, typer.Option("--max-turns", min=1)] = None,
