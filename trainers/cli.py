@@ -66,7 +66,14 @@ def sft(
     bench = get_benchmark(benchmark)
     data = out / "data"
     if not (data / "train.jsonl").is_file():
-        states = StageBank(bank) if bank else default_bank(bench)
+        if bank:
+            states = StageBank(bank)
+        else:
+            # The whole default grid, built where missing: shown while it builds.
+            from bat_gym import progress
+
+            with progress.use(progress.for_cli()):
+                states = default_bank(bench)
         tokenizer = AutoTokenizer.from_pretrained(model)
         manifest = export_sft(states, bench, tokenizer, data, max_length)
         typer.echo(f"SFT view: {json.dumps({k: manifest[k] for k in manifest if k != 'rejected'})}")
