@@ -1,6 +1,7 @@
 """Default states: the whole grid's ids up front, one teacher trajectory built per need."""
 
 import multiprocessing
+import pickle
 import subprocess
 import sys
 
@@ -82,6 +83,8 @@ def test_a_built_trajectory_is_reused_by_the_next_process(toy, cache, monkeypatc
     monkeypatch.setattr(DefaultStates, "_build", no_build)
     again = DefaultStates(toy)  # a fresh source over the same cache, as another process has
     assert again.get(sid) == row
+    sent = pickle.loads(pickle.dumps(first))  # as a Ray actor or spawned worker gets it
+    assert sent.root == first.root and sent.get(sid) == row
     assert {again.get(i).focus for i in again.select(track=row.track)} == set(toy.spec.focuses)
 
 

@@ -24,6 +24,7 @@ Modules:
 * :mod:`~bat_gym.bank.gates`: :data:`GATES` and :class:`Admission`.
 * :mod:`~bat_gym.bank.tasks`: one task's rows, in this process or forked workers.
 * :mod:`~bat_gym.bank.build`: :func:`build_bank`, its plan, journal and manifest.
+* :mod:`~bat_gym.bank.explain`: each task's record and verdict, and a bank's gaps.
 * :mod:`~bat_gym.bank.default`: :class:`DefaultStates`, a benchmark's default grid
   built one teacher trajectory at a time on first use, and :func:`default_bank`, the
   whole grid; both cached under :func:`cache_dir`.

@@ -169,6 +169,14 @@ class DefaultStates:
         self._bank: StageBank | None = None
         self._lock = threading.RLock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Sent to another process (a Ray actor, a spawned worker): the benchmark and the
+        # cache directory; rows and locks are that process's own.
+        return {"bench": self.bench, "root": self.root}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["bench"], state["root"])  # type: ignore[misc]
+
     # -- the plan ---------------------------------------------------------------------
 
     @property
