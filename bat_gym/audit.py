@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from bat_gym import progress
 from bat_gym.bank import BankReport, StageBank
 from bat_gym.benchmark import Benchmark
 from bat_gym.spec import Task
@@ -155,7 +156,7 @@ class HeldOutIndex:
         when given; task ids always cover every track, they cost nothing).
         """
         tracks = list(tracks or [t.name for t in bench.spec.tracks])
-        eval_seeds = list(bench.seeds("heldout"))[: bench.spec.splits.heldout_repeats]
+        eval_seeds = bench.evaluated_seeds()
         digests: dict[str, str] = {}
         for track in tracks:
             for seed in eval_seeds:
@@ -197,6 +198,9 @@ def _prompt_text(bank: StageBank) -> Iterable[tuple[str, str]]:
 def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
     """Audit ``bank`` for held-out content of ``bench`` (default: the one it names).
 
+    Progress (the held-out tasks regenerated, then each check's pass over them) goes to
+    the current reporter (:mod:`bat_gym.progress`).
+
     Returns:
         A report with one line per check; ``report.ok`` is False on any finding.
     """
@@ -204,10 +208,16 @@ def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
         from bat_gym.registry import get_benchmark
 
         bench = get_benchmark(bank.manifest["benchmark"])
+    with progress.task(f"auditing {len(bank)} states", 5) as shown:
+        return _audit(bank, bench, shown)
+
+
+def _audit(bank: StageBank, bench: Benchmark, shown: progress.ProgressTask) -> BankReport:
+    shown.describe("audit: regenerating the evaluated held-out tasks")
     report = BankReport("audit")
     tracks = [t.name for t in bench.spec.tracks]
     heldout_seeds = bench.seeds("heldout")
-    eval_seeds = list(heldout_seeds)[: bench.spec.splits.heldout_repeats]
+    eval_seeds = bench.evaluated_seeds()
     heldout = [bench.make_task(t, s, "heldout") for t in tracks for s in eval_seeds]
     train = {
         (row.track, row.provenance["seed"])
@@ -217,7 +227,10 @@ def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
     train_tasks = [bench.make_task(t, s, "train") for t, s in sorted(train)]
     blobs = {p.parent.name + p.name: p for p in (bank.store.root / "blobs").glob("*/*")}
 
+    shown.advance()
+
     # -- task ids and seeds ----------------------------------------------------------
+    shown.describe("audit: task ids and seeds")
     ids = heldout_task_ids(bench)
     for row in bank:
         report.count("task ids")
@@ -238,7 +251,10 @@ def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
                     "task ids", f"blob {digest}", f"holds held-out task id {found.decode()}"
                 )
 
+    shown.advance()
+
     # -- public files ----------------------------------------------------------------
+    shown.describe(f"audit: {len(heldout)} held-out tasks' public files")
     shared = {d for task in train_tasks for d in _public_files(bench, task).values()}
     for task in heldout:
         for rel, digest in _public_files(bench, task).items():
@@ -248,7 +264,10 @@ def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
             if digest in blobs:
                 report.find("public files", f"blob {digest}", f"is held-out {task.task_id}:{rel}")
 
+    shown.advance()
+
     # -- private answers -------------------------------------------------------------
+    shown.describe(f"audit: {len(heldout)} held-out tasks' answers")
     shared_answers = {
         d for task in train_tasks for d in answer_fingerprints(bench.private_answers(task))
     }
@@ -258,7 +277,10 @@ def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
             if digest in blobs:
                 report.find("answers", f"blob {digest}", f"is a private answer of {task.task_id}")
 
+    shown.advance()
+
     # -- 8-grams ---------------------------------------------------------------------
+    shown.describe("audit: card 8-grams in prompts")
     boiler: set[tuple[str, ...]] = set()
     from bat_gym.protocol import get_protocol
 
@@ -279,4 +301,5 @@ def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
     for where, text in _prompt_text(bank):
         for gram in word_ngrams(text) & held.keys():
             report.find("8-grams", where, f"shares {' '.join(gram)!r} with {held[gram]}")
+    shown.advance()
     return report

@@ -23,7 +23,6 @@ rewards and cells lost to infrastructure are left out and counted in the episode
 from __future__ import annotations
 
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -37,6 +36,7 @@ from typing import Any, Literal
 import gymnasium as gym
 from pydantic import BaseModel, ConfigDict, Field
 
+from bat_gym import progress as display
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import ConfigError
 from bat_gym.policies.base import Policy
@@ -285,25 +285,25 @@ def sample_states(
 
 
 class _Progress:
-    """One line per finished episode on stderr: count, policy, stage, reward, time."""
+    """Episodes done / total on the current progress reporter, a line per finished one."""
 
     def __init__(self, total: int, *, enabled: bool) -> None:
-        self.total, self.count, self.enabled = total, 0, enabled
         self.lock = threading.Lock()
-        self.start = time.perf_counter()
+        self.shown = display.task("reward audit: episodes", total) if enabled else None
 
     def update(self, e: AuditEpisode) -> None:
-        with self.lock:
-            self.count += 1
-            if not self.enabled:
-                return
-            score = "INVALID" if not e.valid else "null" if e.reward is None else f"{e.reward:.3f}"
-            print(
-                f"[{self.count}/{self.total}] {e.policy:21s} {e.stage:11s} {e.track:14s} "
-                f"reward {score:7s} {e.wall_s:5.1f} s  (elapsed {time.perf_counter() - self.start:.0f} s)",
-                file=sys.stderr,
-                flush=True,
+        if self.shown is None:
+            return
+        score = "INVALID" if not e.valid else "null" if e.reward is None else f"{e.reward:.3f}"
+        with self.lock:  # the count in the line is the one this episode made
+            self.shown.advance(
+                line=f"[{self.shown.done + 1}/{self.shown.total}] {e.policy:21s} {e.stage:11s} "
+                f"{e.track:14s} reward {score:7s} {e.wall_s:5.1f} s"
             )
+
+    def close(self) -> None:
+        if self.shown is not None:
+            self.shown.close()
 
 
 def _episode(
@@ -526,7 +526,8 @@ def audit_reward(
         backend: sandbox backend, ``"local"`` or ``"docker"``.
         workers: episodes played at once, one sandbox each.
         seed: seed of the state sample.
-        progress: print one line per finished episode to stderr.
+        progress: report episodes done / total, and a line per finished episode, to
+            the current progress reporter (:mod:`bat_gym.progress`).
 
     Returns:
         The report; ``report.ok`` is False when some exploit beats the targets.
@@ -591,10 +592,13 @@ def audit_reward(
     def make_env() -> Any:
         return RubricReward(StageEnv("E2E", benchmark=bench, states=source, backend=backend))
 
-    episodes = _play_stage_rows(bench, jobs, make_env, workers, tracker) if jobs else []
-    if heldout_cells:
-        with tempfile.TemporaryDirectory(prefix="bat-audit-") as work:
-            episodes += _play_heldout(bench, policies, cfg, Path(work), tracker)
+    try:
+        episodes = _play_stage_rows(bench, jobs, make_env, workers, tracker) if jobs else []
+        if heldout_cells:
+            with tempfile.TemporaryDirectory(prefix="bat-audit-") as work:
+                episodes += _play_heldout(bench, policies, cfg, Path(work), tracker)
+    finally:
+        tracker.close()
 
     columns = [*stage_ids] if jobs else []
     columns += [HELDOUT] if heldout_cells else []

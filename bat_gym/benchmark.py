@@ -196,6 +196,15 @@ class Benchmark(ABC):
         r = self.spec.splits.train if split == "train" else self.spec.splits.heldout
         return range(r.start, r.stop)
 
+    def evaluated_seeds(self) -> list[int]:
+        """The held-out seeds an evaluation plays, per track: the first ``splits.heldout_repeats``.
+
+        The one definition the evaluation harness and the leakage checks (the bank's
+        admission gate and ``bat-gym bank audit``) share: what is evaluated is exactly
+        what a bank is audited against.
+        """
+        return list(self.seeds("heldout"))[: self.spec.splits.heldout_repeats]
+
     # -- sandbox ----------------------------------------------------------------------
 
     def sandbox_requirements(self) -> SandboxRequirements:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -78,7 +77,9 @@ class StageEnv(gym.Env[str, str]):
         protocol: how tool calls are written: ``"hermes"``, ``"json"`` or ``"openai"``.
         budgets: per-episode limits (default: the benchmark's).
         states: where states come from: a :class:`~bat_gym.bank.StateSource`, or a bank
-            directory; default: the benchmark's default bank, built on first use.
+            directory; default: the benchmark's default states (its default grid, each
+            teacher trajectory built on first use and cached). Resolved through
+            :func:`bat_gym.registry.state_source` on first use.
         sandbox_options: keyword arguments for the sandbox constructor.
         token_counter: counts the tokens of a plain-``str`` action for the token budget.
         render_mode: ``"ansi"`` returns the transcript from ``render()``.
@@ -134,17 +135,11 @@ class StageEnv(gym.Env[str, str]):
 
     @property
     def states(self) -> Any:
-        """The state source (loaded, or built and cached, on first use)."""
+        """The state source, resolved from ``states=`` on first use (see the registry)."""
         if self._states is None:
-            from bat_gym.bank import StageBank, default_bank
+            from bat_gym.registry import state_source
 
-            arg = self._states_arg
-            if arg is None:
-                self._states = default_bank(self.benchmark)
-            elif isinstance(arg, (str, Path)):
-                self._states = StageBank(arg)
-            else:
-                self._states = arg
+            self._states = state_source(self._states_arg, self.benchmark)
         return self._states
 
     def _sandbox(self) -> Sandbox:

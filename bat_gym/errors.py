@@ -30,6 +30,8 @@ __all__ = [
     "EvaluationFailed",
     "BankError",
     "ModelNotFound",
+    "TrajectoryRejected",
+    "UnsupportedPolicy",
     "RubricContractError",
     "ContractNotFound",
     "CheckNotFound",
@@ -292,6 +294,43 @@ class ModelNotFound(BatGymError):
             f"no model directory at {path}: give a directory that save_pretrained wrote "
             "(config.json, weights, tokenizer); `bat-gym tiny-model DIR` builds a tiny one"
         )
+
+
+class TrajectoryRejected(BankError):
+    """A teacher trajectory a bank needs was rejected by the verifier or the admission gates.
+
+    Raised for the default states, which promise every state of their grid: a broken
+    teacher is reported here, with its verdict, not later as a missing focus.
+
+    Attributes:
+        task: the trajectory's job key (``track/seed/outcome``).
+        reason: why it was rejected, with the verdict in brief (reward, evidence
+            completeness, the items that fell short and their evidence).
+    """
+
+    def __init__(self, task: str, reason: str) -> None:
+        self.task = task
+        BankError.__init__(
+            self,
+            f"teacher trajectory {task}",
+            f"rejected: {reason}. Fix the benchmark's teacher (or its contract); "
+            "`bat-gym bank explain --default` shows every verdict",
+        )
+        self.reason = reason
+
+
+class UnsupportedPolicy(BatGymError, ValueError):
+    """A policy cannot play this benchmark (a naive baseline it does not define, say).
+
+    Attributes:
+        policy: the policy spec, e.g. ``naive``.
+        reason: what the benchmark lacks, and what to use instead.
+    """
+
+    def __init__(self, policy: str, reason: str) -> None:
+        self.policy = policy
+        self.reason = reason
+        super().__init__(f"policy {policy!r}: {reason}")
 
 
 class RubricContractError(BatGymError):

@@ -10,6 +10,12 @@ same way. Nothing is imported until a benchmark is asked for. The default benchm
 ``BAT_GYM_BENCHMARK`` if set, else the installed one with the highest
 ``spec.default_priority``.
 
+:func:`state_source` resolves where an env's states come from when it is given none
+(the benchmark's default states, built on first use) or a bank directory. The resolver
+is named here and imported on first use, so :class:`~bat_gym.env.StageEnv` never
+imports the Stage Bank, which builds its states by playing envs;
+:func:`register_state_source` replaces it.
+
 :func:`register_envs` registers ``bat/Plan-v0`` .. ``bat/Submit-v0`` and ``bat/E2E-v0``
 with Gymnasium: a StageEnv wrapped in the rubric reward (``rubric_reward=False`` turns
 it off). It runs when Gymnasium is imported (through the ``.pth`` hook) and when
@@ -42,6 +48,8 @@ __all__ = [
     "default_benchmark_name",
     "register_envs",
     "env_ids",
+    "state_source",
+    "register_state_source",
 ]
 
 ENTRY_POINT_GROUP = "bat_gym.benchmarks"
@@ -50,6 +58,10 @@ ENV_NAMESPACE = "bat"
 
 _factories: dict[str, Callable[[], Any] | str] = {}
 _loaded: dict[str, Benchmark] = {}
+
+StateResolver = Callable[[Any, "Benchmark"], Any]
+_DEFAULT_RESOLVER = "bat_gym.bank.default:state_source"
+_resolver: StateResolver | str = _DEFAULT_RESOLVER
 
 
 def register_benchmark(name: str, benchmark: Benchmark | Callable[[], Benchmark] | str) -> None:
@@ -180,6 +192,32 @@ def register_envs() -> None:
                 disable_env_checker=False,
                 additional_wrappers=(verdict,),
             )
+
+
+def register_state_source(resolver: StateResolver | str | None) -> None:
+    """Replace how envs resolve their ``states=`` argument (None restores the default).
+
+    Args:
+        resolver: ``resolver(states, benchmark)`` returning a
+            :class:`~bat_gym.bank.StateSource`, where ``states`` is the env's argument
+            (None, a bank directory, or a source); or a ``"module:attr"`` naming one.
+    """
+    global _resolver
+    _resolver = _DEFAULT_RESOLVER if resolver is None else resolver
+
+
+def state_source(states: Any, benchmark: Benchmark) -> Any:
+    """The state source an env reads, given its ``states=`` argument and benchmark.
+
+    By default (:func:`bat_gym.bank.state_source`): None gives the benchmark's default
+    states (the default grid, each teacher trajectory built on first use and cached), a
+    path the Stage Bank there, and a source is used as it is.
+    """
+    resolver = _resolver
+    if isinstance(resolver, str):
+        module, _, attr = resolver.partition(":")
+        resolver = getattr(importlib.import_module(module), attr)
+    return resolver(states, benchmark)
 
 
 def installed_requirements() -> SandboxRequirements:

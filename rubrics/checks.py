@@ -6,6 +6,12 @@ nothing else. Register one with :func:`register_check`; its keyword-only paramet
 their type hints become the schema of ``args`` in contracts, validated when a contract
 is loaded, so a typo fails at load time rather than mid-training.
 
+A check that decides only from what the verifier computes itself, outside every
+sandbox (the task metric on the final workspace, say), has no file or tool call to
+point at: register it with ``evidence="none"``. Items that use it then require no
+evidence kind by default (so a pass counts fully towards the evidence completeness
+η), and a contract that requires one of it is refused when loaded.
+
 Inside a check, raise :class:`~bat_gym.rubrics.context.CheckFailed` to fail with a
 reason, or :class:`~bat_gym.rubrics.context.CheckUnscorable` when infrastructure (not
 the agent) keeps it from deciding; :func:`run_check` turns both, and blob-store faults,
@@ -27,7 +33,7 @@ import inspect
 import logging
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, Literal, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, create_model
 
@@ -48,6 +54,7 @@ __all__ = [
     "register_check",
     "get_check",
     "check_names",
+    "check_evidence",
     "validate_args",
     "run_check",
 ]
@@ -61,10 +68,12 @@ BUILTIN_MODULES = (
 
 CheckFn = Callable[..., CheckResult]
 F = TypeVar("F", bound=CheckFn)
+EvidenceDeclaration = Literal["required", "none"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _checks: dict[str, CheckFn] = {}
 _schemas: dict[str, type[BaseModel]] = {}
+_evidence: dict[str, EvidenceDeclaration] = {}
 
 
 # -- registry ---------------------------------------------------------------------------
@@ -90,18 +99,26 @@ def _args_model(name: str, fn: CheckFn) -> type[BaseModel]:
     )
 
 
-def register_check(name: str) -> Callable[[F], F]:
+def register_check(name: str, *, evidence: EvidenceDeclaration = "required") -> Callable[[F], F]:
     """Register a check under ``name`` (a decorator).
 
     Args:
         name: the name contracts use, lowercase with underscores.
+        evidence: ``"required"`` (default): the check's results point at what they rest
+            on (files, tool calls), and an item using it requires ``artifact`` evidence
+            unless its contract says otherwise. ``"none"``: the check decides from
+            what the verifier computes itself and returns no evidence; its items
+            require none by default, and requiring some is refused at load.
 
     Raises:
-        ValueError: the name is malformed or already taken by another function.
+        ValueError: the name is malformed or already taken by another function, or
+            ``evidence`` is neither ``"required"`` nor ``"none"``.
         TypeError: the function does not take ``(ctx, *, **args)``.
     """
     if not _NAME.match(name):
         raise PluginError(f"check names are lowercase with underscores, got {name!r}")
+    if evidence not in ("required", "none"):
+        raise PluginError(f"evidence must be 'required' or 'none', got {evidence!r}")
 
     def decorate(fn: F) -> F:
         held = _checks.get(name)
@@ -114,6 +131,7 @@ def register_check(name: str) -> Callable[[F], F]:
             )
         _schemas[name] = _args_model(name, fn)
         _checks[name] = fn
+        _evidence[name] = evidence
         return fn
 
     return decorate
@@ -142,6 +160,16 @@ def get_check(name: str) -> CheckFn:
 def check_names() -> tuple[str, ...]:
     """Every registered check name, sorted."""
     return tuple(sorted(_registry()))
+
+
+def check_evidence(name: str) -> EvidenceDeclaration:
+    """What check ``name`` declared about its evidence: ``"required"`` or ``"none"``.
+
+    Raises:
+        CheckNotFound: unknown check.
+    """
+    get_check(name)
+    return _evidence[name]
 
 
 def validate_args(name: str, args: dict[str, Any]) -> BaseModel:

@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from bat_gym.errors import CheckNotFound, ContractNotFound, RubricContractError
-from bat_gym.rubrics.checks import get_check, validate_args
+from bat_gym.rubrics.checks import check_evidence, get_check, validate_args
 from bat_gym.rubrics.context import EvidenceKind
 from bat_gym.spec import E2E, ContractRef, load_model
 
@@ -73,7 +73,8 @@ class RubricItem(BaseModel):
     requires: tuple[EvidenceKind, ...] = Field(
         ("artifact",),
         description="Evidence kinds a pass must rest on (artifact, execution); a pass "
-        "without them lowers the evidence completeness eta.",
+        "without them lowers the evidence completeness eta. Default: artifact, or none "
+        "for a check registered with evidence='none'.",
     )
     guard: bool = Field(
         False,
@@ -86,6 +87,32 @@ class RubricItem(BaseModel):
         "E2E contract composes it (e.g. earlier-stage files unchanged).",
     )
     description: str = Field("", description="What the item establishes, for people.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_requires(cls, data: Any) -> Any:
+        # A check that returns no evidence cannot meet the artifact default: its items
+        # require nothing unless the contract says otherwise (refused below).
+        if isinstance(data, dict) and "requires" not in data:
+            try:
+                if check_evidence(str(data.get("check"))) == "none":
+                    return {**data, "requires": ()}
+            except CheckNotFound:
+                pass  # the check's own validator reports it
+        return data
+
+    @field_validator("requires")
+    @classmethod
+    def _requires_fit_check(
+        cls, requires: tuple[str, ...], info: ValidationInfo
+    ) -> tuple[str, ...]:
+        name = info.data.get("check")
+        if requires and name is not None and check_evidence(name) == "none":
+            raise ValueError(
+                f"check {name!r} returns no evidence (registered with evidence='none'), so "
+                f"requires {list(requires)} could never be met; drop requires from this item"
+            )
+        return requires
 
     @field_validator("check")
     @classmethod

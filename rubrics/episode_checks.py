@@ -193,11 +193,15 @@ def unchanged(
     return CheckResult.ok(f"{len(start)} start files unchanged under {paths}", evidence)
 
 
-@register_check("task_metric_at_least")
+@register_check("task_metric_at_least", evidence="none")
 def task_metric_at_least(
     ctx: CheckContext, *, threshold: Annotated[float, Field(ge=0, le=1)]
 ) -> CheckResult:
-    """The benchmark's task metric on the final workspace is at least ``threshold``."""
+    """The benchmark's task metric on the final workspace is at least ``threshold``.
+
+    The verifier computes the metric itself, outside every sandbox, so the result
+    carries no evidence (registered with ``evidence="none"``).
+    """
     if ctx.task is None:
         raise CheckUnscorable("no task oracle: the task metric cannot be computed")
     score = ctx.task.score(ctx.workspace)

@@ -59,8 +59,9 @@ class BiCuRLConfig:
     """Rounds (BaT: up to 10)."""
     steps_per_round: int = 50
     """GRPO steps per round (BaT: 50)."""
-    eval_repeats: int = 10
-    """Held-out tasks per track in each evaluation (BaT: 10)."""
+    eval_repeats: int | None = None
+    """Held-out tasks per track in each evaluation (None: the benchmark's
+    ``splits.heldout_repeats``, 10 for MedBench-Lite as in BaT)."""
     eval_tracks: tuple[str, ...] = ()
     eval_workers: int = 2
     eval_max_turns: int | None = None
@@ -86,7 +87,11 @@ class BiCuRLConfig:
     """Base seed; round ``r``'s GRPO block gets :func:`round_seed` (seed, r)."""
 
     def __post_init__(self) -> None:
-        if self.rounds < 1 or self.steps_per_round < 1 or self.eval_repeats < 1:
+        if (
+            self.rounds < 1
+            or self.steps_per_round < 1
+            or (self.eval_repeats is not None and self.eval_repeats < 1)
+        ):
             raise ConfigError("rounds, steps_per_round and eval_repeats must be >= 1")
         if self.kl_reference not in ("incumbent", "start"):
             raise ConfigError(
@@ -139,10 +144,11 @@ def evaluate_checkpoint(model_dir: str, out_dir: Path, cfg: BiCuRLConfig) -> Agg
         sys.executable, "-m", "bat_gym.cli", "eval",
         "--policy", f"hf:{model_dir}",
         "--out", str(out_dir),
-        "--repeats", str(cfg.eval_repeats),
         "--workers", str(cfg.eval_workers),
         "--quiet",
     ]  # fmt: skip
+    if cfg.eval_repeats is not None:
+        cmd += ["--repeats", str(cfg.eval_repeats)]
     if cfg.benchmark:
         cmd += ["--benchmark", cfg.benchmark]
     for track in cfg.eval_tracks:

@@ -69,7 +69,14 @@ def sft(
     bench = get_benchmark(benchmark)
     data = out / "data"
     if not (data / "train.jsonl").is_file():
-        states = StageBank(bank) if bank else default_bank(bench)
+        if bank:
+            states = StageBank(bank)
+        else:
+            # The whole default grid, built where missing: shown while it builds.
+            from bat_gym import progress
+
+            with progress.use(progress.for_cli()):
+                states = default_bank(bench)
         tokenizer = AutoTokenizer.from_pretrained(model)
         manifest = export_sft(
             states, bench, tokenizer, data, max_length, chat_template_kwargs=template_kwargs
@@ -231,7 +238,12 @@ def loop(
     bank: BankOpt = None,
     rounds: Annotated[int, typer.Option("--rounds", min=1)] = 10,
     steps_per_round: Annotated[int, typer.Option("--steps-per-round", min=1)] = 50,
-    eval_repeats: Annotated[int, typer.Option("--eval-repeats", min=1)] = 10,
+    eval_repeats: Annotated[
+        int | None,
+        typer.Option(
+            "--eval-repeats", min=1, help="Default: the benchmark's splits.heldout_repeats."
+        ),
+    ] = None,
     eval_max_turns: Annotated[int | None, typer.Option("--eval-max-turns", min=1)] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
     max_turns: Annotated[int | None, typer.Option("--max-turns", min=1)] = None,

@@ -24,14 +24,23 @@ Modules:
 * :mod:`~bat_gym.bank.gates`: :data:`GATES` and :class:`Admission`.
 * :mod:`~bat_gym.bank.tasks`: one task's rows, in this process or forked workers.
 * :mod:`~bat_gym.bank.build`: :func:`build_bank`, its plan, journal and manifest.
-* :mod:`~bat_gym.bank.default`: :func:`default_bank`, cached under :func:`cache_dir`.
+* :mod:`~bat_gym.bank.explain`: each task's record and verdict, and a bank's gaps.
+* :mod:`~bat_gym.bank.default`: :class:`DefaultStates`, a benchmark's default grid
+  built one teacher trajectory at a time on first use, and :func:`default_bank`, the
+  whole grid; both cached under :func:`cache_dir`.
 """
 
 from bat_gym.bank.build import OUTCOMES, build_bank
-from bat_gym.bank.default import cache_dir, default_bank
+from bat_gym.bank.default import (
+    DefaultStates,
+    cache_dir,
+    default_bank,
+    default_states,
+    state_source,
+)
 from bat_gym.bank.gates import GATES, Admission
 from bat_gym.bank.policy_teacher import POLICY_OUTCOMES, load_trajectory
-from bat_gym.bank.replay import RecordedTurn
+from bat_gym.bank.replay import RecordedTurn, verdict_summary
 from bat_gym.bank.states import SURROGATE, StateSource, fit_history, task_states
 from bat_gym.bank.store import BANK_FORMAT, StageBank
 from bat_gym.bank.tasks import SUCCESS_MIN_REWARD
@@ -56,7 +65,11 @@ __all__ = [
     "POLICY_OUTCOMES",
     "RecordedTurn",
     "load_trajectory",
-    # The default bank
+    "verdict_summary",
+    # The default states
+    "DefaultStates",
     "cache_dir",
     "default_bank",
+    "default_states",
+    "state_source",
 ]

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
+from bat_gym import progress
 from bat_gym.bank.gates import GATES
 from bat_gym.bank.policy_teacher import POLICY_OUTCOMES, _teacher_identity
 from bat_gym.bank.states import SURROGATE
@@ -138,7 +139,8 @@ def build_bank(
 
     Only trajectories the verifier agrees with are kept: a success trajectory must
     reach an E2E rubric reward of at least :data:`~bat_gym.bank.SUCCESS_MIN_REWARD`;
-    recovery and failure trajectories of the scripted teacher are kept as labelled.
+    recovery and failure trajectories of the scripted teacher are kept as labelled (and
+    not scored, as their reward decides nothing; their journal records hold no verdict).
     Then every row passes the admission gates (:class:`~bat_gym.bank.Admission`).
     Rejections are counted by reason in the manifest's ``rejected``: whole
     trajectories by their reason, rows by ``gate <name>``; ``trajectories`` counts
@@ -183,82 +185,175 @@ def build_bank(
             ``surrogate_cases`` or ``workers`` below 1, or a negative
             ``surrogate_validation_passes``.
     """
-    if surrogates < 0 or surrogate_cases < 1:
-        raise ValueError(
-            f"surrogates must be >= 0 and surrogate_cases >= 1, got {surrogates}, {surrogate_cases}"
-        )
-    if surrogate_validation_passes is not None and surrogate_validation_passes < 0:
-        raise ValueError(
-            f"surrogate_validation_passes must be >= 0 or None, got {surrogate_validation_passes}"
-        )
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    plan = _Plan.make(
+        bench,
+        tasks_per_track=tasks_per_track,
+        protocol=protocol,
+        tracks=tracks,
+        outcomes=outcomes,
+        surrogates=surrogates,
+        surrogate_cases=surrogate_cases,
+        surrogate_validation_passes=surrogate_validation_passes,
+        teacher=teacher,
+    )
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     store = BlobStore(root / "store")
-    seeds = list(bench.seeds("train"))[:tasks_per_track]
-    track_names = list(tracks or [t.name for t in bench.spec.tracks])
-    for track in track_names:
-        bench.spec.track(track)  # an unknown name fails here, naming the known ones
-    wanted = list(dict.fromkeys(outcomes))
-    unknown = [o for o in wanted if o not in OUTCOMES]
-    if unknown:
-        raise ValueError(f"unknown outcome(s) {unknown}; choose from {list(OUTCOMES)}")
-    teacher_id = _teacher_identity(teacher)
-    supported = [o for o in wanted if o in (bench.outcomes if teacher is None else POLICY_OUTCOMES)]
-    header = {
-        "benchmark": bench.name,
-        "version": bench.spec.version,
-        "format": BANK_FORMAT,
-        "protocol": protocol,
-        "teacher": teacher_id,
-    }
-    if teacher is None:
-        plan = [
-            _Job(_task_key(t, s, o), t, s, o) for t in track_names for s in seeds for o in supported
-        ]
-    else:
-        # One episode per task; the verifier says which of the outcomes it is.
-        plan = [_Job(_task_key(t, s, "policy"), t, s, None) for t in track_names for s in seeds]
-        plan = plan if supported else []
-    reduction: dict[str, Any] = {"max_cases": surrogate_cases}
-    if surrogate_validation_passes is not None:
-        reduction["validation_passes"] = surrogate_validation_passes
-    surrogate_seeds = list(bench.seeds("train"))[:surrogates]
-    surrogate_plan = [
-        _Job(
-            _surrogate_key(t, s, reduction), t, s, "success" if teacher is None else None, reduction
-        )
-        for t in track_names
-        for s in surrogate_seeds
-    ]
-    journal = _Journal(root / "rows.partial.jsonl", header)
+    journal = _Journal(root / "rows.partial.jsonl", plan.header)
     builder = _Builder(
-        bench, store, backend, protocol, teacher, tuple(supported), tuple(track_names)
+        bench, store, backend, protocol, teacher, tuple(plan.supported), tuple(plan.tracks)
     )
     try:
-        todo = [j for j in (*plan, *surrogate_plan) if j.key not in journal.done]
-        _run_jobs(builder, todo, journal, workers)
+        todo = [j for j in plan.all_jobs if j.key not in journal.done]
+        with progress.task(
+            f"building {bench.name} bank: teacher trajectories",
+            len(plan.all_jobs),
+            done=len(plan.all_jobs) - len(todo),
+        ) as shown:
+            _run_jobs(builder, todo, journal, workers, shown)
     finally:
         builder.close()
         journal.close()
+    return _write_bank(bench, root, plan, journal.done, str(journal.path))
+
+
+@dataclass
+class _Plan:
+    """What a build is asked for: its jobs, and the settings its manifest records."""
+
+    header: dict[str, Any]
+    jobs: list[_Job]
+    surrogate_jobs: list[_Job]
+    tracks: list[str]
+    seeds: list[int]
+    surrogate_seeds: list[int]
+    wanted: list[str]
+    supported: list[str]
+    reduction: dict[str, Any]
+    tasks_per_track: int
+    surrogates: int
+    teacher: bool
+
+    @property
+    def all_jobs(self) -> list[_Job]:
+        """Every job, trajectories first, then surrogates."""
+        return [*self.jobs, *self.surrogate_jobs]
+
+    @classmethod
+    def make(
+        cls,
+        bench: Benchmark,
+        *,
+        tasks_per_track: int = 1,
+        protocol: str = "hermes",
+        tracks: Sequence[str] | None = None,
+        outcomes: Sequence[str] = ("success",),
+        surrogates: int = 0,
+        surrogate_cases: int = 1,
+        surrogate_validation_passes: int | None = 1,
+        teacher: Policy | None = None,
+    ) -> _Plan:
+        """The plan of :func:`build_bank` for these arguments (see there; same errors)."""
+        if surrogates < 0 or surrogate_cases < 1:
+            raise ValueError(
+                f"surrogates must be >= 0 and surrogate_cases >= 1, got {surrogates}, {surrogate_cases}"
+            )
+        if surrogate_validation_passes is not None and surrogate_validation_passes < 0:
+            raise ValueError(
+                f"surrogate_validation_passes must be >= 0 or None, got {surrogate_validation_passes}"
+            )
+        seeds = list(bench.seeds("train"))[:tasks_per_track]
+        track_names = list(tracks or [t.name for t in bench.spec.tracks])
+        for track in track_names:
+            bench.spec.track(track)  # an unknown name fails here, naming the known ones
+        wanted = list(dict.fromkeys(outcomes))
+        unknown = [o for o in wanted if o not in OUTCOMES]
+        if unknown:
+            raise ValueError(f"unknown outcome(s) {unknown}; choose from {list(OUTCOMES)}")
+        declared = bench.outcomes if teacher is None else POLICY_OUTCOMES
+        supported = [o for o in wanted if o in declared]
+        header = {
+            "benchmark": bench.name,
+            "version": bench.spec.version,
+            "format": BANK_FORMAT,
+            "protocol": protocol,
+            "teacher": _teacher_identity(teacher),
+        }
+        if teacher is None:
+            jobs = [
+                _Job(_task_key(t, s, o), t, s, o)
+                for t in track_names
+                for s in seeds
+                for o in supported
+            ]
+        else:
+            # One episode per task; the verifier says which of the outcomes it is.
+            jobs = [_Job(_task_key(t, s, "policy"), t, s, None) for t in track_names for s in seeds]
+            jobs = jobs if supported else []
+        reduction: dict[str, Any] = {"max_cases": surrogate_cases}
+        if surrogate_validation_passes is not None:
+            reduction["validation_passes"] = surrogate_validation_passes
+        surrogate_seeds = list(bench.seeds("train"))[:surrogates]
+        surrogate_jobs = [
+            _Job(
+                _surrogate_key(t, s, reduction),
+                t,
+                s,
+                "success" if teacher is None else None,
+                reduction,
+            )
+            for t in track_names
+            for s in surrogate_seeds
+        ]
+        return cls(
+            header=header,
+            jobs=jobs,
+            surrogate_jobs=surrogate_jobs,
+            tracks=track_names,
+            seeds=seeds,
+            surrogate_seeds=surrogate_seeds,
+            wanted=wanted,
+            supported=supported,
+            reduction=reduction,
+            tasks_per_track=tasks_per_track,
+            surrogates=surrogates,
+            teacher=teacher is not None,
+        )
+
+
+def _write_bank(
+    bench: Benchmark,
+    root: Path,
+    plan: _Plan,
+    records: Mapping[str, dict[str, Any]],
+    origin: str,
+) -> StageBank:
+    """Gather every job's record in plan order into ``rows.jsonl`` and the manifest.
+
+    ``records`` holds one finished record per job key; ``origin`` names where they were
+    read from, for error messages.
+    """
     states: list[StageState] = []
     main, sur = _Tally(), _Tally()
-    for job in plan:
-        states += main.add(journal, job)
+    for job in plan.jobs:
+        states += main.add(records[job.key], job, origin)
     extra: dict[str, Any] = {}
-    if surrogate_plan:
-        surrogate_rows = [row for job in surrogate_plan for row in sur.add(journal, job)]
+    if plan.surrogate_jobs:
+        surrogate_rows = [
+            row for job in plan.surrogate_jobs for row in sur.add(records[job.key], job, origin)
+        ]
         states += surrogate_rows
         extra["surrogates"] = {
-            "per_track": surrogates,
-            "reduction": reduction,
-            "planned": len(surrogate_plan),
+            "per_track": plan.surrogates,
+            "reduction": plan.reduction,
+            "planned": len(plan.surrogate_jobs),
             # One row per surrogate: kept means admitted, past the verifier and the gates.
             "kept": len(surrogate_rows),
             "rejected": dict(sorted(sur.rejected.items())),
         }
-    if teacher is not None:
+    if plan.teacher:
         extra["labels"] = dict(sorted(main.labels.items()))
         extra["stages_without_turns"] = dict(sorted(main.skipped.items()))
     library = bench.contract_library()
@@ -266,12 +361,12 @@ def build_bank(
         root,
         states,
         {
-            **header,
-            "tasks_per_track": tasks_per_track,
-            "tracks": track_names,
-            "outcomes": supported,
-            "unsupported_outcomes": [o for o in wanted if o not in supported],
-            "trajectories": {"planned": len(plan), "kept": main.kept},
+            **plan.header,
+            "tasks_per_track": plan.tasks_per_track,
+            "tracks": plan.tracks,
+            "outcomes": plan.supported,
+            "unsupported_outcomes": [o for o in plan.wanted if o not in plan.supported],
+            "trajectories": {"planned": len(plan.jobs), "kept": main.kept},
             "rejected": dict(sorted(main.rejected.items())),
             "success_min_reward": SUCCESS_MIN_REWARD,
             "generator": {
@@ -280,10 +375,10 @@ def build_bank(
                 "class": f"{type(bench).__module__}.{type(bench).__qualname__}",
             },
             "seeds": {
-                "tasks": {t: seeds if plan else [] for t in track_names},
-                "surrogates": {t: surrogate_seeds for t in track_names},
+                "tasks": {t: plan.seeds if plan.jobs else [] for t in plan.tracks},
+                "surrogates": {t: plan.surrogate_seeds for t in plan.tracks},
             },
-            "reduction_grid": [reduction] if surrogate_plan else [],
+            "reduction_grid": [plan.reduction] if plan.surrogate_jobs else [],
             "contracts": {c.id: c.sha256 for c in sorted(library, key=lambda c: c.id)},
             "admission": {
                 "gates": list(GATES),
@@ -313,9 +408,8 @@ class _Tally:
     labels: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
 
-    def add(self, journal: _Journal, job: _Job) -> list[StageState]:
+    def add(self, record: dict[str, Any], job: _Job, origin: str) -> list[StageState]:
         """Count ``job``'s record and return its admitted rows."""
-        record = journal.done[job.key]
         if record.get("rejected"):
             self.rejected[record["rejected"]] += 1
             return []
@@ -324,5 +418,5 @@ class _Tally:
         self.skipped.update(record.get("stages_without_turns", []))
         self.rejected.update({f"gate {g}": n for g, n in record.get("gate_rejected", {}).items()})
         self.checked += record.get("rows_checked", len(record["rows"]))
-        where = f"{journal.path}:{record['key']}"
+        where = f"{origin}:{record['key']}"
         return [load_model(StageState, r, origin=where) for r in record["rows"]]

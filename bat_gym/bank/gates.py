@@ -8,6 +8,8 @@ track set (:func:`_heldout_index`).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -91,13 +93,28 @@ class Admission:
         self._library: Any = None
         self._box: Any = None
         self._own_cache: dict[str, set[str]] = {}
+        self._heldout_lock = threading.Lock()
 
     @property
     def heldout(self) -> HeldOutIndex:
         """The held-out index: built on first use, and kept for this process's builds."""
-        if self._heldout is None:
-            self._heldout = _heldout_index(self.bench, self.tracks)
-        return self._heldout
+        with self._heldout_lock:  # a prefetch may be building it: wait for that one
+            if self._heldout is None:
+                self._heldout = _heldout_index(self.bench, self.tracks)
+            return self._heldout
+
+    def prefetch(self) -> None:
+        """Start building the held-out index in a thread, for the leakage gate to find ready.
+
+        Regenerating held-out tasks is CPU work while a trajectory's episode mostly waits
+        on its sandbox, so the two overlap. A failure here is left for the gate to meet.
+        """
+
+        def build() -> None:
+            with contextlib.suppress(Exception):
+                _ = self.heldout
+
+        threading.Thread(target=build, name="bat-heldout-index", daemon=True).start()
 
     def check(self, row: StageState, episode: _Episode | None = None) -> tuple[str, str] | None:
         """The first gate ``row`` fails, as ``(gate, what)``; None when it passes all.

@@ -19,7 +19,7 @@ from bat_gym.benchmark import Benchmark
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import E2E, StageState
 
-__all__ = ["RecordedTurn"]
+__all__ = ["RecordedTurn", "verdict_summary"]
 
 
 class RecordedTurn(NamedTuple):
@@ -58,6 +58,7 @@ class _Episode:
         turns: assistant turns taken.
         tool_calls: tool calls run.
         pilot_runs: validation passes (see :func:`_pilot_runs`).
+        verdict: the E2E verdict in brief (:func:`verdict_summary`), when scored.
     """
 
     reason: str | None
@@ -65,6 +66,49 @@ class _Episode:
     turns: int = 0
     tool_calls: int = 0
     pilot_runs: int = 0
+    verdict: dict[str, Any] | None = None
+
+
+def _evidence_text(e: Any) -> str:
+    if e.kind == "artifact":
+        return f"{e.path} (sha256 {e.sha256[:12]})" if e.sha256 else str(e.path)
+    return f"tool call #{e.call}"
+
+
+def verdict_summary(verdict: Any) -> dict[str, Any]:
+    """A verdict in brief, as a bank journal keeps it: what fell short, and why.
+
+    Keeps the reward, task score, evidence completeness η, each stage's credit, the
+    gates that closed, the notes, and every item that did not pass cleanly: failed,
+    null, or passed without its required evidence (which lowers η), each with its
+    detail and the evidence it rests on.
+    """
+    items = []
+    for stage in verdict.stages:
+        for item in stage.items:
+            if item.passed is True and item.evidence_complete:
+                continue
+            status = {True: "no evidence", False: "failed", None: "null"}[item.passed]
+            items.append(
+                {
+                    "stage": stage.stage,
+                    "item": item.id,
+                    "check": item.check,
+                    "status": status,
+                    "detail": item.detail[:300],
+                    "evidence": [_evidence_text(e) for e in item.evidence][:5],
+                    "requires": list(item.requires),
+                }
+            )
+    return {
+        "reward": verdict.reward,
+        "task_score": verdict.task_score,
+        "eta": verdict.eta,
+        "stages": {s.stage: s.credit for s in verdict.stages},
+        "gates": [f"{g.gate}: {g.reason}" for g in verdict.gates if not g.passed],
+        "notes": list(verdict.notes)[:10],
+        "items": items,
+    }
 
 
 def _validation_stage(bench: Benchmark) -> Any:
@@ -141,6 +185,8 @@ def _play(
         elif score:
             verdict = env.last_verdict  # type: ignore[union-attr]
             episode.reward = float(verdict.reward or 0.0) if verdict is not None else 0.0
+            if verdict is not None:
+                episode.verdict = verdict_summary(verdict)
         return episode
     finally:
         env.close()

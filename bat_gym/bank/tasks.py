@@ -24,6 +24,7 @@ from bat_gym.spec import StageState
 if TYPE_CHECKING:
     from bat_gym.bank.build import _Journal
     from bat_gym.policies.base import Policy
+    from bat_gym.progress import ProgressTask
 
 __all__ = ["SUCCESS_MIN_REWARD"]
 
@@ -82,11 +83,28 @@ def _set_worker(builder: _Builder) -> None:
     util.Finalize(builder, builder.close, exitpriority=10)
 
 
-def _run_jobs(builder: _Builder, todo: list[_Job], journal: _Journal, workers: int) -> None:
-    """Build every job in ``todo`` and journal each record as it arrives."""
+def _run_jobs(
+    builder: _Builder,
+    todo: list[_Job],
+    journal: _Journal,
+    workers: int,
+    shown: ProgressTask | None = None,
+) -> None:
+    """Build every job in ``todo`` and journal each record as it arrives.
+
+    ``shown`` is advanced once per finished job; a rejected one is noted with why.
+    """
+
+    def finished(record: dict[str, Any]) -> None:
+        journal.add(record)
+        if shown is not None:
+            shown.advance(line=_rejection_line(record) if record.get("rejected") else None)
+
     if workers <= 1 or len(todo) <= 1:
         for job in todo:
-            journal.add(builder.build(job))
+            if shown is not None:
+                shown.describe(f"building {builder.bench.name} bank: {job.key}")
+            finished(builder.build(job))
         return
     import multiprocessing
     from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
@@ -108,7 +126,19 @@ def _run_jobs(builder: _Builder, todo: list[_Job], journal: _Journal, workers: i
                     for other in pending:
                         other.cancel()
                     raise error
-                journal.add(future.result())
+                finished(future.result())
+
+
+def _rejection_line(record: dict[str, Any]) -> str:
+    """One line for a rejected job: its key, the reason, and the verdict's reward and η."""
+    verdict = record.get("verdict") or {}
+    scores = ""
+    if verdict:
+        reward = verdict.get("reward")
+        scores = (
+            f" (reward {'null' if reward is None else f'{reward:.3f}'}, eta {verdict['eta']:.2f})"
+        )
+    return f"rejected {record['key']}: {record['rejected']}{scores}"
 
 
 def _build_task(builder: _Builder, job: _Job, admission: Admission) -> dict[str, Any]:
@@ -162,6 +192,10 @@ def _build_task(builder: _Builder, job: _Job, admission: Admission) -> dict[str,
         if builder.teacher is not None and expected.get(stage) != digest:
             diverged.append(stage)
 
+    # The verifier decides a success and labels a policy's trajectory; the scripted
+    # teacher's recovery and failure trajectories are kept as labelled, so scoring them
+    # would decide nothing (and cost a reference run and a reproduction each).
+    score = not scripted or bool(reduction) or (job.outcome or "success") == "success"
     episode = _play(
         bench,
         start,
@@ -170,7 +204,7 @@ def _build_task(builder: _Builder, job: _Job, admission: Admission) -> dict[str,
         backend=builder.backend,
         protocol=protocol,
         on_boundary=boundary,
-        score=True,
+        score=score,
     )
     reason, reward = episode.reason, episode.reward
     if reason is None and diverged:
@@ -190,7 +224,7 @@ def _build_task(builder: _Builder, job: _Job, admission: Admission) -> dict[str,
                     else "success not requested"
                 )
     if reason is not None:
-        return {"key": job.key, "rejected": reason, "reward": reward}
+        return {"key": job.key, "rejected": reason, "reward": reward, "verdict": episode.verdict}
     if reduction and "validation_passes" in reduction:
         states = [
             s.model_copy(update={"provenance": {**s.provenance, "pilot_runs": episode.pilot_runs}})
@@ -208,7 +242,12 @@ def _build_task(builder: _Builder, job: _Job, admission: Admission) -> dict[str,
         else:
             gate_rejected[found[0]] += 1
             findings.append([state.state_id, *found])
-    record: dict[str, Any] = {"key": job.key, "reward": reward, "rows": admitted}
+    record: dict[str, Any] = {
+        "key": job.key,
+        "reward": reward,
+        "rows": admitted,
+        "verdict": episode.verdict,
+    }
     if not scripted:
         record["outcome"] = label
         record["stages_without_turns"] = skipped

@@ -17,7 +17,8 @@ from typing import Annotated
 
 import typer
 
-from bat_gym.cli.options import Backend, BenchmarkName, EpisodeWorkers, Tracks
+from bat_gym import progress
+from bat_gym.cli.options import Backend, BenchmarkName, EpisodeWorkers, Quiet, Tracks
 
 __all__ = ["audit_reward"]
 
@@ -63,7 +64,7 @@ def audit_reward(
     workers: EpisodeWorkers = 2,
     backend: Backend = "local",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the state sample.")] = 0,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No per-episode progress lines.")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Play every exploit, the naive baseline and the teacher on stage states and held-out cells.
 
@@ -79,20 +80,21 @@ def audit_reward(
             f"{unknown}; choose from {exploit_names()}", param_hint="--exploit"
         )
     try:
-        report = run_audit(
-            benchmark,
-            exploits=exploit or None,
-            states=bank,
-            states_per_focus=states_per_focus,
-            heldout_cells=cells_per_track,
-            tracks=tuple(track or ()),
-            margin=margin,
-            absolute=absolute,
-            backend=backend,
-            workers=workers,
-            seed=seed,
-            progress=not quiet,
-        )
+        with progress.use(progress.for_cli(quiet)):
+            report = run_audit(
+                benchmark,
+                exploits=exploit or None,
+                states=bank,
+                states_per_focus=states_per_focus,
+                heldout_cells=cells_per_track,
+                tracks=tuple(track or ()),
+                margin=margin,
+                absolute=absolute,
+                backend=backend,
+                workers=workers,
+                seed=seed,
+                progress=not quiet,
+            )
     except BatGymError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

@@ -8,11 +8,12 @@ turns and then calls ``finish``, as a policy trained on the stage would.
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from bat_gym.cli.options import Backend
+from bat_gym import progress
+from bat_gym.cli.options import Backend, Quiet
 from bat_gym.protocol import ToolCall
 
 __all__ = ["demo"]
@@ -26,23 +27,36 @@ def demo(
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the reset: picks the start state at random.")
     ] = 0,
+    quiet: Quiet = False,
 ) -> None:
-    """Make an env, let the scripted teacher play one episode through reset/step, print it."""
+    """Make an env, let the scripted teacher play one episode through reset/step, print it.
+
+    On first use the default states are built: only the teacher trajectory holding the
+    state the reset picks (a few seconds), then cached.
+    """
     import gymnasium as gym
 
-    from bat_gym.errors import BankError, EnvNotFound
-    from bat_gym.protocol import get_protocol
+    from bat_gym.errors import EnvNotFound
 
     if env_id not in gym.registry:
         raise EnvNotFound(env_id, [k for k in gym.registry if k.startswith("bat/")])
+    with progress.use(progress.for_cli(quiet)):
+        _demo(gym, env_id, backend, seed)
+
+
+def _demo(gym: Any, env_id: str, backend: str, seed: int) -> None:
+    from bat_gym.errors import BankError
+    from bat_gym.protocol import get_protocol
+
     start = time.perf_counter()
     env = gym.make(env_id, backend=backend)
     try:
-        obs, info = env.reset(seed=seed)
+        with progress.task(f"{env_id}: reset"):
+            obs, info = env.reset(seed=seed)
         base = env.unwrapped
         typer.echo(
             f"{env_id}: state {info['state_id']} (track {info['track']}, focus {info['stage']}) "
-            f"from the bank at {getattr(base.states, 'root', '(in memory)')}\n"
+            f"from the states at {getattr(base.states, 'root', '(in memory)')}\n"
             f"sandbox isolation: {info['isolation']}; ready in {time.perf_counter() - start:.2f} s"
         )
         state = base.state
@@ -70,15 +84,20 @@ def demo(
             )
         terminated = truncated = False
         reward = 0.0
-        for content, calls in turns:
-            if terminated or truncated:
-                break
-            t0 = time.perf_counter()
-            obs, reward, terminated, truncated, info = env.step(proto.render(content, calls))
-            first = obs.splitlines()[0] if obs else ""
-            typer.echo(
-                f"  {content}\n      -> {first}  ({(time.perf_counter() - t0) * 1e3:.0f} ms)"
-            )
+        with progress.task("the teacher's turns", len(turns)) as shown:
+            for n, (content, calls) in enumerate(turns, 1):
+                if terminated or truncated:
+                    break
+                last = n == len(turns) or any(c.name == "finish" for c in calls)
+                # The last step also scores the episode (the verifier runs out of band).
+                shown.describe(f"turn {n}" + (": scoring the episode" if last else ""))
+                t0 = time.perf_counter()
+                obs, reward, terminated, truncated, info = env.step(proto.render(content, calls))
+                first = obs.splitlines()[0] if obs else ""
+                shown.advance()
+                typer.echo(
+                    f"  {content}\n      -> {first}  ({(time.perf_counter() - t0) * 1e3:.0f} ms)"
+                )
         record = info["record"]
         typer.echo(
             f"episode over: {'finished' if terminated else 'budget spent' if truncated else 'stopped'}"

@@ -7,11 +7,13 @@ from typing import Annotated
 
 import typer
 
+from bat_gym import progress
 from bat_gym.cli.options import (
     Backend,
     BenchmarkName,
     ChatTemplateKwargs,
     EpisodeWorkers,
+    Quiet,
     Tracks,
     parse_chat_template_kwargs,
 )
@@ -28,8 +30,14 @@ def evaluate(
     out: Annotated[Path, typer.Option("--out", help="Results directory; rerun into it to resume.")],
     benchmark: BenchmarkName = None,
     repeats: Annotated[
-        int, typer.Option("--repeats", min=1, help="Held-out tasks per track (reference: 10).")
-    ] = 10,
+        int | None,
+        typer.Option(
+            "--repeats",
+            min=1,
+            help="Held-out tasks per track. Default, and the most allowed: the benchmark's "
+            "splits.heldout_repeats (10 for MedBench-Lite), the tasks the leakage audit covers.",
+        ),
+    ] = None,
     track: Tracks = None,
     workers: EpisodeWorkers = 2,
     backend: Backend = "local",
@@ -58,7 +66,7 @@ def evaluate(
             help="Play episodes on Ray actors: local, auto, or a cluster address (HOST:6379).",
         ),
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No per-cell progress lines.")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Play the policy on every held-out cell as an E2E episode and write the reports.
 
@@ -71,6 +79,13 @@ def evaluate(
     from bat_gym.registry import get_benchmark
 
     bench = get_benchmark(benchmark)
+    allowed = bench.spec.splits.heldout_repeats
+    if repeats is not None and repeats > allowed:
+        raise typer.BadParameter(
+            f"{bench.name} declares splits.heldout_repeats = {allowed}, the held-out tasks per "
+            f"track the leakage audit covers; ask for at most {allowed}",
+            param_hint="--repeats",
+        )
     budgets = None
     if max_turns is not None:
         budgets = bench.spec.budgets.model_copy(update={"max_turns": max_turns})
@@ -103,7 +118,8 @@ def evaluate(
         agent = make_policy(policy, **options)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--policy") from exc
-    with agent:
+    with agent, progress.use(progress.for_cli(quiet)):
+        agent.check_benchmark(bench)  # one clear line, before any cell runs
         report = run_evaluation(bench, agent, out, cfg)
     agg = report.aggregates
 

@@ -16,6 +16,7 @@ __all__ = [
     "BenchmarkName",
     "ChatTemplateKwargs",
     "EpisodeWorkers",
+    "Quiet",
     "Tracks",
     "parse_chat_template_kwargs",
 ]
@@ -67,3 +68,12 @@ def parse_chat_template_kwargs(text: str | None) -> dict[str, Any]:
             param_hint="--chat-template-kwargs",
         )
     return value
+
+
+Quiet = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        help="No progress display (it is off anyway when stdout is not a terminal).",
+    ),
+]

@@ -128,18 +128,22 @@ def evaluate(
         benchmark: a registered name, an instance, or None for the default benchmark.
         policy: the policy (see :func:`bat_gym.policies.make_policy`).
         out_dir: the results directory (created; reused to resume).
-        cfg: cells and settings; default :class:`EvalConfig()` (every track, 10 repeats).
+        cfg: cells and settings; default :class:`EvalConfig()` (every track, the
+            benchmark's ``splits.heldout_repeats`` repeats).
 
     Returns:
         The report (also written to ``out_dir``).
 
     Raises:
         BatGymError: ``out_dir`` holds a run of another policy, benchmark or cell set.
+        UnsupportedPolicy: the policy cannot play this benchmark (checked before any
+            cell runs: say, ``naive`` on a benchmark without a naive baseline).
     """
     from bat_gym.registry import get_benchmark
 
     cfg = cfg or EvalConfig()
     bench = benchmark if isinstance(benchmark, Benchmark) else get_benchmark(benchmark)
+    policy.check_benchmark(bench)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cells = held_out_cells(bench, cfg)

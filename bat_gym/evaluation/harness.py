@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bat_gym import progress
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import ConfigError
 from bat_gym.evaluation.cells import Cell, CellResult, FailureCategory
 from bat_gym.files import write_atomic
 from bat_gym.policies.base import EpisodeContext, Policy, PolicyError, PolicyRequest
+from bat_gym.progress import ProgressTask
 from bat_gym.spec import Budgets, StageState
 
 __all__ = ["EvalConfig", "held_out_cells", "run_cells", "play_episode"]
@@ -44,7 +46,9 @@ class EvalConfig:
 
     Attributes:
         repeats: cells per track; repeat ``r`` plays held-out seed number ``r`` of the
-            track, so every repeat is a different task (10 in the reference protocol).
+            track, so every repeat is a different task. None (the default): the
+            benchmark's ``splits.heldout_repeats`` (10 in the reference protocol), which
+            is also the most allowed: the leakage audit covers those tasks only.
         tracks: tracks to evaluate; empty means every track of the benchmark.
         workers: episodes played at once (one env and sandbox each).
         backend: sandbox backend, ``"local"`` or ``"docker"``.
@@ -52,14 +56,16 @@ class EvalConfig:
         max_attempts: tries per cell before an infrastructure failure is recorded as
             an invalid cell.
         budgets: episode limits; default: the benchmark's.
-        progress: print one line per finished cell to stderr.
+        progress: report cells done / total, and a line per finished cell, to the
+            current progress reporter (:mod:`bat_gym.progress`: logged by default, a
+            live display under the command line).
         ray: play the episodes on Ray actors: ``"local"``, ``"auto"`` or a cluster
             address; None plays them in this process. On a cluster, the results
             directory must be on a filesystem every node sees (the held-out start
             states are stored there).
     """
 
-    repeats: int = 10
+    repeats: int | None = None
     tracks: Sequence[str] = ()
     workers: int = 2
     backend: str = "local"
@@ -71,7 +77,7 @@ class EvalConfig:
     ray: str | None = None
 
     def __post_init__(self) -> None:
-        if self.repeats < 1:
+        if self.repeats is not None and self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
@@ -83,16 +89,19 @@ def held_out_cells(bench: Benchmark, cfg: EvalConfig) -> list[Cell]:
     """The cells of an evaluation, in a fixed order: track by track, repeat by repeat.
 
     Raises:
-        ValueError: an unknown track, or more repeats than the held-out split has seeds.
+        ValueError: an unknown track, or more repeats than the benchmark's
+            ``splits.heldout_repeats`` (the held-out tasks the leakage audit covers).
     """
     tracks = [bench.spec.track(t).name for t in cfg.tracks] or [t.name for t in bench.spec.tracks]
-    seeds = list(bench.seeds("heldout"))
-    if cfg.repeats > len(seeds):
+    seeds = bench.evaluated_seeds()
+    repeats = len(seeds) if cfg.repeats is None else cfg.repeats
+    if repeats > len(seeds):
         raise ConfigError(
-            f"{bench.name} has {len(seeds)} held-out seeds per track; ask for at most that many "
-            f"repeats (got {cfg.repeats})"
+            f"{bench.name} declares splits.heldout_repeats = {len(seeds)}: the leakage audit "
+            f"covers that many held-out tasks per track, so ask for at most {len(seeds)} "
+            f"repeats (got {repeats}), or raise heldout_repeats in the benchmark's spec"
         )
-    return [Cell(track=t, seed=seeds[r], repeat=r) for t in tracks for r in range(cfg.repeats)]
+    return [Cell(track=t, seed=seeds[r], repeat=r) for t in tracks for r in range(repeats)]
 
 
 class _Infrastructure(Exception):
@@ -282,7 +291,7 @@ def run_cells(
         local = threading.local()
         envs: list[Any] = []
         lock = threading.Lock()
-        progress = _Progress(len(cells), len(done), enabled=cfg.progress)
+        progress_ = _Progress(len(cells), len(done), enabled=cfg.progress)
 
         def env_of_thread() -> Any:
             if not hasattr(local, "env"):
@@ -325,13 +334,14 @@ def run_cells(
                 )
             if result.valid:
                 write_atomic(out / CELLS_DIR / f"{cell.key}.json", result.model_dump_json(indent=1))
-            progress.update(result)
+            progress_.update(result)
             return result
 
         try:
             with ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="bat-eval") as pool:
                 fresh = {r.cell.key: r for r in pool.map(run_one, todo)}
         finally:
+            progress_.close()
             for env in envs:
                 env.close()
             if actors is not None:
@@ -350,29 +360,30 @@ def _drop_env(local: threading.local) -> None:
 
 
 class _Progress:
-    """One line per finished cell on stderr: count, cell, overall and time."""
+    """Cells done / total on the current progress reporter, one line per finished cell."""
 
     def __init__(self, total: int, already: int, *, enabled: bool) -> None:
-        self.total, self.count, self.enabled = total, already, enabled
         self.lock = threading.Lock()
-        self.start = time.perf_counter()
-        if enabled and already:
-            print(f"[{already}/{total}] already finished, resuming", file=sys.stderr)
+        self.shown: ProgressTask | None = None
+        if enabled:
+            self.shown = progress.task("evaluating: held-out cells", total, done=already)
+            if already:
+                self.shown.note(f"[{already}/{total}] already finished, resuming")
 
     def update(self, result: CellResult) -> None:
-        with self.lock:
-            self.count += 1
-            if not self.enabled:
-                return
-            score = (
-                "INVALID"
-                if not result.valid
-                else ("overall -" if result.overall is None else f"overall {result.overall:.3f}")
+        if self.shown is None:
+            return
+        score = (
+            "INVALID"
+            if not result.valid
+            else ("overall -" if result.overall is None else f"overall {result.overall:.3f}")
+        )
+        with self.lock:  # the count in the line is the one this cell made
+            self.shown.advance(
+                line=f"[{self.shown.done + 1}/{self.shown.total}] {result.cell.key:32s} "
+                f"{score:14s} {result.wall_s:5.1f} s"
             )
-            elapsed = time.perf_counter() - self.start
-            print(
-                f"[{self.count}/{self.total}] {result.cell.key:32s} {score:14s} "
-                f"{result.wall_s:5.1f} s  (elapsed {elapsed:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
+
+    def close(self) -> None:
+        if self.shown is not None:
+            self.shown.close()

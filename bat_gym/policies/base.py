@@ -135,6 +135,18 @@ class Policy(ABC):
         """
         return None
 
+    def check_benchmark(self, benchmark: Any) -> None:
+        """Refuse, before any episode, a benchmark this policy cannot play.
+
+        The evaluation harness calls it once, so a policy that needs something the
+        benchmark does not define fails with one clear error instead of one
+        infrastructure failure per cell. Default: every benchmark is playable.
+
+        Raises:
+            UnsupportedPolicy: naming what the benchmark lacks.
+        """
+        return None
+
     def identity(self) -> dict[str, Any]:
         """What reproduces this policy, for run manifests: kind, model digest or server+model.
 

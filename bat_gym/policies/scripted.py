@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from bat_gym.benchmark import TeacherTurn
-from bat_gym.errors import BatGymError, ConfigError
+from bat_gym.errors import BatGymError, ConfigError, UnsupportedPolicy
 from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest
 from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
 
@@ -44,6 +44,25 @@ class ScriptedPolicy(Policy):
         self.protocol: ToolProtocol = get_protocol(protocol)
         self.name = script if outcome == "success" else f"{script}:{outcome}"
 
+    def check_benchmark(self, benchmark: Any) -> None:
+        """Refuse a benchmark without this script: no ``naive_turns``, or no such outcome.
+
+        Raises:
+            UnsupportedPolicy: naming what the benchmark lacks and what to use instead.
+        """
+        if self.script == "naive" and not callable(getattr(benchmark, "naive_turns", None)):
+            raise UnsupportedPolicy(
+                self.name,
+                f"{benchmark.name} defines no naive baseline (Benchmark.naive_turns); "
+                "evaluate the teacher or a model instead, or add naive_turns to the benchmark",
+            )
+        if self.script == "teacher" and self.outcome not in benchmark.outcomes:
+            raise UnsupportedPolicy(
+                self.name,
+                f"{benchmark.name} has no teacher outcome {self.outcome!r}; it declares "
+                f"{', '.join(benchmark.outcomes)}",
+            )
+
     def identity(self) -> dict[str, Any]:  # noqa: D102
         return {"kind": "scripted", "script": self.script, "outcome": self.outcome}
 
@@ -65,10 +84,8 @@ class ScriptedPolicy(Policy):
                 "so there is no script to replay"
             )
         if self.script == "naive":
-            naive = getattr(bench, "naive_turns", None)
-            if naive is None:
-                raise BatGymError(f"{bench.name} defines no naive baseline (Benchmark.naive_turns)")
-            turns = list(naive(task))
+            self.check_benchmark(bench)
+            turns = list(bench.naive_turns(task))  # type: ignore[attr-defined]
         else:
             turns = bench.teacher_script(task, self.outcome)
         if state.focus != "E2E":

@@ -87,8 +87,9 @@ def test_cells_are_held_out_tasks_one_per_repeat(toy):
     assert len(cells) == 3 * len(toy.spec.tracks)
     assert all(c.seed in toy.seeds("heldout") for c in cells)
     assert len({(c.track, c.seed) for c in cells}) == len(cells)
-    with pytest.raises(ValueError, match="held-out seeds"):
-        held_out_cells(toy, EvalConfig(repeats=10_000))
+    # More repeats than the spec's heldout_repeats would play tasks no audit covers.
+    with pytest.raises(ValueError, match="heldout_repeats = 10"):
+        held_out_cells(toy, EvalConfig(repeats=11))
 
 
 def test_a_rerun_skips_finished_cells(toy, tmp_path):
@@ -203,3 +204,81 @@ def test_a_killed_evaluation_resumes(tmp_path):
     assert len(again.episodes) == 8 - len(kept)
     assert report.aggregates.completion.runs == 8 and report.aggregates.valid
     assert all((cells / n).stat().st_mtime_ns == t for n, t in kept.items())
+
+
+# -- the spec's held-out repeats, and policies a benchmark cannot play ---------------------
+
+
+def toy_variant(name, **spec_updates):
+    """The toy benchmark under ``name``: splits as given, and no naive baseline."""
+    from bat_gym.envs.toy_pipeline.suite import SPEC, ToyPipeline
+
+    class Variant(ToyPipeline):
+        spec = SPEC.model_copy(update={"name": name, **spec_updates})
+        naive_turns = None  # a benchmark that defines no naive baseline
+
+    return Variant()
+
+
+@pytest.fixture
+def three_repeats():
+    from bat_gym.envs.toy_pipeline.suite import SPEC
+    from bat_gym.registry import register_benchmark, unregister_benchmark
+
+    splits = SPEC.splits.model_copy(update={"heldout_repeats": 3})
+    bench = toy_variant("toy_three", splits=splits)
+    register_benchmark("toy_three", bench)
+    yield bench
+    unregister_benchmark("toy_three")
+
+
+def test_eval_plays_the_specs_heldout_repeats_the_tasks_the_audit_covers(
+    three_repeats, tmp_path, monkeypatch
+):
+    from bat_gym.audit import HeldOutIndex
+
+    bench = three_repeats
+    cells = held_out_cells(bench, EvalConfig())
+    assert len(cells) == 3 * len(bench.spec.tracks)
+    seeds = sorted({c.seed for c in cells})
+    assert seeds == bench.evaluated_seeds() == list(bench.seeds("heldout"))[:3]
+    # The leakage audit regenerates exactly the evaluated held-out tasks, no more.
+    made = []
+    make_task = type(bench).make_task
+
+    def counting(self, track, seed, split):
+        made.append((split, seed))
+        return make_task(self, track, seed, split)
+
+    monkeypatch.setattr(type(bench), "make_task", counting)
+    HeldOutIndex.of(bench)
+    assert sorted({s for split, s in made if split == "heldout"}) == seeds
+    monkeypatch.undo()
+    out = tmp_path / "e"
+    args = ["eval", "--policy", "teacher", "--benchmark", "toy_three", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--track", "lookup", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "3/3 valid cells" in result.output
+    too_many = CliRunner().invoke(app, [*args, "--repeats", "4"])
+    assert too_many.exit_code == 2 and "heldout_repeats = 3" in too_many.output
+
+
+def test_naive_on_a_benchmark_without_a_baseline_fails_in_one_line(
+    three_repeats, tmp_path, monkeypatch, capsys
+):
+    from bat_gym.cli import main
+
+    out = tmp_path / "e"
+    monkeypatch.setattr(
+        sys, "argv", ["bat-gym", "eval", "--policy", "naive", "--benchmark", "toy_three",
+                      "--out", str(out)]
+    )  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: policy 'naive': toy_three defines no naive baseline (Benchmark.naive_turns); "
+        "evaluate the teacher or a model instead, or add naive_turns to the benchmark"
+    ]
+    assert not (out / "cells").exists()  # refused before any cell ran

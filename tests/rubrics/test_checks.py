@@ -440,3 +440,58 @@ def test_a_missing_blob_is_an_infrastructure_null_not_a_failure(make_ctx, store)
     store.blob_path(sha(SUBMISSION)).unlink()
     res = run_check("csv_schema", ctx, SCHEMA)
     assert res.passed is None and "infrastructure" in res.detail
+
+
+# -- checks that rest on no evidence -------------------------------------------------------
+
+
+def test_a_check_declared_evidence_free_earns_full_credit_and_refuses_required_evidence(
+    make_ctx,
+):
+    from bat_gym.errors import SpecError
+    from bat_gym.rubrics.checks import check_evidence, register_check
+    from bat_gym.rubrics.context import CheckResult
+    from bat_gym.rubrics.contract import RubricContract
+    from bat_gym.rubrics.verifier import verify
+    from bat_gym.spec import load_model
+
+    @register_check("metric_positive_for_test", evidence="none")
+    def metric_positive(ctx):
+        return CheckResult.ok("the verifier's own metric is positive")
+
+    assert check_evidence("task_metric_at_least") == "none"  # the built-in one
+    assert check_evidence("file_exists") == "required"
+    contract = RubricContract.model_validate(
+        {
+            "id": "metric_only",
+            "version": "1",
+            "focus": "S4",
+            "items": [
+                {"id": "good", "check": "task_metric_at_least", "args": {"threshold": 0.5}},
+                {"id": "mine", "check": "metric_positive_for_test"},
+            ],
+        }
+    )
+    assert [i.requires for i in contract.items] == [(), ()]
+    verdict = verify(contract, make_ctx(metric=lambda ws: 0.9))
+    (stage,) = verdict.stages
+    # Under the artifact default these passes would count as unproven: eta 0, credit 0.
+    assert stage.score == 1.0 and stage.eta == 1.0 and stage.credit == 1.0
+    asks_evidence = {
+        "id": "bad",
+        "version": "1",
+        "focus": "S4",
+        "items": [
+            {
+                "id": "good",
+                "check": "task_metric_at_least",
+                "args": {"threshold": 0.5},
+                "requires": ["artifact"],
+            }
+        ],
+    }
+    with pytest.raises(SpecError, match="returns no evidence") as exc:
+        load_model(RubricContract, asks_evidence, origin="bad.yaml")
+    assert "drop requires" in str(exc.value)
+    with pytest.raises(ValueError, match="'required' or 'none'"):
+        register_check("metric_other_for_test", evidence="some")

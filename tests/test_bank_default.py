@@ -1,0 +1,195 @@
+"""Default states: the whole grid's ids up front, one teacher trajectory built per need."""
+
+import multiprocessing
+import pickle
+import subprocess
+import sys
+
+import gymnasium as gym
+import pytest
+
+from bat_gym.bank import DefaultStates, StageBank, build_bank, default_bank, default_states
+from bat_gym.errors import TrajectoryRejected
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private, empty bat_gym cache: every test starts from a fresh install."""
+    monkeypatch.setenv("BAT_GYM_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def full_toy_bank(toy, tmp_path_factory):
+    """The toy grid as one eager build makes it: what the default states must match."""
+    return build_bank(toy, tmp_path_factory.mktemp("full") / "b", outcomes=toy.outcomes)
+
+
+def built(source):
+    """Keys of the trajectories built (and accepted) in ``source``'s cache."""
+    folder = source.root / "trajectories"
+    return sorted(p.name for p in folder.glob("*.json") if not p.name.endswith(".rejected.json"))
+
+
+def broken_toy(name="toy_pipeline"):
+    """A toy benchmark whose success teacher never submits: the verifier rejects it."""
+    from bat_gym.envs.toy_pipeline.suite import SPEC, ToyPipeline
+
+    class Broken(ToyPipeline):
+        spec = SPEC.model_copy(update={"name": name})
+
+        def teacher_turns(self, task):
+            return [t for i, t in enumerate(super().teacher_turns(task)) if i != 4]
+
+    return Broken()
+
+
+def test_select_lists_the_whole_grid_before_anything_is_built(toy, cache, full_toy_bank):
+    source = default_states(toy)
+    for focus in (None, *toy.spec.focuses):
+        assert source.select(focus=focus) == full_toy_bank.select(focus=focus)
+    assert source.select(track="lookup") == full_toy_bank.select(track="lookup")
+    assert not (source.root / "trajectories").exists()  # planning ran no episode
+
+
+def test_a_first_reset_builds_only_the_trajectory_it_needs(toy, cache, full_toy_bank):
+    env = gym.make("bat/Validate-v0", benchmark=toy)
+    lazy_ids = []
+    try:
+        _, info = env.reset(seed=3)
+        lazy_ids.append(info["state_id"])
+        assert built(env.unwrapped.states) == [f"{info['track']}-{toy.seeds('train')[0]}-success.json"]
+        _, info = env.reset(seed=4)
+        lazy_ids.append(info["state_id"])
+    finally:
+        env.close()
+    # A seeded reset picks the very state it picks from the eagerly built grid.
+    eager = gym.make("bat/Validate-v0", benchmark=toy, states=full_toy_bank)
+    try:
+        assert [eager.reset(seed=s)[1]["state_id"] for s in (3, 4)] == lazy_ids
+    finally:
+        eager.close()
+
+
+def test_a_built_trajectory_is_reused_by_the_next_process(toy, cache, monkeypatch):
+    first = DefaultStates(toy)
+    sid = first.select(focus="S2")[0]
+    row = first.get(sid)
+    assert row.focus == "S2" and first.store.get_snapshot(row.snapshot).digest == row.snapshot
+
+    def no_build(self, t):
+        raise AssertionError(f"rebuilt {t.job.key}")
+
+    monkeypatch.setattr(DefaultStates, "_build", no_build)
+    again = DefaultStates(toy)  # a fresh source over the same cache, as another process has
+    assert again.get(sid) == row
+    sent = pickle.loads(pickle.dumps(first))  # as a Ray actor or spawned worker gets it
+    assert sent.root == first.root and sent.get(sid) == row
+    assert {again.get(i).focus for i in again.select(track=row.track)} == set(toy.spec.focuses)
+
+
+def _get_in_child(args):
+    root, sid, log = args
+    from bat_gym.bank import default as module
+    from bat_gym.registry import get_benchmark
+
+    build = module.DefaultStates._build
+
+    def logged(self, t):
+        with open(log, "a") as fh:
+            fh.write(t.job.key + "\n")
+        return build(self, t)
+
+    module.DefaultStates._build = logged
+    return module.DefaultStates(get_benchmark("toy_pipeline"), root).get(sid).snapshot
+
+
+def test_concurrent_workers_wanting_one_trajectory_build_it_once(toy, cache, tmp_path):
+    root = DefaultStates(toy).root
+    sid = DefaultStates(toy).select(focus="S3", track="threshold")[0]
+    log = tmp_path / "builds.log"
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        snaps = pool.map(_get_in_child, [(root, sid, log)] * 2)
+    assert snaps[0] == snaps[1]
+    assert log.read_text().splitlines() == [f"threshold/{toy.seeds('train')[0]}/success"]
+
+
+def test_the_whole_grid_is_one_call_away_and_equals_an_eager_build(toy, cache, full_toy_bank):
+    bank = default_bank(toy)
+    assert isinstance(bank, StageBank) and bank.root == default_states(toy).root
+    assert sorted(s.state_id for s in bank) == sorted(s.state_id for s in full_toy_bank)
+    assert bank.manifest["trajectories"] == full_toy_bank.manifest["trajectories"]
+    assert bank.manifest["outcomes"] == full_toy_bank.manifest["outcomes"]
+    # Later sources read the complete bank; nothing is planned or built again.
+    assert DefaultStates(toy).get(bank.select(focus="S4")[0]).focus == "S4"
+
+
+def test_the_success_trajectory_becomes_the_tasks_reference_run(toy, cache, monkeypatch):
+    from bat_gym.rubrics import reference
+
+    source = DefaultStates(toy)
+    row = source.get(source.select(focus="E2E", track="lookup")[0])
+    task = toy.task_of_state(row)
+    reference._MEMO.clear()  # as a fresh process: only the disk cache is left
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the reference script ran again")
+
+    monkeypatch.setattr(reference, "_run", no_run)
+    ws = reference.reference_workspace(toy, task)
+    assert ws is not None and ws.exists("outputs/submission.csv")
+
+
+def test_a_rejected_teacher_fails_the_reset_with_its_verdict(cache):
+    bench = broken_toy()
+    env = gym.make("bat/Plan-v0", benchmark=bench)
+    try:
+        with pytest.raises(TrajectoryRejected) as exc:
+            env.reset(seed=0)
+    finally:
+        env.close()
+    msg = str(exc.value)
+    assert "success below reward 0.95" in msg and "eta" in msg
+    # The items that fell short, failures first, with their detail.
+    assert "verdict: reward 0.450; eta 1.00; S5.submission_schema failed: outputs/submission.csv" in msg
+    assert "bat-gym bank explain --default" in msg
+    source = env.unwrapped.states
+    assert built(source) == []  # never cached as a good trajectory
+    assert list((source.root / "trajectories").glob("*.rejected.json"))  # kept for explain
+    with pytest.raises(TrajectoryRejected):
+        source.complete()
+    assert not (source.root / "manifest.json").exists()  # the grid is never cached empty
+
+
+def test_an_unknown_state_id_names_the_known_ones(toy, cache):
+    from bat_gym.errors import StateNotFound
+
+    source = DefaultStates(toy)
+    with pytest.raises(StateNotFound, match="Did you mean"):
+        source.get(source.select()[0] + "x")
+
+
+def test_the_env_resolves_its_states_through_the_registry_not_the_bank(toy):
+    # StageEnv never imports the Stage Bank (which plays envs to build states).
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, bat_gym.env; print('bat_gym.bank' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.strip() == "False", proc.stderr
+    from bat_gym.env import StageEnv
+    from bat_gym.registry import register_state_source
+
+    seen = []
+
+    def resolver(states, bench):
+        seen.append((states, bench.name))
+        return "my source"
+
+    register_state_source(resolver)
+    try:
+        assert StageEnv("S1", benchmark=toy).states == "my source"
+    finally:
+        register_state_source(None)
+    assert seen == [(None, "toy_pipeline")]

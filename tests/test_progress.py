@@ -1,0 +1,54 @@
+"""Progress: the library reports, the command line shows it on a terminal only."""
+
+import io
+import logging
+
+from rich.console import Console
+
+from bat_gym import progress
+
+
+def test_the_library_logs_a_line_when_a_task_starts_and_ends(caplog):
+    caplog.set_level(logging.INFO, logger="bat_gym")
+    with progress.task("building things", 3) as shown:
+        shown.advance(3)
+    lines = [r.getMessage() for r in caplog.records if r.name == "bat_gym"]
+    assert lines[0] == "building things (3 to do)"
+    assert lines[1].startswith("building things: done (3/3) in ")
+    assert len(lines) == 2  # nothing per unit: a log is never spammed
+
+
+def test_the_terminal_display_shows_done_total_and_what_is_under_way():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    reporter = progress.RichReporter(console)
+    with progress.use(reporter):
+        shown = progress.task("evaluating: held-out cells", 4, done=1)
+        shown.advance(line="[2/4] segmentation-1000007-r0  overall 0.981")
+        shown.describe("evaluating: second half")
+        reporter._progress.refresh()
+        shown.close()
+    text = out.getvalue()
+    assert "[2/4] segmentation-1000007-r0  overall 0.981" in text  # printed above the bar
+    assert "2/4" in text and "evaluating: second half" in text
+    assert reporter._progress is None  # the display stops with its last task
+
+
+def test_use_restores_the_reporter_before_it():
+    before = progress.current()
+    silent = progress.SilentReporter()
+    with progress.use(silent):
+        assert progress.current() is silent
+    assert progress.current() is before
+
+
+def test_commands_are_quiet_when_asked_or_when_stdout_is_not_a_terminal(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stdout", Tty())
+    assert isinstance(progress.for_cli(), progress.RichReporter)
+    assert isinstance(progress.for_cli(quiet=True), progress.SilentReporter)
+    monkeypatch.setattr("sys.stdout", io.StringIO())  # piped, redirected, CI
+    assert isinstance(progress.for_cli(), progress.SilentReporter)
