@@ -91,7 +91,11 @@ SPEC = BenchmarkSpec(
         tool_timeout_s=30.0,
         max_prompt_chars=4096,
     ),
+    # 48 held-out tasks per track: the learnability evaluations need that many for their
+    # confidence intervals, and the leakage audit covers every task an evaluation plays.
     splits=Splits(
-        train=SeedRange(start=0, stop=10_000), heldout=SeedRange(start=1_000_000, stop=1_000_100)
+        train=SeedRange(start=0, stop=10_000),
+        heldout=SeedRange(start=1_000_000, stop=1_000_100),
+        heldout_repeats=48,
     ),
 )
