@@ -73,8 +73,9 @@ class StageEnv(gym.Env[str, str]):
         benchmark: a registered benchmark name or instance; default is the installed
             default benchmark.
         track: only sample states of this track.
-        backend: sandbox backend, ``"local"`` or ``"docker"``.
-        protocol: how tool calls are written: ``"hermes"``, ``"json"`` or ``"openai"``.
+        backend: sandbox backend, a name in :data:`bat_gym.sandbox.BACKENDS`.
+        protocol: how tool calls are written: a name in :data:`bat_gym.protocol.PROTOCOLS`
+            (or a :class:`~bat_gym.protocol.ToolProtocol`).
         budgets: per-episode limits (default: the benchmark's).
         states: where states come from: a :class:`~bat_gym.bank.StateSource`, or a bank
             directory; default: the benchmark's default states (its default grid, each
