@@ -27,9 +27,9 @@ import gymnasium as gym
 
 from bat_gym.env import StageEnv
 from bat_gym.errors import RubricContractError, WorkspaceRejected
-from bat_gym.rubrics.context import CheckContext, TaskOracle
+from bat_gym.rubrics.context import CheckContext
 from bat_gym.rubrics.contract import ContractLibrary
-from bat_gym.rubrics.reference import adopt_reference
+from bat_gym.rubrics.reference import adopt_reference, task_oracle
 from bat_gym.rubrics.verifier import Verdict, rejected_verdict, verify
 from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.sandbox.snapshot import without_paths
@@ -135,7 +135,7 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
             record=record,
             task=None
             if task is None
-            else TaskOracle.of(base.benchmark, task, backend=base.backend),
+            else task_oracle(base.benchmark, task, backend=base.backend),
             spec=base.benchmark.spec,
         )
         return verify(contract, ctx, library=library)
