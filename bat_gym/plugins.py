@@ -30,6 +30,8 @@ bat_gym.selectors    a :class:`~bat_gym.selection.TargetSelector` subclass
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Generic, TypeVar
@@ -129,10 +131,7 @@ class Registry(Mapping[str, T], Generic[T]):
     # -- looking up -------------------------------------------------------------------
 
     def _declared(self) -> dict[str, list[EntryPoint]]:
-        found: dict[str, list[EntryPoint]] = {}
-        for ep in entry_points(group=self.group):
-            found.setdefault(ep.name, []).append(ep)
-        return found
+        return _declared().get(self.group, {})
 
     def _names(self) -> set[str]:
         return set(self._registered) | set(self._declared())
@@ -220,6 +219,40 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.group!r}: {', '.join(self)})"
+
+
+_scan: tuple[tuple[tuple[str, int | None], ...], dict[str, dict[str, list[EntryPoint]]]] | None = None
+
+
+def _path_key() -> tuple[tuple[str, int | None], ...]:
+    """Each ``sys.path`` entry with its modification time (None where it is missing)."""
+    key = []
+    for entry in sys.path:
+        try:
+            key.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            key.append((entry, None))
+    return tuple(key)
+
+
+def _declared() -> dict[str, dict[str, list[EntryPoint]]]:
+    """Every installed entry point, by group and name: one scan while ``sys.path`` holds.
+
+    Reading every distribution's metadata takes milliseconds, and the command line
+    lists several kinds at start-up. Installing a distribution adds a folder to a
+    ``sys.path`` entry (changing its modification time) or adds an entry, and either
+    makes the next call scan again.
+    """
+    global _scan
+    key = _path_key()
+    if _scan is None or _scan[0] != key:
+        found: dict[str, dict[str, list[EntryPoint]]] = {}
+        installed = entry_points()  # one read of every distribution's metadata
+        for group in installed.groups:
+            for ep in installed.select(group=group):
+                found.setdefault(group, {}).setdefault(ep.name, []).append(ep)
+        _scan = (key, found)
+    return _scan[1]
 
 
 def _dist(ep: EntryPoint) -> str:

@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bat_gym.errors import ConfigError
-from bat_gym.policies.base import Policy, PolicyError, PolicyKind, PolicyOutput, PolicyRequest
+from bat_gym.policies.base import Policy, PolicyError, PolicyOutput, PolicyRequest
 from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
 
-__all__ = ["OPENAI", "OpenAIPolicy", "openai_messages", "render_tool_calls"]
+__all__ = ["OpenAIPolicy", "openai_messages", "render_tool_calls"]
 
 logger = logging.getLogger(__name__)
 
@@ -428,31 +428,3 @@ class OpenAIPolicy(Policy):
             and isinstance(value, int)
         }
         return PolicyOutput(text=text, finish_reason=choice.get("finish_reason"), usage=usage)
-
-
-def _openai(argument: str, **options: Any) -> OpenAIPolicy:
-    url, sep, model = argument.partition("#")
-    if not url or not sep or not model:
-        raise ConfigError(
-            f"policy spec 'openai:{argument}': write openai:URL#MODEL, "
-            "e.g. openai:http://127.0.0.1:8000/v1#qwen"
-        )
-    if "max_new_tokens" in options:
-        # One name on the command line; the chat-completions API calls it max_tokens.
-        options["max_tokens"] = options.pop("max_new_tokens")
-    template = options.pop("chat_template_kwargs", None)
-    if template:
-        # vLLM's and SGLang's servers pass these to the chat template.
-        options["extra_body"] = {
-            **(options.get("extra_body") or {}),
-            "chat_template_kwargs": dict(template),
-        }
-    return OpenAIPolicy(url, model, **options)
-
-
-OPENAI = PolicyKind(
-    forms=("openai:URL#MODEL",),
-    description="an OpenAI-compatible chat-completions server",
-    build=_openai,
-)
-"""The ``openai`` policy kind."""

@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.errors import BatGymError, ConfigError, UnsupportedPolicy
-from bat_gym.policies.base import Policy, PolicyKind, PolicyOutput, PolicyRequest
+from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest
 from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
 
-__all__ = ["NAIVE", "TEACHER", "ScriptedPolicy"]
+__all__ = ["ScriptedPolicy"]
 
 Script = Literal["teacher", "naive"]
 
@@ -102,28 +102,3 @@ class ScriptedPolicy(Policy):
             return PolicyOutput(self.protocol.render(t.content, list(t.calls)))
         done = ToolCall(name="finish", arguments={"summary": "The script is complete."})
         return PolicyOutput(self.protocol.render("Done.", [done]))
-
-
-def _teacher(argument: str, **options: Any) -> ScriptedPolicy:
-    return ScriptedPolicy("teacher", outcome=argument or "success", **options)
-
-
-def _naive(argument: str, **options: Any) -> ScriptedPolicy:
-    return ScriptedPolicy("naive", outcome=argument or "success", **options)
-
-
-TEACHER = PolicyKind(
-    forms=("teacher", "teacher:OUTCOME"),
-    description="the benchmark's scripted teacher (OUTCOME: another outcome it declares)",
-    build=_teacher,
-    sampling=False,
-)
-"""The ``teacher`` policy kind."""
-
-NAIVE = PolicyKind(
-    forms=("naive",),
-    description="the benchmark's naive baseline",
-    build=_naive,
-    sampling=False,
-)
-"""The ``naive`` policy kind."""

@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import ConfigError, ModelNotFound
-from bat_gym.policies.base import PolicyError, PolicyKind
+from bat_gym.policies.base import PolicyError
 from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["HF", "TransformersPolicy"]
+__all__ = ["TransformersPolicy"]
 
 INSTALL_HINT = "pip install 'bat-gym[train]'"
 
@@ -353,17 +353,3 @@ def _sample(
         )
     picked = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)  # (B,)
     return chosen.tolist(), picked.tolist()
-
-
-def _hf(argument: str, **options: Any) -> TransformersPolicy:
-    if not argument:
-        raise ConfigError("policy spec 'hf:' names no model: write hf:PATH, e.g. hf:runs/sft/final")
-    return TransformersPolicy(argument, **options)
-
-
-HF = PolicyKind(
-    forms=("hf:PATH",),
-    description="a local Hugging Face causal LM (transformers)",
-    build=_hf,
-)
-"""The ``hf`` policy kind."""

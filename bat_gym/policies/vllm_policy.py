@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import ConfigError
-from bat_gym.policies.base import PolicyError, PolicyKind
+from bat_gym.policies.base import PolicyError
 from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INSTALL_HINT",
-    "VLLM",
     "VLLMPolicy",
     "VLLMWorkerExtension",
     "import_vllm",
@@ -480,22 +479,3 @@ class VLLMPolicy(LocalModelPolicy):
             self.llm.reset_prefix_cache()
             self.weights_version += 1
         return int(counts[0]) if counts else 0
-
-
-def _vllm(argument: str, **options: Any) -> VLLMPolicy:
-    if not argument:
-        raise ConfigError(
-            "policy spec 'vllm:' names no model: write vllm:PATH, e.g. vllm:runs/sft/final"
-        )
-    if "max_new_tokens" in options:
-        # One name on the command line; vLLM's sampling parameters call it max_tokens.
-        options["max_tokens"] = options.pop("max_new_tokens")
-    return VLLMPolicy(argument, **options)
-
-
-VLLM = PolicyKind(
-    forms=("vllm:PATH",),
-    description="a local model through vLLM's offline engine (extra vllm)",
-    build=_vllm,
-)
-"""The ``vllm`` policy kind."""
