@@ -30,6 +30,8 @@ __all__ = [
     "StateNotFound",
     "TrackNotFound",
     "ResetNeeded",
+    "NotAnAction",
+    "NotAStageEnv",
     "EnvNotCopyable",
     "CurriculumError",
     "EvaluationFailed",
@@ -293,7 +295,21 @@ class StateNotFound(_NotFound):
 
 
 class ResetNeeded(BatGymError, RuntimeError):
-    """``step`` was called before ``reset`` or after the episode ended."""
+    """``step`` (or what reads the episode) was called before ``reset`` or after it ended."""
+
+
+class NotAStageEnv(BatGymError, TypeError):
+    """A wrapper of StageEnv episodes (the rubric reward, the curriculum) got another env.
+
+    A ``TypeError``, as for any argument of the wrong type.
+    """
+
+
+class NotAnAction(BatGymError, TypeError):
+    """``step`` was given something other than the assistant's message as a ``str``.
+
+    A ``TypeError``, as for any argument of the wrong type.
+    """
 
 
 class EnvNotCopyable(BatGymError, TypeError):

@@ -23,7 +23,7 @@ from bat_gym.bank.states import SURROGATE
 from bat_gym.bank.store import BANK_FORMAT, StageBank
 from bat_gym.bank.tasks import SUCCESS_MIN_REWARD, Builder, Job, run_jobs
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BankError
+from bat_gym.errors import BankError, ConfigError
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import Outcome, StageState, load_model
 
@@ -181,12 +181,12 @@ def build_bank(
         BankError: ``root`` holds an unfinished build with different settings, or a
             sandbox crashed under a policy.
         PolicyError: the policy's backend failed (finished tasks stay journalled).
-        ValueError: an unknown outcome, a negative ``surrogates``, a
+        ConfigError: an unknown outcome, a negative ``surrogates``, a
             ``surrogate_cases`` or ``workers`` below 1, or a negative
             ``surrogate_validation_passes``.
     """
     if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+        raise ConfigError(f"workers must be >= 1, got {workers}")
     plan = Plan.make(
         bench,
         tasks_per_track=tasks_per_track,
@@ -257,11 +257,11 @@ class Plan:
     ) -> Plan:
         """The plan of :func:`build_bank` for these arguments (see there; same errors)."""
         if surrogates < 0 or surrogate_cases < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"surrogates must be >= 0 and surrogate_cases >= 1, got {surrogates}, {surrogate_cases}"
             )
         if surrogate_validation_passes is not None and surrogate_validation_passes < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"surrogate_validation_passes must be >= 0 or None, got {surrogate_validation_passes}"
             )
         seeds = list(bench.seeds("train"))[:tasks_per_track]
@@ -271,7 +271,7 @@ class Plan:
         wanted = list(dict.fromkeys(outcomes))
         unknown = [o for o in wanted if o not in OUTCOMES]
         if unknown:
-            raise ValueError(f"unknown outcome(s) {unknown}; choose from {list(OUTCOMES)}")
+            raise ConfigError(f"unknown outcome(s) {unknown}; choose from {list(OUTCOMES)}")
         declared = bench.outcomes if teacher is None else POLICY_OUTCOMES
         supported = [o for o in wanted if o in declared]
         header = {

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bat_gym.benchmark import Benchmark, Split
-from bat_gym.errors import StateNotFound
+from bat_gym.errors import ConfigError, StateNotFound
 from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
 from bat_gym.spec import E2E, StageState
 
@@ -113,13 +113,16 @@ def initial_state(
     ``teacher`` is recorded in the provenance: ``scripted`` or ``policy``.
 
     Raises:
-        ValueError: a reduction is asked for and the benchmark has no reduced form.
+        ConfigError: a reduction is asked for and the benchmark has no reduced form.
     """
     from bat_gym.protocol import get_protocol
 
     task = bench.task_of(track, task_seed, split, reduction)
     if task is None:
-        raise ValueError(f"{bench.name} has no reduced form of its tasks")
+        raise ConfigError(
+            f"{bench.name} has no reduced form of its tasks (Benchmark.reduce_task); "
+            "build without surrogates"
+        )
     with tempfile.TemporaryDirectory(prefix="bat-gym-task-") as tmp:
         bench.write_public_files(task, Path(tmp))
         snap = WorkspaceIndex(tmp).capture(store)
