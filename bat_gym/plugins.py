@@ -221,10 +221,12 @@ class Registry(Mapping[str, T], Generic[T]):
         return f"Registry({self.group!r}: {', '.join(self)})"
 
 
-_scan: tuple[tuple[tuple[str, int | None], ...], dict[str, dict[str, list[EntryPoint]]]] | None = None
+_Declared = dict[str, dict[str, list[EntryPoint]]]  # group -> name -> entry points
+_PathKey = tuple[tuple[str, int | None], ...]
+_scan: tuple[_PathKey, _Declared] | None = None
 
 
-def _path_key() -> tuple[tuple[str, int | None], ...]:
+def _path_key() -> _PathKey:
     """Each ``sys.path`` entry with its modification time (None where it is missing)."""
     key = []
     for entry in sys.path:
@@ -235,7 +237,7 @@ def _path_key() -> tuple[tuple[str, int | None], ...]:
     return tuple(key)
 
 
-def _declared() -> dict[str, dict[str, list[EntryPoint]]]:
+def _declared() -> _Declared:
     """Every installed entry point, by group and name: one scan while ``sys.path`` holds.
 
     Reading every distribution's metadata takes milliseconds, and the command line
@@ -246,7 +248,7 @@ def _declared() -> dict[str, dict[str, list[EntryPoint]]]:
     global _scan
     key = _path_key()
     if _scan is None or _scan[0] != key:
-        found: dict[str, dict[str, list[EntryPoint]]] = {}
+        found: _Declared = {}
         installed = entry_points()  # one read of every distribution's metadata
         for group in installed.groups:
             for ep in installed.select(group=group):
