@@ -21,43 +21,47 @@ that are byte-identical in the bank's own training tasks (a track's model code, 
 instance), and 8-grams that also occur in the benchmark's boilerplate (stage skills and
 system prompts, and the user prompts and ``TASK.md`` of the bank's training tasks). What
 is left is what the held-out tasks alone say. Answers shorter than
-:data:`MIN_ANSWER_BYTES` are not fingerprinted (a lone ``0`` matches too much to mean
-anything). Limits: answers are matched as whole blobs, so an answer embedded inside a
-larger file (an image format with a header) is not detected.
+:data:`~bat_gym.bank.heldout.MIN_ANSWER_BYTES` are not fingerprinted (a lone ``0``
+matches too much to mean anything). Limits: answers are matched as whole blobs, so an
+answer embedded inside a larger file (an image format with a header) is not detected.
+
+The fingerprints are those of :mod:`bat_gym.bank.heldout`, which a bank build's
+leakage gate checks row by row; they are named here too, as the audit's vocabulary.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from bat_gym import progress
 from bat_gym.bank import BankReport, StageBank
+from bat_gym.bank.heldout import (
+    MIN_ANSWER_BYTES,
+    HeldOutIndex,
+    answer_fingerprints,
+    heldout_task_ids,
+    public_file_digests,
+    task_fingerprints,
+)
 from bat_gym.benchmark import Benchmark
 from bat_gym.spec import Task
 
 __all__ = [
-    "MIN_ANSWER_BYTES",
     "NGRAM",
-    "HeldOutIndex",
     "audit_bank",
+    "word_ngrams",
+    # the fingerprints of bat_gym.bank.heldout, which the audit measures with
+    "MIN_ANSWER_BYTES",
+    "HeldOutIndex",
     "answer_fingerprints",
     "heldout_task_ids",
     "task_fingerprints",
-    "word_ngrams",
 ]
 
 NGRAM = 8
-MIN_ANSWER_BYTES = 16
-_MAX_ID_SEEDS = 10_000  # ids are cheap hashes; check this many held-out seeds per track
 _ID_PATTERN = re.compile(rb"[A-Za-z0-9_]+-[0-9a-f]{12}")
 _WORD = re.compile(r"[a-z0-9_]+")
 
@@ -66,116 +70,6 @@ def word_ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
     """The lower-cased word ``n``-grams of ``text``."""
     words = _WORD.findall(text.lower())
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
-
-
-def _canonical(value: Any) -> Iterator[bytes]:
-    """The canonical byte forms of an answer value, and of every value inside it."""
-    if isinstance(value, np.ndarray):
-        yield np.ascontiguousarray(value).tobytes()
-        return
-    if isinstance(value, dict):
-        for v in value.values():
-            yield from _canonical(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _canonical(v)
-    yield json.dumps(value, sort_keys=True, separators=(",", ":"), default=_jsonable).encode()
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    return str(value)
-
-
-def answer_fingerprints(answers: dict[str, Any]) -> set[str]:
-    """sha256 of the canonical bytes of each answer value (nested) and of the whole dict.
-
-    Values whose bytes are shorter than :data:`MIN_ANSWER_BYTES` are left out.
-    """
-    return {
-        hashlib.sha256(b).hexdigest() for b in _canonical(answers) if len(b) >= MIN_ANSWER_BYTES
-    }
-
-
-def _public_files(bench: Benchmark, task: Task) -> dict[str, str]:
-    """``{path: sha256}`` of the task's public files."""
-    with tempfile.TemporaryDirectory(prefix="bat-gym-audit-") as tmp:
-        bench.write_public_files(task, Path(tmp))
-        return {
-            str(p.relative_to(tmp)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(Path(tmp).rglob("*"))
-            if p.is_file()
-        }
-
-
-def heldout_task_ids(bench: Benchmark) -> dict[str, str]:
-    """``{task id: "track/heldout seed N"}`` of the first held-out seeds of every track.
-
-    Ids are cheap hashes, so up to ``_MAX_ID_SEEDS`` seeds per track are covered.
-    """
-    seeds = list(bench.seeds("heldout"))[:_MAX_ID_SEEDS]
-    return {
-        bench.task_id(t.name, s, "heldout"): f"{t.name}/heldout seed {s}"
-        for t in bench.spec.tracks
-        for s in seeds
-    }
-
-
-def task_fingerprints(bench: Benchmark, task: Task) -> set[str]:
-    """sha256 of each of ``task``'s public files, and its answer fingerprints."""
-    return set(_public_files(bench, task).values()) | answer_fingerprints(
-        bench.private_answers(task)
-    )
-
-
-@dataclass(frozen=True)
-class HeldOutIndex:
-    """What a single bank row may not contain: held-out task ids and content digests.
-
-    Built once per bank build (generating the evaluated held-out tasks is the costly
-    part) and consulted for every row the build admits.
-
-    Attributes:
-        task_ids: held-out task id -> ``"track/heldout seed N"``.
-        digests: sha256 of a held-out public file or answer fingerprint -> where it is
-            from (``"<task id>:<path>"`` or ``"<task id>:answer"``).
-    """
-
-    task_ids: dict[str, str]
-    digests: dict[str, str]
-
-    @classmethod
-    def of(cls, bench: Benchmark, *, tracks: Sequence[str] | None = None) -> HeldOutIndex:
-        """Regenerate ``bench``'s evaluated held-out tasks and fingerprint them.
-
-        The tasks are the ones :func:`audit_bank` checks: the first
-        ``splits.heldout_repeats`` held-out seeds of every track (of ``tracks`` only,
-        when given; task ids always cover every track, they cost nothing).
-        """
-        tracks = list(tracks or [t.name for t in bench.spec.tracks])
-        eval_seeds = bench.evaluated_seeds()
-        digests: dict[str, str] = {}
-        for track in tracks:
-            for seed in eval_seeds:
-                task = bench.make_task(track, seed, "heldout")
-                for rel, digest in _public_files(bench, task).items():
-                    digests.setdefault(digest, f"{task.task_id}:{rel}")
-                for digest in answer_fingerprints(bench.private_answers(task)):
-                    digests.setdefault(digest, f"{task.task_id}:answer")
-        return cls(task_ids=heldout_task_ids(bench), digests=digests)
-
-    def leaks(self, digests: Iterable[str], shared: set[str]) -> dict[str, str]:
-        """The held-out ones among ``digests`` (digest -> where from), ``shared`` aside.
-
-        ``shared`` is content shared by design: as :func:`audit_bank` excludes what the
-        bank's own training tasks hold, a row is judged against its own task's
-        fingerprints (:func:`task_fingerprints`): the same model code or a card
-        variant in a held-out task is not a leak.
-        """
-        return {d: self.digests[d] for d in digests if d in self.digests and d not in shared}
 
 
 def _task_text(bench: Benchmark, task: Task) -> str:
@@ -255,9 +149,9 @@ def _audit(bank: StageBank, bench: Benchmark, shown: progress.ProgressTask) -> B
 
     # -- public files ----------------------------------------------------------------
     shown.describe(f"audit: {len(heldout)} held-out tasks' public files")
-    shared = {d for task in train_tasks for d in _public_files(bench, task).values()}
+    shared = {d for task in train_tasks for d in public_file_digests(bench, task).values()}
     for task in heldout:
-        for rel, digest in _public_files(bench, task).items():
+        for rel, digest in public_file_digests(bench, task).items():
             if digest in shared:
                 continue  # byte-identical in training tasks: shared by design
             report.count("public files")

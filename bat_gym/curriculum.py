@@ -20,7 +20,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from bat_gym.env import StageEnv
-from bat_gym.errors import CurriculumError
+from bat_gym.errors import CurriculumError, NotAStageEnv
 from bat_gym.rounds import RLRow, RoundSpec, build_round
 from bat_gym.spec import StageState
 
@@ -80,7 +80,7 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
         seed: int = 0,
     ) -> None:
         if not isinstance(env.unwrapped, StageEnv):
-            raise TypeError(
+            raise NotAStageEnv(
                 f"StageCurriculum resets StageEnv episodes; expected an env whose unwrapped "
                 f"is a StageEnv, got {type(env.unwrapped).__name__}"
             )

@@ -28,7 +28,13 @@ import gymnasium as gym
 
 from bat_gym.benchmark import Benchmark
 from bat_gym.completion import Completion
-from bat_gym.errors import EnvNotCopyable, ResetNeeded, WorkspaceRejected
+from bat_gym.errors import (
+    ConfigError,
+    EnvNotCopyable,
+    NotAnAction,
+    ResetNeeded,
+    WorkspaceRejected,
+)
 from bat_gym.protocol import TOOLS, ToolProtocol, clean_text, get_protocol, validate_call
 from bat_gym.record import ExecutionRecord, ToolCallRecord
 from bat_gym.sandbox import ExecResult, Sandbox, SandboxLimits, make_sandbox
@@ -73,8 +79,9 @@ class StageEnv(gym.Env[str, str]):
         benchmark: a registered benchmark name or instance; default is the installed
             default benchmark.
         track: only sample states of this track.
-        backend: sandbox backend, ``"local"`` or ``"docker"``.
-        protocol: how tool calls are written: ``"hermes"``, ``"json"`` or ``"openai"``.
+        backend: sandbox backend, a name in :data:`bat_gym.sandbox.BACKENDS`.
+        protocol: how tool calls are written: a name in :data:`bat_gym.protocol.PROTOCOLS`
+            (or a :class:`~bat_gym.protocol.ToolProtocol`).
         budgets: per-episode limits (default: the benchmark's).
         states: where states come from: a :class:`~bat_gym.bank.StateSource`, or a bank
             directory; default: the benchmark's default states (its default grid, each
@@ -115,7 +122,7 @@ class StageEnv(gym.Env[str, str]):
         self.sandbox_options = dict(sandbox_options or {})
         self.token_counter = token_counter
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
+            raise ConfigError(
                 f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
             )
         self.render_mode = render_mode
@@ -168,15 +175,19 @@ class StageEnv(gym.Env[str, str]):
         options = dict(options or {})
         unknown = sorted(set(options) - set(_RESET_OPTIONS))
         if unknown:
-            raise ValueError(f"unknown reset option(s) {unknown}; allowed: {list(_RESET_OPTIONS)}")
+            raise ConfigError(
+                f"unknown reset option(s) {unknown}; allowed: {list(_RESET_OPTIONS)}"
+            )
         if options.get("state_id") is not None:
             state = self.states.get(options["state_id"])
         else:
             track = options.get("track", self.track)
             ids = self.states.select(focus=self.focus, track=track)
             if not ids:
-                raise ValueError(
-                    f"no {self.benchmark.name} states with focus {self.focus!r} and track {track!r}"
+                raise ConfigError(
+                    f"no {self.benchmark.name} states with focus {self.focus!r} and track "
+                    f"{track!r}; give states that hold that track (a bank built with it), "
+                    "or another track"
                 )
             state = self.states.get(ids[int(self.np_random.integers(len(ids)))])
         snapshot = self.states.store.get_snapshot(state.snapshot)
@@ -198,7 +209,7 @@ class StageEnv(gym.Env[str, str]):
         if self._done or self.state is None or self.record is None:
             raise ResetNeeded("call reset() before step(), and again after an episode ends")
         if not isinstance(action, str):
-            raise TypeError(
+            raise NotAnAction(
                 f"the action is the assistant's message as a str, got {type(action).__name__}"
             )
         self.turns += 1

@@ -21,10 +21,17 @@ __all__ = [
     "WorkspaceQuotaExceeded",
     "StageNotFound",
     "BenchmarkNotFound",
+    "PluginNotFound",
+    "PolicyNotFound",
+    "SandboxBackendNotFound",
+    "ProtocolNotFound",
+    "SelectorNotFound",
     "EnvNotFound",
     "StateNotFound",
     "TrackNotFound",
     "ResetNeeded",
+    "NotAnAction",
+    "NotAStageEnv",
     "EnvNotCopyable",
     "CurriculumError",
     "EvaluationFailed",
@@ -172,22 +179,53 @@ class SnapshotNotFound(SandboxError, KeyError):
 
 
 class _NotFound(BatGymError, KeyError):
-    """A name that was looked up is unknown; the message lists close matches."""
+    """A name that was looked up is unknown; the message lists close matches.
+
+    ``shown`` replaces the names in the message's listing where a kind is better shown
+    otherwise (a policy kind by its spec forms); close matches are always names.
+    """
 
     kind = "name"
 
-    def __init__(self, name: str, known: list[str]) -> None:
+    def __init__(self, name: str, known: list[str], *, shown: list[str] | None = None) -> None:
         import difflib
 
         self.name = name
         self.known = sorted(known)
         close = difflib.get_close_matches(name, self.known, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        listing = ", ".join(self.known) if self.known else "none"
-        super().__init__(f"unknown {self.kind} {name!r}.{hint} Known: {listing}.")
+        listing = ", ".join(sorted(shown) if shown is not None else self.known) or "none"
+        super().__init__(f"unknown {self.kind} {name!r}.{hint} Known: {listing}.{self._fix()}")
+
+    def _fix(self) -> str:
+        """A sentence that follows the listing, where a kind has more to say."""
+        return ""
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class PluginNotFound(_NotFound, ValueError):
+    """A name that no installed plugin of its kind answers to (see :mod:`bat_gym.plugins`).
+
+    A ``ValueError`` too: the name was a bad argument. Subclasses name the kind.
+
+    Attributes:
+        group: the entry point group where a package declares plugins of this kind.
+    """
+
+    kind = "plugin"
+
+    def __init__(
+        self, name: str, known: list[str], *, shown: list[str] | None = None, group: str = ""
+    ) -> None:
+        self.group = group
+        super().__init__(name, known, shown=shown)
+
+    def _fix(self) -> str:
+        if not self.group:
+            return ""
+        return f" A package adds one by declaring it in the entry point group {self.group!r}."
 
 
 class StageNotFound(_NotFound):
@@ -196,10 +234,34 @@ class StageNotFound(_NotFound):
     kind = "stage"
 
 
-class BenchmarkNotFound(_NotFound):
+class BenchmarkNotFound(PluginNotFound):
     """A benchmark name that no installed package registers."""
 
     kind = "benchmark"
+
+
+class PolicyNotFound(PluginNotFound):
+    """A policy spec whose kind (the part before the first ``:``) no one registers."""
+
+    kind = "policy"
+
+
+class SandboxBackendNotFound(PluginNotFound):
+    """A sandbox backend name that no one registers."""
+
+    kind = "sandbox backend"
+
+
+class ProtocolNotFound(PluginNotFound):
+    """A tool protocol name that no one registers."""
+
+    kind = "tool protocol"
+
+
+class SelectorNotFound(PluginNotFound):
+    """A target selector name that no one registers."""
+
+    kind = "selector"
 
 
 class EnvNotFound(_NotFound):
@@ -233,7 +295,21 @@ class StateNotFound(_NotFound):
 
 
 class ResetNeeded(BatGymError, RuntimeError):
-    """``step`` was called before ``reset`` or after the episode ended."""
+    """``step`` (or what reads the episode) was called before ``reset`` or after it ended."""
+
+
+class NotAStageEnv(BatGymError, TypeError):
+    """A wrapper of StageEnv episodes (the rubric reward, the curriculum) got another env.
+
+    A ``TypeError``, as for any argument of the wrong type.
+    """
+
+
+class NotAnAction(BatGymError, TypeError):
+    """``step`` was given something other than the assistant's message as a ``str``.
+
+    A ``TypeError``, as for any argument of the wrong type.
+    """
 
 
 class EnvNotCopyable(BatGymError, TypeError):

@@ -2,7 +2,8 @@ r"""Tool schemas and the adapters that read tool calls out of an assistant messa
 
 The env's action is the assistant's whole message as text. A :class:`ToolProtocol`
 extracts the tool calls from it (and renders calls back into text, for teachers and
-SFT rows). Three are built in:
+SFT rows). Three ship with bat_gym, registered in :data:`PROTOCOLS` (entry point group
+``bat_gym.protocols``) like any a package adds:
 
 * ``hermes`` (default): Hermes/Qwen style, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
 * ``json``: the message is a JSON object ``{"name": ..., "arguments": ...}`` (or a list
@@ -26,6 +27,9 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from bat_gym.errors import PluginError, ProtocolNotFound
+from bat_gym.plugins import Registry
 
 __all__ = [
     "EXECUTE_CODE",
@@ -391,15 +395,26 @@ class OpenAIProtocol(ToolProtocol):
         return json.dumps({"content": content, "tool_calls": items}, ensure_ascii=False)
 
 
-PROTOCOLS: dict[str, type[ToolProtocol]] = {
-    p.name: p for p in (HermesProtocol, JsonProtocol, OpenAIProtocol)
-}
+def _as_protocol(name: str, cls: Any) -> type[ToolProtocol]:
+    if not (isinstance(cls, type) and issubclass(cls, ToolProtocol)):
+        raise PluginError(f"tool protocol {name!r} is {cls!r}, not a ToolProtocol subclass")
+    if cls.name != name:
+        raise PluginError(f"tool protocol registered as {name!r} calls itself {cls.name!r}")
+    return cls
+
+
+PROTOCOLS: Registry[type[ToolProtocol]] = Registry(
+    "bat_gym.protocols", not_found=ProtocolNotFound, adapt=_as_protocol
+)
+"""The tool protocols, by name (entry point group ``bat_gym.protocols``)."""
 
 
 def get_protocol(name: str | ToolProtocol) -> ToolProtocol:
-    """Return a protocol instance by name (``hermes``, ``json``, ``openai``)."""
+    """A protocol instance by name (one of :data:`PROTOCOLS`), or ``name`` if it is one.
+
+    Raises:
+        ProtocolNotFound: no protocol has that name.
+    """
     if isinstance(name, ToolProtocol):
         return name
-    if name not in PROTOCOLS:
-        raise ValueError(f"unknown tool protocol {name!r}; choose one of {sorted(PROTOCOLS)}")
     return PROTOCOLS[name]()

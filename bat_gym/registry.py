@@ -6,7 +6,8 @@ A benchmark package declares, in its ``pyproject.toml``::
     my_bench = "my_package.bench:benchmark"   # a Benchmark instance or a factory
 
 or calls :func:`register_benchmark` at import time. The shipped suites register the
-same way. Nothing is imported until a benchmark is asked for. The default benchmark is
+same way. Nothing is imported until a benchmark is asked for (:data:`BENCHMARKS` is
+their :class:`~bat_gym.plugins.Registry`). The default benchmark is
 ``BAT_GYM_BENCHMARK`` if set, else the installed one with the highest
 ``spec.default_priority``.
 
@@ -24,20 +25,20 @@ it off). It runs when Gymnasium is imported (through the ``.pth`` hook) and when
 
 from __future__ import annotations
 
-import importlib
 import os
 import warnings
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.errors import BenchmarkNotFound
+from bat_gym.errors import BenchmarkNotFound, PluginError
+from bat_gym.plugins import Registry, load_target
 
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
     from bat_gym.sandbox.requirements import SandboxRequirements
 
 __all__ = [
+    "BENCHMARKS",
     "ENTRY_POINT_GROUP",
     "installed_requirements",
     "STAGE_ENV_NAMES",
@@ -56,12 +57,34 @@ ENTRY_POINT_GROUP = "bat_gym.benchmarks"
 STAGE_ENV_NAMES = ("Plan", "Setup", "Validate", "Infer", "Submit", "E2E")
 ENV_NAMESPACE = "bat"
 
-_factories: dict[str, Callable[[], Any] | str] = {}
-_loaded: dict[str, Benchmark] = {}
-
 StateResolver = Callable[[Any, "Benchmark"], Any]
 _DEFAULT_RESOLVER = "bat_gym.bank.default:state_source"
 _resolver: StateResolver | str = _DEFAULT_RESOLVER
+
+
+def _spelling(name: str) -> str:
+    """A name as users may spell it: case and ``-`` versus ``_`` do not matter."""
+    return name.strip().lower().replace("-", "_")
+
+
+def _as_benchmark(name: str, target: Any) -> Benchmark:
+    """The benchmark ``target`` is or makes, checked to call itself ``name``."""
+    from bat_gym.benchmark import Benchmark
+
+    bench = target if isinstance(target, Benchmark) else target()
+    if not isinstance(bench, Benchmark):
+        raise PluginError(
+            f"benchmark {name!r} resolved to {type(bench).__name__}, not a bat_gym Benchmark"
+        )
+    if bench.spec.name != name:
+        raise PluginError(f"benchmark registered as {name!r} calls itself {bench.spec.name!r}")
+    return bench
+
+
+BENCHMARKS: Registry[Benchmark] = Registry(
+    ENTRY_POINT_GROUP, not_found=BenchmarkNotFound, adapt=_as_benchmark, spelling=_spelling
+)
+"""The benchmarks, by name: registered in this process or installed (entry points)."""
 
 
 def register_benchmark(name: str, benchmark: Benchmark | Callable[[], Benchmark] | str) -> None:
@@ -72,50 +95,17 @@ def register_benchmark(name: str, benchmark: Benchmark | Callable[[], Benchmark]
         benchmark: an instance, a zero-argument factory, or a ``"module:attr"`` string
             naming either (imported on first use).
     """
-    from bat_gym.benchmark import Benchmark
-
-    _loaded.pop(name, None)
-    if isinstance(benchmark, Benchmark):
-        _loaded[name] = benchmark
-    _factories[name] = (
-        benchmark if not isinstance(benchmark, Benchmark) else (lambda b=benchmark: b)
-    )
+    BENCHMARKS.register(name, benchmark)
 
 
 def unregister_benchmark(name: str) -> None:
     """Forget a benchmark registered in this process (entry points come back on discovery)."""
-    _factories.pop(name, None)
-    _loaded.pop(name, None)
-
-
-def _discover() -> None:
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        _factories.setdefault(ep.name, ep.value)
+    BENCHMARKS.unregister(name)
 
 
 def list_benchmarks() -> list[str]:
     """Names of every registered or installed benchmark."""
-    _discover()
-    return sorted(_factories)
-
-
-def _spelling(name: str) -> str:
-    """A name as users may spell it: case and ``-`` versus ``_`` do not matter."""
-    return name.strip().lower().replace("-", "_")
-
-
-def _resolve(name: str) -> str:
-    """The registered name ``name`` spells (``MedBench-Lite`` is ``medbench_lite``).
-
-    Raises:
-        BenchmarkNotFound: no registered name, or more than one, is spelled so.
-    """
-    if name in _factories:
-        return name
-    matches = [n for n in _factories if _spelling(n) == _spelling(name)]
-    if len(matches) != 1:
-        raise BenchmarkNotFound(name, list(_factories))
-    return matches[0]
+    return list(BENCHMARKS)
 
 
 def get_benchmark(name: str | None = None) -> Benchmark:
@@ -126,29 +116,10 @@ def get_benchmark(name: str | None = None) -> Benchmark:
 
     Raises:
         BenchmarkNotFound: naming the installed benchmarks and close matches.
+        PluginError: what the name resolves to is not a benchmark, or one that calls
+            itself by another name.
     """
-    from bat_gym.benchmark import Benchmark
-
-    name = name or default_benchmark_name()
-    if name in _loaded:
-        return _loaded[name]
-    _discover()
-    name = _resolve(name)
-    if name in _loaded:
-        return _loaded[name]
-    target = _factories[name]
-    if isinstance(target, str):
-        module, _, attr = target.partition(":")
-        target = getattr(importlib.import_module(module), attr)
-    bench = target if isinstance(target, Benchmark) else target()
-    if not isinstance(bench, Benchmark):
-        raise TypeError(
-            f"benchmark {name!r} resolved to {type(bench).__name__}, not a bat_gym Benchmark"
-        )
-    if bench.spec.name != name:
-        raise ValueError(f"benchmark registered as {name!r} calls itself {bench.spec.name!r}")
-    _loaded[name] = bench
-    return bench
+    return BENCHMARKS[name or default_benchmark_name()]
 
 
 def default_benchmark_name() -> str:
@@ -165,7 +136,7 @@ def default_benchmark_name() -> str:
                 f"skipping benchmark {name!r} when choosing the default: {exc}", stacklevel=2
             )
     if not priorities:
-        raise BenchmarkNotFound("<default>", list_benchmarks())
+        raise BenchmarkNotFound("<default>", list_benchmarks(), group=ENTRY_POINT_GROUP)
     return max(priorities, key=lambda n: (priorities[n], n))
 
 
@@ -215,8 +186,7 @@ def state_source(states: Any, benchmark: Benchmark) -> Any:
     """
     resolver = _resolver
     if isinstance(resolver, str):
-        module, _, attr = resolver.partition(":")
-        resolver = getattr(importlib.import_module(module), attr)
+        resolver = load_target(resolver)
     return resolver(states, benchmark)
 
 

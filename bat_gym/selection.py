@@ -5,7 +5,8 @@ their changes, nothing else from evaluation) and returns a stage id. It is separ
 from promotion: the gate decides which checkpoint the next round starts from, the
 selector decides what that round practises.
 
-Three selectors share the :class:`TargetSelector` interface:
+Three selectors ship with bat_gym, registered in :data:`SELECTORS` (entry point group
+``bat_gym.selectors``, where a package adds its own :class:`TargetSelector`):
 
 * ``"paper"`` (:class:`PaperSelector`, the default): the rule of the paper.
 * ``"deficit"`` (:class:`DeficitSelector`): the stage with the largest weighted
@@ -32,8 +33,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from bat_gym.errors import BatGymError, ConfigError
+from bat_gym.errors import BatGymError, ConfigError, PluginError, SelectorNotFound
 from bat_gym.gate import GateDecision, stage_order
+from bat_gym.plugins import Registry
 from bat_gym.spec import BenchmarkSpec
 
 __all__ = [
@@ -123,6 +125,8 @@ class TargetSelector(ABC):
     """
 
     name: ClassVar[str]
+    needs_spec: ClassVar[bool] = False
+    """Whether :meth:`create` reads a benchmark's spec (``bat-gym gate`` then loads one)."""
 
     @abstractmethod
     def select(self, decision: GateDecision) -> str:
@@ -131,6 +135,14 @@ class TargetSelector(ABC):
         Raises:
             NoTargetStage: no stage has a score to select on.
         """
+
+    @classmethod
+    def create(cls, *, spec: BenchmarkSpec | None = None, seed: int = 0) -> TargetSelector:
+        """The selector :func:`make_selector` builds, given a benchmark's spec and a seed.
+
+        Default: ``cls()``. Override where the selector reads either.
+        """
+        return cls()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the selector stands, as plain JSON-able data."""
@@ -179,6 +191,7 @@ class DeficitSelector(TargetSelector):
     """
 
     name = "deficit"
+    needs_spec = True
 
     def __init__(self, weights: Mapping[str, float]) -> None:
         bad = {s: w for s, w in weights.items() if not 0.0 <= w <= 1.0}
@@ -190,6 +203,17 @@ class DeficitSelector(TargetSelector):
     def from_spec(cls, spec: BenchmarkSpec) -> DeficitSelector:
         """Use the agentic weights the benchmark declares for its stages."""
         return cls({s.id: s.weight for s in spec.stages})
+
+    @classmethod
+    def create(cls, *, spec: BenchmarkSpec | None = None, seed: int = 0) -> DeficitSelector:
+        """The deficit of ``spec``'s stage weights.
+
+        Raises:
+            ConfigError: no spec was given.
+        """
+        if spec is None:
+            raise ConfigError("the 'deficit' selector needs stage weights: pass spec=")
+        return cls.from_spec(spec)
 
     def select(self, decision: GateDecision) -> str:
         """The eligible stage with the largest weighted deficit."""
@@ -268,6 +292,11 @@ class ProgressSelector(TargetSelector):
         self.pulls: dict[str, int] = {}
         self.progress: dict[str, float] = {}
 
+    @classmethod
+    def create(cls, *, spec: BenchmarkSpec | None = None, seed: int = 0) -> ProgressSelector:
+        """A bandit drawing with ``seed``, at the default settings."""
+        return cls(seed=seed)
+
     def _observe(self, decision: GateDecision) -> None:
         a = self.last
         if a is None:
@@ -337,29 +366,35 @@ class ProgressSelector(TargetSelector):
         self.progress = {s: float(v) for s, v in state["progress"].items()}
 
 
-#: Selector names accepted by :func:`make_selector` and ``bat-gym gate --selector``.
-SELECTORS: tuple[str, ...] = ("paper", "deficit", "progress")
+def _as_selector(name: str, cls: Any) -> type[TargetSelector]:
+    if not (isinstance(cls, type) and issubclass(cls, TargetSelector)):
+        raise PluginError(f"selector {name!r} is {cls!r}, not a TargetSelector subclass")
+    if cls.name != name:
+        raise PluginError(f"selector registered as {name!r} calls itself {cls.name!r}")
+    return cls
+
+
+SELECTORS: Registry[type[TargetSelector]] = Registry(
+    "bat_gym.selectors", not_found=SelectorNotFound, adapt=_as_selector
+)
+"""The target selectors, by name: what :func:`make_selector`, ``bat-gym gate --selector``
+and ``bat-gym loop --selector`` accept (entry point group ``bat_gym.selectors``)."""
 
 
 def make_selector(
     name: str = "paper", *, spec: BenchmarkSpec | None = None, seed: int = 0
 ) -> TargetSelector:
-    """Build a selector by name.
+    """Build a selector by name (one of :data:`SELECTORS`), through its :meth:`~TargetSelector.create`.
 
     Args:
-        name: ``"paper"`` (default), ``"deficit"`` or ``"progress"``.
-        spec: the benchmark whose stage weights ``"deficit"`` uses (required there).
-        seed: seed of ``"progress"``'s exploration draws.
+        name: the selector; ``"paper"`` by default.
+        spec: the benchmark whose stage weights a selector may use (``"deficit"``
+            needs it).
+        seed: seed of a selector's random draws (``"progress"`` explores with it).
 
     Raises:
-        ValueError: an unknown name, or ``"deficit"`` without a spec.
+        SelectorNotFound: an unknown name (a ``ValueError``).
+        ConfigError: the selector needs what it was not given (``"deficit"`` without a
+            spec).
     """
-    if name == "paper":
-        return PaperSelector()
-    if name == "deficit":
-        if spec is None:
-            raise ConfigError("the 'deficit' selector needs stage weights: pass spec=")
-        return DeficitSelector.from_spec(spec)
-    if name == "progress":
-        return ProgressSelector(seed=seed)
-    raise ConfigError(f"unknown selector {name!r}; choose from {list(SELECTORS)}")
+    return SELECTORS[name].create(spec=spec, seed=seed)

@@ -43,7 +43,7 @@ from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckResult, Chec
 log = logging.getLogger(__name__)
 
 
-def _describe(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
     """``Type: message`` in one line of at most 300 characters."""
     text = " ".join(f"{type(exc).__name__}: {exc}".split())
     return text if len(text) <= 300 else text[:297] + "..."
@@ -51,6 +51,7 @@ def _describe(exc: BaseException) -> str:
 
 __all__ = [
     "CheckFn",
+    "error_line",
     "register_check",
     "get_check",
     "check_names",
@@ -205,4 +206,4 @@ def run_check(name: str, ctx: CheckContext, args: dict[str, Any]) -> CheckResult
         return CheckResult.null(f"infrastructure fault while reading the workspace: {exc}")
     except Exception as exc:  # noqa: BLE001 - see the docstring
         log.warning("check %s raised on this workspace", name, exc_info=True)
-        return CheckResult.fail(f"the check could not read what the agent left: {_describe(exc)}")
+        return CheckResult.fail(f"the check could not read what the agent left: {error_line(exc)}")

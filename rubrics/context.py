@@ -14,17 +14,14 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from bat_gym.errors import PluginError
 from bat_gym.record import ExecutionRecord, ToolCallRecord
-from bat_gym.rubrics.reference import reference_workspace, reproduce
 from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.spec import BenchmarkSpec, Task
-
-if TYPE_CHECKING:
-    from bat_gym.benchmark import Benchmark
+from bat_gym.spec import BenchmarkSpec
 
 __all__ = [
     "EvidenceKind",
@@ -130,7 +127,8 @@ def _unit_or_none(value: Any, what: str) -> float | None:
         or not math.isfinite(value)
         or not 0.0 <= value <= 1.0
     ):
-        raise ValueError(f"{what} returned {value!r}; expected None or a number in [0, 1]")
+        # The benchmark's own metric is at fault, not the agent's work.
+        raise PluginError(f"{what} returned {value!r}; expected None or a number in [0, 1]")
     return None if value is None else float(value)
 
 
@@ -180,23 +178,6 @@ class TaskOracle:
         self._judge = judge
         self._scores: dict[str, float | None] = {}
         self._pilot_scores: dict[tuple[str, str], float | None] = {}
-
-    @classmethod
-    def of(cls, benchmark: Benchmark, task: Task, *, backend: str = "local") -> TaskOracle:
-        """The oracle of ``task`` under ``benchmark``: private answers, ``task_score``, ``pilot_score``."""
-        return cls(
-            lambda: benchmark.private_answers(task),
-            lambda workspace: benchmark.task_score(task, workspace),
-            lambda workspace, path: benchmark.pilot_score(task, workspace, path),
-            # On the episode's backend: its sandbox records the versions it really has.
-            reference=lambda: reference_workspace(benchmark, task, backend=backend),
-            files_agree=lambda path, mine, ref: benchmark.files_agree(task, path, mine, ref),
-            reproduce=lambda final, outputs: reproduce(
-                benchmark, task, final, outputs, backend=backend
-            ),
-            plan_facts=lambda: benchmark.plan_facts(task),
-            judge=benchmark.judge,
-        )
 
     @cached_property
     def judge(self) -> Any:

@@ -20,6 +20,9 @@ firewall: only verdicts leave it.
 pipeline on every case) in a fresh sandbox holding the agent's final workspace with the
 task's inputs put back as they were, so the pipeline that is shipped is what gets
 credit, not whatever ran in memory during the episode or a file written by hand.
+
+:func:`task_oracle` hands both, with the benchmark's answers and metrics, to the checks
+as a :class:`~bat_gym.rubrics.context.TaskOracle`.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from bat_gym.errors import WorkspaceRejected
 from bat_gym.files import cache_dir, write_atomic
+from bat_gym.rubrics.context import TaskOracle
 from bat_gym.rubrics.workspace import FrozenWorkspace, path_matches
 from bat_gym.sandbox import BlobStore, Snapshot, WorkspaceIndex, make_sandbox
 from bat_gym.spec import Task
@@ -44,7 +48,7 @@ from bat_gym.spec import Task
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
 
-__all__ = ["reference_workspace", "reference_key", "reproduce", "adopt_reference"]
+__all__ = ["reference_workspace", "reference_key", "reproduce", "adopt_reference", "task_oracle"]
 
 log = logging.getLogger(__name__)
 
@@ -305,3 +309,25 @@ def reproduce(
             shutil.rmtree(old_dir, ignore_errors=True)
         _REPRO[memo] = (result, tmp)
     return result
+
+
+def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> TaskOracle:
+    """What only the verifier may see about ``task`` under ``benchmark``, for the checks.
+
+    Its private answers, ``task_score`` and ``pilot_score``, the reference run and the
+    reproduction of this module (on ``backend``), ``files_agree``, ``plan_facts`` and the
+    judge; each computed on first use.
+    """
+    return TaskOracle(
+        lambda: benchmark.private_answers(task),
+        lambda workspace: benchmark.task_score(task, workspace),
+        lambda workspace, path: benchmark.pilot_score(task, workspace, path),
+        # On the episode's backend: its sandbox records the versions it really has.
+        reference=lambda: reference_workspace(benchmark, task, backend=backend),
+        files_agree=lambda path, mine, ref: benchmark.files_agree(task, path, mine, ref),
+        reproduce=lambda final, outputs: reproduce(
+            benchmark, task, final, outputs, backend=backend
+        ),
+        plan_facts=lambda: benchmark.plan_facts(task),
+        judge=benchmark.judge,
+    )

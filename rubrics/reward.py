@@ -26,10 +26,10 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from bat_gym.env import StageEnv
-from bat_gym.errors import RubricContractError, WorkspaceRejected
-from bat_gym.rubrics.context import CheckContext, TaskOracle
+from bat_gym.errors import NotAStageEnv, ResetNeeded, RubricContractError, WorkspaceRejected
+from bat_gym.rubrics.context import CheckContext
 from bat_gym.rubrics.contract import ContractLibrary
-from bat_gym.rubrics.reference import adopt_reference
+from bat_gym.rubrics.reference import adopt_reference, task_oracle
 from bat_gym.rubrics.verifier import Verdict, rejected_verdict, verify
 from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.sandbox.snapshot import without_paths
@@ -51,7 +51,7 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
 
     def __init__(self, env: gym.Env[str, str], *, contracts: ContractLibrary | None = None) -> None:
         if not isinstance(env.unwrapped, StageEnv):
-            raise TypeError(
+            raise NotAStageEnv(
                 f"RubricReward scores StageEnv episodes; expected an env whose unwrapped is a "
                 f"StageEnv, got {type(env.unwrapped).__name__}"
             )
@@ -99,7 +99,7 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
         base: StageEnv = self.env.unwrapped  # type: ignore[assignment]
         state, record, sandbox = base.state, base.record, base.sandbox
         if state is None or record is None or sandbox is None:
-            raise RuntimeError("score_episode() needs an episode: call reset() first")
+            raise ResetNeeded("score_episode() needs an episode: call reset() first")
         library = self.contracts or base.benchmark.contract_library()
         ref = state.contract or base.benchmark.contract_ref(state.focus)
         if ref is None:
@@ -135,7 +135,7 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
             record=record,
             task=None
             if task is None
-            else TaskOracle.of(base.benchmark, task, backend=base.backend),
+            else task_oracle(base.benchmark, task, backend=base.backend),
             spec=base.benchmark.spec,
         )
         return verify(contract, ctx, library=library)

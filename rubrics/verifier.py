@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym.errors import SandboxError, WorkspaceRejected
 from bat_gym.record import ExecutionRecord
-from bat_gym.rubrics.checks import _describe, run_check
+from bat_gym.rubrics.checks import error_line, run_check
 from bat_gym.rubrics.context import CheckContext, Evidence, EvidenceKind
 from bat_gym.rubrics.contract import ContractLibrary, GateName, RubricContract
 from bat_gym.rubrics.scoring import agentic_score, e2e_reward, level_score, stage_score
@@ -214,7 +214,7 @@ def _task_score(ctx: CheckContext, notes: list[str]) -> float | None:
     except Exception as exc:  # noqa: BLE001 - agent files can make any reader raise
         log.warning("the task metric raised on this workspace", exc_info=True)
         notes.append(
-            f"the task metric could not read the submission, so it scores 0: {_describe(exc)}"
+            f"the task metric could not read the submission, so it scores 0: {error_line(exc)}"
         )
         return 0.0
     if task is None:

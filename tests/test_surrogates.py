@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bat_gym.bank import SUCCESS_MIN_REWARD, StageBank, build_bank
-from bat_gym.bank.replay import _replay
-from bat_gym.bank.states import _initial_state
+from bat_gym.bank.replay import replay_teacher
+from bat_gym.bank.states import initial_state
 from bat_gym.cli import app
 from bat_gym.registry import get_benchmark
 from bat_gym.sandbox.snapshot import BlobStore
@@ -81,9 +81,9 @@ def test_teacher_episode_on_a_reduced_task_scores_as_a_success(med, track):
     reduction = {"max_cases": 1}
     with tempfile.TemporaryDirectory() as tmp:
         store = BlobStore(Path(tmp) / "store")
-        start = _initial_state(med, 0, track, store, "hermes", reduction=reduction)
+        start = initial_state(med, 0, track, store, "hermes", reduction=reduction)
         task = med.task_of(track, 0, "train", reduction)
-        reason, reward = _replay(
+        reason, reward = replay_teacher(
             med,
             task,
             "success",

@@ -71,7 +71,7 @@ class BiCuRLConfig:
     eval_temperature: float | None = None
     """Sampling temperature in evaluation (None: the policy's default)."""
     selector: str = "paper"
-    """Target selector: ``paper`` (BaT), ``deficit`` or ``progress``."""
+    """Target selector: a name in :data:`bat_gym.selection.SELECTORS` (``paper``: BaT's rule)."""
     thresholds: dict[str, Any] = field(default_factory=dict)
     """Overrides of the promotion gate's thresholds (:class:`~bat_gym.gate.GateThresholds`)."""
     grpo: dict[str, Any] = field(default_factory=dict)

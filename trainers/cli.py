@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from bat_gym.cli.options import BenchmarkName, ChatTemplateKwargs, parse_chat_template_kwargs
+from bat_gym.selection import SELECTORS
 
 __all__ = ["train_app", "loop", "tiny_model"]
 
@@ -251,7 +252,7 @@ def loop(
     lr: Annotated[float | None, typer.Option("--lr")] = None,
     num_envs: Annotated[int | None, typer.Option("--num-envs", min=1)] = None,
     selector: Annotated[
-        str, typer.Option("--selector", help="paper (default), deficit or progress.")
+        str, typer.Option("--selector", help=f"Target selector: {', '.join(SELECTORS)}.")
     ] = "paper",
     kl_reference: Annotated[
         str,

@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from bat_gym import progress
 from bat_gym.bank.gates import GATES
-from bat_gym.bank.policy_teacher import POLICY_OUTCOMES, _teacher_identity
+from bat_gym.bank.policy_teacher import POLICY_OUTCOMES, teacher_identity
 from bat_gym.bank.states import SURROGATE
 from bat_gym.bank.store import BANK_FORMAT, StageBank
-from bat_gym.bank.tasks import SUCCESS_MIN_REWARD, _Builder, _Job, _run_jobs
+from bat_gym.bank.tasks import SUCCESS_MIN_REWARD, Builder, Job, run_jobs
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BankError
+from bat_gym.errors import BankError, ConfigError
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import Outcome, StageState, load_model
 
 if TYPE_CHECKING:
     from bat_gym.policies.base import Policy
 
-__all__ = ["OUTCOMES", "build_bank"]
+__all__ = ["OUTCOMES", "Plan", "build_bank", "write_bank"]
 
 
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
@@ -129,7 +129,7 @@ def build_bank(
     the manifest lists them under ``unsupported_outcomes``. A policy plays each task
     once; its stage boundaries are read from the workspace (the next stage begins
     after the turn in which every earlier stage's artifacts first all exist, see
-    :func:`~bat_gym.bank.policy_teacher._policy_trajectory`), and its recorded
+    :func:`~bat_gym.bank.policy_teacher.policy_trajectory`), and its recorded
     actions are then replayed like the scripted teacher's, stored with the rows so
     :meth:`~bat_gym.bank.StageBank.verify` can replay them again. The verifier labels
     a policy's trajectory: ``success`` at an E2E reward of at least
@@ -181,13 +181,13 @@ def build_bank(
         BankError: ``root`` holds an unfinished build with different settings, or a
             sandbox crashed under a policy.
         PolicyError: the policy's backend failed (finished tasks stay journalled).
-        ValueError: an unknown outcome, a negative ``surrogates``, a
+        ConfigError: an unknown outcome, a negative ``surrogates``, a
             ``surrogate_cases`` or ``workers`` below 1, or a negative
             ``surrogate_validation_passes``.
     """
     if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    plan = _Plan.make(
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    plan = Plan.make(
         bench,
         tasks_per_track=tasks_per_track,
         protocol=protocol,
@@ -202,7 +202,7 @@ def build_bank(
     root.mkdir(parents=True, exist_ok=True)
     store = BlobStore(root / "store")
     journal = _Journal(root / "rows.partial.jsonl", plan.header)
-    builder = _Builder(
+    builder = Builder(
         bench, store, backend, protocol, teacher, tuple(plan.supported), tuple(plan.tracks)
     )
     try:
@@ -212,20 +212,20 @@ def build_bank(
             len(plan.all_jobs),
             done=len(plan.all_jobs) - len(todo),
         ) as shown:
-            _run_jobs(builder, todo, journal, workers, shown)
+            run_jobs(builder, todo, journal.add, workers, shown)
     finally:
         builder.close()
         journal.close()
-    return _write_bank(bench, root, plan, journal.done, str(journal.path))
+    return write_bank(bench, root, plan, journal.done, str(journal.path))
 
 
 @dataclass
-class _Plan:
+class Plan:
     """What a build is asked for: its jobs, and the settings its manifest records."""
 
     header: dict[str, Any]
-    jobs: list[_Job]
-    surrogate_jobs: list[_Job]
+    jobs: list[Job]
+    surrogate_jobs: list[Job]
     tracks: list[str]
     seeds: list[int]
     surrogate_seeds: list[int]
@@ -237,7 +237,7 @@ class _Plan:
     teacher: bool
 
     @property
-    def all_jobs(self) -> list[_Job]:
+    def all_jobs(self) -> list[Job]:
         """Every job, trajectories first, then surrogates."""
         return [*self.jobs, *self.surrogate_jobs]
 
@@ -254,14 +254,14 @@ class _Plan:
         surrogate_cases: int = 1,
         surrogate_validation_passes: int | None = 1,
         teacher: Policy | None = None,
-    ) -> _Plan:
+    ) -> Plan:
         """The plan of :func:`build_bank` for these arguments (see there; same errors)."""
         if surrogates < 0 or surrogate_cases < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"surrogates must be >= 0 and surrogate_cases >= 1, got {surrogates}, {surrogate_cases}"
             )
         if surrogate_validation_passes is not None and surrogate_validation_passes < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"surrogate_validation_passes must be >= 0 or None, got {surrogate_validation_passes}"
             )
         seeds = list(bench.seeds("train"))[:tasks_per_track]
@@ -271,7 +271,7 @@ class _Plan:
         wanted = list(dict.fromkeys(outcomes))
         unknown = [o for o in wanted if o not in OUTCOMES]
         if unknown:
-            raise ValueError(f"unknown outcome(s) {unknown}; choose from {list(OUTCOMES)}")
+            raise ConfigError(f"unknown outcome(s) {unknown}; choose from {list(OUTCOMES)}")
         declared = bench.outcomes if teacher is None else POLICY_OUTCOMES
         supported = [o for o in wanted if o in declared]
         header = {
@@ -279,25 +279,25 @@ class _Plan:
             "version": bench.spec.version,
             "format": BANK_FORMAT,
             "protocol": protocol,
-            "teacher": _teacher_identity(teacher),
+            "teacher": teacher_identity(teacher),
         }
         if teacher is None:
             jobs = [
-                _Job(_task_key(t, s, o), t, s, o)
+                Job(_task_key(t, s, o), t, s, o)
                 for t in track_names
                 for s in seeds
                 for o in supported
             ]
         else:
             # One episode per task; the verifier says which of the outcomes it is.
-            jobs = [_Job(_task_key(t, s, "policy"), t, s, None) for t in track_names for s in seeds]
+            jobs = [Job(_task_key(t, s, "policy"), t, s, None) for t in track_names for s in seeds]
             jobs = jobs if supported else []
         reduction: dict[str, Any] = {"max_cases": surrogate_cases}
         if surrogate_validation_passes is not None:
             reduction["validation_passes"] = surrogate_validation_passes
         surrogate_seeds = list(bench.seeds("train"))[:surrogates]
         surrogate_jobs = [
-            _Job(
+            Job(
                 _surrogate_key(t, s, reduction),
                 t,
                 s,
@@ -323,10 +323,10 @@ class _Plan:
         )
 
 
-def _write_bank(
+def write_bank(
     bench: Benchmark,
     root: Path,
-    plan: _Plan,
+    plan: Plan,
     records: Mapping[str, dict[str, Any]],
     origin: str,
 ) -> StageBank:
@@ -408,7 +408,7 @@ class _Tally:
     labels: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
 
-    def add(self, record: dict[str, Any], job: _Job, origin: str) -> list[StageState]:
+    def add(self, record: dict[str, Any], job: Job, origin: str) -> list[StageState]:
         """Count ``job``'s record and return its admitted rows."""
         if record.get("rejected"):
             self.rejected[record["rejected"]] += 1

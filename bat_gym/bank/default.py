@@ -50,9 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from bat_gym import progress
-from bat_gym.bank.build import _Plan, _write_bank
+from bat_gym.bank.build import Plan, write_bank
 from bat_gym.bank.store import BANK_FORMAT, StageBank
-from bat_gym.bank.tasks import _Builder, _Job
+from bat_gym.bank.tasks import Builder, Job
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BankError, StateNotFound, TrajectoryRejected
 from bat_gym.files import cache_dir, write_atomic
@@ -131,7 +131,7 @@ def _read_json(path: Path) -> Any:
 class _Trajectory:
     """One planned teacher trajectory of the grid and the state ids it yields."""
 
-    job: _Job
+    job: Job
     task_id: str
     focuses: tuple[str, ...]  # E2E, then each stage in the order the teacher reaches it
 
@@ -162,7 +162,7 @@ class DefaultStates:
         self.bench = bench
         self.root = Path(root) if root is not None else default_root(bench)
         self.store = BlobStore(self.root / "store")
-        self._plan: _Plan | None = None
+        self._plan: Plan | None = None
         self._trajectories: list[_Trajectory] | None = None
         self._by_id: dict[str, _Trajectory] = {}
         self._rows: dict[str, StageState] = {}
@@ -180,10 +180,10 @@ class DefaultStates:
     # -- the plan ---------------------------------------------------------------------
 
     @property
-    def plan(self) -> _Plan:
+    def plan(self) -> Plan:
         """The build plan: the same jobs as ``build_bank(bench, outcomes=bench.outcomes)``."""
         if self._plan is None:
-            self._plan = _Plan.make(self.bench, outcomes=self.bench.outcomes, protocol=_PROTOCOL)
+            self._plan = Plan.make(self.bench, outcomes=self.bench.outcomes, protocol=_PROTOCOL)
         return self._plan
 
     @property
@@ -213,7 +213,7 @@ class DefaultStates:
         return planned
 
     @staticmethod
-    def _parse_plan(data: Any, jobs: list[_Job]) -> list[_Trajectory] | None:
+    def _parse_plan(data: Any, jobs: list[Job]) -> list[_Trajectory] | None:
         try:
             rows = {r["key"]: r for r in data["trajectories"]}
             return [
@@ -223,7 +223,7 @@ class DefaultStates:
         except (TypeError, KeyError):
             return None
 
-    def _make_plan(self, jobs: list[_Job]) -> list[_Trajectory]:
+    def _make_plan(self, jobs: list[Job]) -> list[_Trajectory]:
         """Regenerate each planned task and read its stages off the teacher's script."""
         bench = self.bench
         out = []
@@ -311,7 +311,7 @@ class DefaultStates:
 
     def _build(self, t: _Trajectory) -> dict[str, Any]:
         index = self.trajectories.index(t) + 1
-        builder = _Builder(
+        builder = Builder(
             self.bench,
             self.store,
             _BACKEND,
@@ -378,7 +378,7 @@ class DefaultStates:
         records = {t.job.key: _read_json(folder / f"{t.file}.json") for t in trajectories}
         with _locked(self.root / "bank.lock"):
             if not (self.root / "manifest.json").is_file():
-                _write_bank(self.bench, self.root, self.plan, records, str(folder))
+                write_bank(self.bench, self.root, self.plan, records, str(folder))
         self._bank = StageBank(self.root)
         return self._bank
 

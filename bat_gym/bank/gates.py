@@ -2,8 +2,8 @@
 
 :class:`Admission` checks, in the order of :data:`GATES`: sandbox init, rollout
 limits, contracts, leakage against the held-out tasks, and a surrogate's validation
-passes. The held-out index the leakage gate needs is built once per benchmark and
-track set (:func:`_heldout_index`).
+passes. The held-out index the leakage gate needs (:mod:`bat_gym.bank.heldout`) is built
+once per benchmark and track set (:func:`_heldout_index`).
 """
 
 from __future__ import annotations
@@ -12,17 +12,15 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from bat_gym.bank.replay import _Episode
-from bat_gym.bank.states import _prompt_chars
+from bat_gym.bank.heldout import HeldOutIndex, task_fingerprints
+from bat_gym.bank.replay import PlayedEpisode
+from bat_gym.bank.states import prompt_chars
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BatGymError
 from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
 from bat_gym.spec import E2E, StageState
-
-if TYPE_CHECKING:
-    from bat_gym.audit import HeldOutIndex
 
 __all__ = ["GATES", "Admission"]
 
@@ -58,7 +56,7 @@ class Admission:
     ``leakage``
         the row names the train split and a training seed that is not a held-out
         seed, its task id is not a held-out task id, and no file of its snapshot is a
-        held-out public file or answer (:class:`~bat_gym.audit.HeldOutIndex`, built
+        held-out public file or answer (:class:`~bat_gym.bank.heldout.HeldOutIndex`, built
         once, on first use), unless its own task holds the same bytes (shared by
         design, as :func:`~bat_gym.audit.audit_bank` treats it). What this catches is
         held-out content that enters during the trajectory (a teacher that writes
@@ -116,15 +114,15 @@ class Admission:
 
         threading.Thread(target=build, name="bat-heldout-index", daemon=True).start()
 
-    def check(self, row: StageState, episode: _Episode | None = None) -> tuple[str, str] | None:
+    def check(self, row: StageState, episode: PlayedEpisode | None = None) -> tuple[str, str] | None:
         """The first gate ``row`` fails, as ``(gate, what)``; None when it passes all.
 
         Args:
             row: the candidate row.
             episode: the trajectory it came from (its turn, call and pilot counts).
         """
-        episode = episode or _Episode(reason=None)
-        gates: tuple[tuple[str, Callable[[StageState, _Episode], str | None]], ...] = (
+        episode = episode or PlayedEpisode(reason=None)
+        gates: tuple[tuple[str, Callable[[StageState, PlayedEpisode], str | None]], ...] = (
             ("sandbox init", self._sandbox_init),
             ("rollout limits", self._rollout_limits),
             ("contracts", self._contracts),
@@ -143,7 +141,7 @@ class Admission:
             self._box.close()
             self._box = None
 
-    def _sandbox_init(self, row: StageState, episode: _Episode) -> str | None:
+    def _sandbox_init(self, row: StageState, episode: PlayedEpisode) -> str | None:
         from bat_gym.sandbox import make_sandbox
 
         if self._box is None:
@@ -159,7 +157,7 @@ class Admission:
             return f"restored workspace digest is {got}, the row says {row.snapshot}"
         return None
 
-    def _rollout_limits(self, row: StageState, episode: _Episode) -> str | None:
+    def _rollout_limits(self, row: StageState, episode: PlayedEpisode) -> str | None:
         budgets = self.bench.spec.budgets
         upstream = row.provenance.get("upstream") or {}
         counts = [("history", upstream.get("turns", 0), upstream.get("tool_calls", 0))]
@@ -170,12 +168,12 @@ class Admission:
                 return f"{what} has {turns} turns, the budget is {budgets.max_turns}"
             if calls > budgets.max_tool_calls:
                 return f"{what} has {calls} tool calls, the budget is {budgets.max_tool_calls}"
-        chars = _prompt_chars(row.messages)
+        chars = prompt_chars(row.messages)
         if chars > budgets.max_prompt_chars:
             return f"prompt is {chars} characters, the budget is {budgets.max_prompt_chars}"
         return None
 
-    def _contracts(self, row: StageState, episode: _Episode) -> str | None:
+    def _contracts(self, row: StageState, episode: PlayedEpisode) -> str | None:
         if row.contract is None:
             return None
         if self._library is None:
@@ -188,7 +186,7 @@ class Admission:
             return str(exc)
         return None
 
-    def _leakage(self, row: StageState, episode: _Episode) -> str | None:
+    def _leakage(self, row: StageState, episode: PlayedEpisode) -> str | None:
         split, seed = row.provenance.get("split"), row.provenance.get("seed")
         splits = self.bench.spec.splits
         if split != "train" or not isinstance(seed, int) or seed not in splits.train:
@@ -209,8 +207,6 @@ class Admission:
 
     def _own(self, row: StageState) -> set[str]:
         """The fingerprints of the row's own task (regenerated, cached per task)."""
-        from bat_gym.audit import task_fingerprints
-
         if row.task_id not in self._own_cache:
             task = self.bench.task_of_state(row)
             own = set() if task is None else task_fingerprints(self.bench, task)
@@ -220,7 +216,7 @@ class Admission:
             self._own_cache[row.task_id] = own
         return self._own_cache[row.task_id]
 
-    def _validation_passes(self, row: StageState, episode: _Episode) -> str | None:
+    def _validation_passes(self, row: StageState, episode: PlayedEpisode) -> str | None:
         limit = (row.provenance.get("reduction") or {}).get("validation_passes")
         if limit is not None and episode.pilot_runs > limit:
             return f"{episode.pilot_runs} pilot runs, the surrogate allows {limit}"
@@ -235,8 +231,6 @@ _HELDOUT: weakref.WeakKeyDictionary[Benchmark, dict[tuple[str, ...], HeldOutInde
 
 
 def _heldout_index(bench: Benchmark, tracks: tuple[str, ...]) -> HeldOutIndex:
-    from bat_gym.audit import HeldOutIndex
-
     per_bench = _HELDOUT.setdefault(bench, {})
     if tracks not in per_bench:
         per_bench[tracks] = HeldOutIndex.of(bench, tracks=tracks or None)

@@ -1,11 +1,11 @@
 """Teaching with any Policy: stage boundaries from artifacts, stored trajectories.
 
-A free policy plays a task's E2E episode once (:func:`_policy_trajectory`); its turns
+A free policy plays a task's E2E episode once (:func:`policy_trajectory`); its turns
 are labelled by stage from the files in the workspace, not from the policy. The
-recorded actions are stored with the rows as one blob (:func:`_trajectory_blob`) and
+recorded actions are stored with the rows as one blob (:func:`trajectory_blob`) and
 read back by :func:`load_trajectory`, so a build, :meth:`~bat_gym.bank.StageBank.verify`
 and :func:`~bat_gym.sft.sft_rows` replay the very same actions. A build's manifest
-names the teacher by the policy's identity (:func:`_teacher_identity`).
+names the teacher by the policy's identity (:func:`teacher_identity`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.bank.replay import RecordedTurn
-from bat_gym.bank.states import _MemoryStates
+from bat_gym.bank.states import MemoryStates
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BankError
 from bat_gym.sandbox.snapshot import BlobStore
@@ -24,7 +24,13 @@ from bat_gym.spec import E2E, StageState
 if TYPE_CHECKING:
     from bat_gym.policies.base import Policy
 
-__all__ = ["POLICY_OUTCOMES", "load_trajectory"]
+__all__ = [
+    "POLICY_OUTCOMES",
+    "load_trajectory",
+    "policy_trajectory",
+    "teacher_identity",
+    "trajectory_blob",
+]
 
 
 POLICY_OUTCOMES: tuple[str, ...] = ("success", "failure")
@@ -45,7 +51,8 @@ def load_trajectory(store: BlobStore, state: StageState) -> list[RecordedTurn] |
     return [RecordedTurn(*t) for t in data["turns"]]
 
 
-def _trajectory_blob(turns: Sequence[RecordedTurn]) -> bytes:
+def trajectory_blob(turns: Sequence[RecordedTurn]) -> bytes:
+    """A trajectory's canonical bytes, as stored with its rows (:func:`load_trajectory` reads them)."""
     return json.dumps(
         {"turns": [list(t) for t in turns]}, sort_keys=True, separators=(",", ":")
     ).encode()
@@ -69,7 +76,7 @@ def _stage_reached(bench: Benchmark, current: int, files: set[str]) -> int:
     return k
 
 
-def _policy_trajectory(
+def policy_trajectory(
     bench: Benchmark,
     policy: Policy,
     start: StageState,
@@ -101,7 +108,7 @@ def _policy_trajectory(
     env = StageEnv(
         E2E,
         benchmark=bench,
-        states=_MemoryStates(store, [start]),
+        states=MemoryStates(store, [start]),
         backend=backend,
         protocol=protocol,
     )
@@ -132,6 +139,6 @@ def _policy_trajectory(
         env.close()
 
 
-def _teacher_identity(teacher: Policy | None) -> str | dict[str, Any]:
+def teacher_identity(teacher: Policy | None) -> str | dict[str, Any]:
     """``"scripted"``, or the policy's identity (what reproduces it, no secrets)."""
     return "scripted" if teacher is None else {"policy": teacher.identity()}

@@ -2,10 +2,10 @@
 
 A trajectory is a list of :class:`RecordedTurn` (stage, assistant message, tokens):
 the benchmark's scripted teacher rendered in the tool protocol
-(:func:`_scripted_turns`), or a policy's recorded actions
-(:func:`~bat_gym.bank.load_trajectory`). :func:`_play` steps one through an E2E env
+(:func:`scripted_turns`), or a policy's recorded actions
+(:func:`~bat_gym.bank.load_trajectory`). :func:`play_turns` steps one through an E2E env
 from a start state, calling back at each stage boundary, and returns an
-:class:`_Episode` with the counts the admission gates check.
+:class:`PlayedEpisode` with the counts the admission gates check.
 """
 
 from __future__ import annotations
@@ -14,12 +14,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from bat_gym.bank.states import _MemoryStates
+from bat_gym.bank.states import MemoryStates
 from bat_gym.benchmark import Benchmark
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import E2E, StageState
 
-__all__ = ["RecordedTurn", "verdict_summary"]
+__all__ = [
+    "PlayedEpisode",
+    "RecordedTurn",
+    "play_turns",
+    "replay_teacher",
+    "scripted_turns",
+    "verdict_summary",
+]
 
 
 class RecordedTurn(NamedTuple):
@@ -37,7 +44,7 @@ class RecordedTurn(NamedTuple):
     num_tokens: int | None = None
 
 
-def _scripted_turns(bench: Benchmark, task: Any, outcome: str, protocol: str) -> list[RecordedTurn]:
+def scripted_turns(bench: Benchmark, task: Any, outcome: str, protocol: str) -> list[RecordedTurn]:
     """The benchmark's scripted teacher for ``outcome``, rendered in ``protocol``."""
     from bat_gym.protocol import get_protocol
 
@@ -49,7 +56,7 @@ def _scripted_turns(bench: Benchmark, task: Any, outcome: str, protocol: str) ->
 
 
 @dataclass
-class _Episode:
+class PlayedEpisode:
     """How a replayed trajectory ended, and the counts the admission gates check.
 
     Attributes:
@@ -135,7 +142,7 @@ def _pilot_runs(bench: Benchmark, record: Any, turns: Sequence[RecordedTurn]) ->
     )
 
 
-def _play(
+def play_turns(
     bench: Benchmark,
     start: StageState,
     store: BlobStore,
@@ -145,7 +152,7 @@ def _play(
     protocol: str,
     on_boundary: Callable[[str, Any], None],
     score: bool,
-) -> _Episode:
+) -> PlayedEpisode:
     """Step recorded turns through a real E2E env from ``start``.
 
     ``on_boundary(stage, env)`` runs before the first turn of each stage.
@@ -156,7 +163,7 @@ def _play(
     base = StageEnv(
         E2E,
         benchmark=bench,
-        states=_MemoryStates(store, [start]),
+        states=MemoryStates(store, [start]),
         backend=backend,
         protocol=protocol,
     )
@@ -172,7 +179,7 @@ def _play(
             _, _, terminated, truncated, _ = env.step(Completion(turn.text, turn.num_tokens))
             if terminated or truncated:
                 break
-        episode = _Episode(
+        episode = PlayedEpisode(
             reason=None,
             turns=base.turns,
             tool_calls=base.tool_calls,
@@ -192,7 +199,7 @@ def _play(
         env.close()
 
 
-def _replay(
+def replay_teacher(
     bench: Benchmark,
     task: Any,
     outcome: str,
@@ -214,8 +221,8 @@ def _replay(
     verdict counts as 0).
     """
     if turns is None:
-        turns = _scripted_turns(bench, task, outcome, protocol)
-    episode = _play(
+        turns = scripted_turns(bench, task, outcome, protocol)
+    episode = play_turns(
         bench,
         start,
         store,

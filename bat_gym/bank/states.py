@@ -1,9 +1,9 @@
 """Where envs get their start states, and how a task's E2E start state is made.
 
 :class:`StateSource` is what an env reads states from: a :class:`~bat_gym.bank.StageBank`
-on disk, or :class:`_MemoryStates` (states held in memory while a bank is built, and
+on disk, or :class:`MemoryStates` (states held in memory while a bank is built, and
 the held-out start states of :func:`task_states`, which never enter a bank).
-:func:`_initial_state` captures a task's public files and opening prompt as its E2E
+:func:`initial_state` captures a task's public files and opening prompt as its E2E
 start state; :func:`fit_history` trims a stage row's inherited conversation to the
 prompt budget.
 """
@@ -16,11 +16,20 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bat_gym.benchmark import Benchmark, Split
-from bat_gym.errors import StateNotFound
+from bat_gym.errors import ConfigError, StateNotFound
 from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
 from bat_gym.spec import E2E, StageState
 
-__all__ = ["SURROGATE", "StateSource", "fit_history", "task_states"]
+__all__ = [
+    "SURROGATE",
+    "MemoryStates",
+    "StateLookup",
+    "StateSource",
+    "fit_history",
+    "initial_state",
+    "prompt_chars",
+    "task_states",
+]
 
 
 SURROGATE = "surrogate"  # the state id suffix of an E2E surrogate row
@@ -38,7 +47,7 @@ class StateSource(Protocol):
         """Ids of the states matching the filters, in a stable order."""
 
 
-class _StateLookup:
+class StateLookup:
     """``get`` and ``select`` over ``self._rows`` (state id -> StageState)."""
 
     _rows: dict[str, StageState]
@@ -59,7 +68,7 @@ class _StateLookup:
         )
 
 
-class _MemoryStates(_StateLookup):
+class MemoryStates(StateLookup):
     """A StateSource over states held in memory (while building, and for evaluation)."""
 
     def __init__(self, store: BlobStore, states: list[StageState]) -> None:
@@ -83,11 +92,11 @@ def task_states(
     the benchmark's E2E contract and records split and seed, so its task (and task
     metric) can be regenerated for scoring.
     """
-    states = [_initial_state(bench, seed, track, store, protocol, split) for track, seed in tasks]
-    return _MemoryStates(store, states)
+    states = [initial_state(bench, seed, track, store, protocol, split) for track, seed in tasks]
+    return MemoryStates(store, states)
 
 
-def _initial_state(
+def initial_state(
     bench: Benchmark,
     task_seed: int,
     track: str,
@@ -104,13 +113,16 @@ def _initial_state(
     ``teacher`` is recorded in the provenance: ``scripted`` or ``policy``.
 
     Raises:
-        ValueError: a reduction is asked for and the benchmark has no reduced form.
+        ConfigError: a reduction is asked for and the benchmark has no reduced form.
     """
     from bat_gym.protocol import get_protocol
 
     task = bench.task_of(track, task_seed, split, reduction)
     if task is None:
-        raise ValueError(f"{bench.name} has no reduced form of its tasks")
+        raise ConfigError(
+            f"{bench.name} has no reduced form of its tasks (Benchmark.reduce_task); "
+            "build without surrogates"
+        )
     with tempfile.TemporaryDirectory(prefix="bat-gym-task-") as tmp:
         bench.write_public_files(task, Path(tmp))
         snap = WorkspaceIndex(tmp).capture(store)
@@ -146,7 +158,7 @@ def _initial_state(
     )
 
 
-def _prompt_chars(messages: Iterable[dict[str, Any]]) -> int:
+def prompt_chars(messages: Iterable[dict[str, Any]]) -> int:
     """A prompt's size as :func:`fit_history` measures it: content plus tool calls."""
     return sum(len(m.get("content") or "") + len(str(m.get("tool_calls") or "")) for m in messages)
 

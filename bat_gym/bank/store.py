@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bat_gym.bank.states import _StateLookup
-from bat_gym.bank.verify import BankReport, _verify_replays, _verify_store
+from bat_gym.bank.states import StateLookup
+from bat_gym.bank.verify import BankReport, verify_replays, verify_store
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BankError
 from bat_gym.files import write_atomic
@@ -37,7 +37,7 @@ __all__ = ["BANK_FORMAT", "StageBank"]
 BANK_FORMAT = 6
 
 
-class StageBank(_StateLookup):
+class StageBank(StateLookup):
     """A directory of stage states and their snapshots.
 
     Args:
@@ -113,7 +113,7 @@ class StageBank(_StateLookup):
             bench: the benchmark (default: the registered one the manifest names).
         """
         report = BankReport("verify")
-        bad = _verify_store(self.store, report)
+        bad = verify_store(self.store, report)
         for row in self:
             if not (self.store.root / "snapshots" / f"{row.snapshot}.json").is_file():
                 report.find("rows", row.state_id, f"snapshot {row.snapshot} is not in the store")
@@ -131,7 +131,15 @@ class StageBank(_StateLookup):
         rows = list(self)
         if sample is not None and sample < len(rows):
             rows = random.Random(seed).sample(rows, sample)
-        _verify_replays(self, bench, rows, backend, report)
+        verify_replays(
+            bench,
+            rows,
+            manifest=self.manifest,
+            origin=str(self.root / "manifest.json"),
+            bank_store=self.store,
+            backend=backend,
+            report=report,
+        )
         return report
 
     @staticmethod

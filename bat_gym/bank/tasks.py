@@ -3,36 +3,37 @@
 :func:`_build_task` starts the task's E2E state, gets the teacher's turns (scripted,
 or a policy's episode), replays them once, capturing every stage's start state
 (:func:`_stage_state`), labels the trajectory by its E2E reward and passes each row
-through the admission gates. :func:`_run_jobs` builds tasks in this process or in
-forked workers; only this process writes the journal.
+through the admission gates. :func:`run_jobs` builds tasks in this process or in
+forked workers, and hands each record to its caller in this process (a bank build
+journals it, :mod:`bat_gym.bank.build`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bat_gym.bank.gates import Admission
-from bat_gym.bank.policy_teacher import _policy_trajectory, _trajectory_blob
-from bat_gym.bank.replay import _play, _scripted_turns
-from bat_gym.bank.states import SURROGATE, _initial_state, _prompt_chars, fit_history
+from bat_gym.bank.policy_teacher import policy_trajectory, trajectory_blob
+from bat_gym.bank.replay import play_turns, scripted_turns
+from bat_gym.bank.states import SURROGATE, fit_history, initial_state, prompt_chars
 from bat_gym.benchmark import Benchmark
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import StageState
 
 if TYPE_CHECKING:
-    from bat_gym.bank.build import _Journal
     from bat_gym.policies.base import Policy
     from bat_gym.progress import ProgressTask
 
-__all__ = ["SUCCESS_MIN_REWARD"]
+__all__ = ["SUCCESS_MIN_REWARD", "Builder", "Job", "run_jobs"]
 
 
 SUCCESS_MIN_REWARD = 0.95  # a success trajectory below this E2E reward is not a success
 
 
-class _Job(NamedTuple):
+class Job(NamedTuple):
     """One trajectory of a build: a task, the outcome asked for, and a reduction."""
 
     key: str
@@ -43,7 +44,7 @@ class _Job(NamedTuple):
 
 
 @dataclass
-class _Builder:
+class Builder:
     """What every task of one build shares (a forked worker inherits a copy)."""
 
     bench: Benchmark
@@ -58,7 +59,7 @@ class _Builder:
     def __post_init__(self) -> None:
         self.admission = Admission(self.bench, self.store, self.backend, tracks=self.tracks)
 
-    def build(self, job: _Job) -> dict[str, Any]:
+    def build(self, job: Job) -> dict[str, Any]:
         """One task's journal record."""
         return _build_task(self, job, self.admission)
 
@@ -67,14 +68,14 @@ class _Builder:
         self.admission.close()
 
 
-_WORKER: dict[str, _Builder] = {}
+_WORKER: dict[str, Builder] = {}
 
 
-def _work(job: _Job) -> dict[str, Any]:
+def _work(job: Job) -> dict[str, Any]:
     return _WORKER["builder"].build(job)
 
 
-def _set_worker(builder: _Builder) -> None:
+def _set_worker(builder: Builder) -> None:
     from multiprocessing import util
 
     _WORKER["builder"] = builder
@@ -83,20 +84,21 @@ def _set_worker(builder: _Builder) -> None:
     util.Finalize(builder, builder.close, exitpriority=10)
 
 
-def _run_jobs(
-    builder: _Builder,
-    todo: list[_Job],
-    journal: _Journal,
+def run_jobs(
+    builder: Builder,
+    todo: list[Job],
+    keep: Callable[[dict[str, Any]], None],
     workers: int,
     shown: ProgressTask | None = None,
 ) -> None:
-    """Build every job in ``todo`` and journal each record as it arrives.
+    """Build every job in ``todo`` and hand each record to ``keep`` as it arrives.
 
+    ``keep`` runs in this process, one record at a time, whichever process built it.
     ``shown`` is advanced once per finished job; a rejected one is noted with why.
     """
 
     def finished(record: dict[str, Any]) -> None:
-        journal.add(record)
+        keep(record)
         if shown is not None:
             shown.advance(line=_rejection_line(record) if record.get("rejected") else None)
 
@@ -141,7 +143,7 @@ def _rejection_line(record: dict[str, Any]) -> str:
     return f"rejected {record['key']}: {record['rejected']}{scores}"
 
 
-def _build_task(builder: _Builder, job: _Job, admission: Admission) -> dict[str, Any]:
+def _build_task(builder: Builder, job: Job, admission: Admission) -> dict[str, Any]:
     """One task's journal record: its admitted rows, or the reason it was rejected.
 
     With a reduction the task is the reduced one and only its E2E row is kept (an
@@ -151,7 +153,7 @@ def _build_task(builder: _Builder, job: _Job, admission: Admission) -> dict[str,
     reduction = job.reduction
     scripted = builder.teacher is None
     try:
-        start = _initial_state(
+        start = initial_state(
             bench,
             job.seed,
             job.track,
@@ -167,14 +169,14 @@ def _build_task(builder: _Builder, job: _Job, admission: Admission) -> dict[str,
     expected: dict[str, str] = {}
     skipped: list[str] = []
     if builder.teacher is None:
-        turns = _scripted_turns(bench, task, job.outcome or "success", protocol)
+        turns = scripted_turns(bench, task, job.outcome or "success", protocol)
     else:
-        turns, expected, reason = _policy_trajectory(
+        turns, expected, reason = policy_trajectory(
             bench, builder.teacher, start, store, backend=builder.backend, protocol=protocol
         )
         if reason is not None:
             return {"key": job.key, "rejected": reason, "reward": None}
-        trajectory = store.put_bytes(_trajectory_blob(turns))
+        trajectory = store.put_bytes(trajectory_blob(turns))
         start = start.model_copy(
             update={"provenance": {**start.provenance, "trajectory": trajectory}}
         )
@@ -196,7 +198,7 @@ def _build_task(builder: _Builder, job: _Job, admission: Admission) -> dict[str,
     # teacher's recovery and failure trajectories are kept as labelled, so scoring them
     # would decide nothing (and cost a reference run and a reproduction each).
     score = not scripted or bool(reduction) or (job.outcome or "success") == "success"
-    episode = _play(
+    episode = play_turns(
         bench,
         start,
         store,
@@ -282,9 +284,9 @@ def _stage_state(
         {"role": "system", "content": bench.system_prompt(stage, proto)},
         {"role": "user", "content": bench.user_prompt(task, stage)},
     )
-    room = bench.spec.budgets.max_prompt_chars - _prompt_chars(head)
+    room = bench.spec.budgets.max_prompt_chars - prompt_chars(head)
     history = fit_history(base.messages[2:], room)
-    if _prompt_chars(history) > room:
+    if prompt_chars(history) > room:
         # Turns were dropped and the note saying so tipped the history over: fit again
         # with room for the note, so the prompt stays within the budget the gate checks.
         history = fit_history(base.messages[2:], room - _NOTE_ROOM)

@@ -1,7 +1,7 @@
 """Checking a bank: its blobs and snapshot manifests, and a replay of its boundaries.
 
-:meth:`~bat_gym.bank.StageBank.verify` rehashes the store (:func:`_verify_store`) and
-replays each sampled task's trajectory in a private store (:func:`_verify_replays`),
+:meth:`~bat_gym.bank.StageBank.verify` rehashes the store (:func:`verify_store`) and
+replays each sampled task's trajectory in a private store (:func:`verify_replays`),
 comparing the workspace digest at every stage boundary with the row's snapshot. The
 findings go into a :class:`BankReport`, which :mod:`bat_gym.audit` fills as well.
 """
@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from bat_gym.bank.policy_teacher import load_trajectory
-from bat_gym.bank.replay import _replay
-from bat_gym.bank.states import _initial_state
+from bat_gym.bank.replay import replay_teacher
+from bat_gym.bank.states import initial_state
 from bat_gym.benchmark import Benchmark
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot
 from bat_gym.spec import E2E, StageState
 
-if TYPE_CHECKING:
-    from bat_gym.bank.store import StageBank
-
-__all__ = ["BankReport"]
+__all__ = ["BankReport", "verify_replays", "verify_store"]
 
 
 @dataclass
@@ -70,7 +68,7 @@ class BankReport:
         return "\n".join(lines)
 
 
-def _verify_store(store: BlobStore, report: BankReport) -> set[str]:
+def verify_store(store: BlobStore, report: BankReport) -> set[str]:
     """Rehash every blob and reparse every snapshot manifest; return the bad blobs' names."""
     bad: set[str] = set()
     for path in sorted((store.root / "blobs").glob("*/*")):
@@ -95,20 +93,34 @@ def _verify_store(store: BlobStore, report: BankReport) -> set[str]:
     return bad
 
 
-def _verify_replays(
-    bank: StageBank,
+def verify_replays(
     bench: Benchmark,
     rows: list[StageState],
+    *,
+    manifest: Mapping[str, Any],
+    origin: str,
+    bank_store: BlobStore,
     backend: str,
     report: BankReport,
 ) -> None:
-    """Replay each sampled row's trajectory once and compare boundary digests."""
-    protocol = bank.manifest.get("protocol", "hermes")
-    if bank.manifest.get("version") != bench.spec.version:
+    """Replay each row's trajectory once and compare boundary digests.
+
+    Args:
+        bench: the benchmark the rows are of.
+        rows: the rows to check (a bank's, or a sample of them).
+        manifest: the bank's manifest (its protocol and benchmark version).
+        origin: where the manifest is, for findings about it.
+        bank_store: the bank's store, which holds the recorded trajectories of
+            policy-taught rows; it is only read (each replay writes a private one).
+        backend: the sandbox backend to replay in.
+        report: where the findings go.
+    """
+    protocol = manifest.get("protocol", "hermes")
+    if manifest.get("version") != bench.spec.version:
         report.find(
             "replay",
-            str(bank.root / "manifest.json"),
-            f"bank is of {bench.name} {bank.manifest.get('version')}, "
+            origin,
+            f"bank is of {bench.name} {manifest.get('version')}, "
             f"the installed benchmark is {bench.spec.version}",
         )
         return
@@ -123,7 +135,7 @@ def _verify_replays(
             store = BlobStore(Path(tmp) / "store")
             reduction = first.provenance.get("reduction")
             try:
-                start = _initial_state(
+                start = initial_state(
                     bench,
                     seed,
                     first.track,
@@ -139,7 +151,7 @@ def _verify_replays(
             seen = {E2E: start.snapshot}
             task = bench.task_of(first.track, seed, split, reduction)
             if any(r.focus != E2E for r in group):
-                reason, _ = _replay(
+                reason, _ = replay_teacher(
                     bench,
                     task,
                     first.outcome,
@@ -152,7 +164,7 @@ def _verify_replays(
                     ),
                     score=False,
                     # A policy-taught row replays its recorded actions; None: the script.
-                    turns=load_trajectory(bank.store, first),
+                    turns=load_trajectory(bank_store, first),
                 )
                 if reason is not None:
                     report.find("replay", first.task_id, f"replay failed: {reason}")

@@ -17,6 +17,7 @@ from bat_gym.cli.options import (
     Tracks,
     parse_chat_template_kwargs,
 )
+from bat_gym.policies import spec_forms
 
 
 def evaluate(
@@ -24,7 +25,7 @@ def evaluate(
         str,
         typer.Option(
             "--policy",
-            help="teacher | naive | teacher:OUTCOME | hf:PATH | vllm:PATH | openai:URL#MODEL",
+            help="Policy spec: " + " | ".join(spec_forms()),
         ),
     ],
     out: Annotated[Path, typer.Option("--out", help="Results directory; rerun into it to resume.")],
@@ -75,7 +76,7 @@ def evaluate(
     """
     from bat_gym.evaluation import EvalConfig
     from bat_gym.evaluation import evaluate as run_evaluation
-    from bat_gym.policies import make_policy
+    from bat_gym.policies import make_policy, policy_kind
     from bat_gym.registry import get_benchmark
 
     bench = get_benchmark(benchmark)
@@ -99,9 +100,13 @@ def evaluate(
         }.items()
         if v is not None
     }
-    if options and policy.split(":")[0] in ("teacher", "naive"):
+    try:
+        kind = policy_kind(policy)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
+    if options and not kind.sampling:
         raise typer.BadParameter(
-            f"{sorted(options)} apply to model policies, not the scripted {policy!r}",
+            f"{sorted(options)} apply to model policies, not {policy!r}: {kind.description}",
             param_hint="--policy",
         )
     cfg = EvalConfig(

@@ -20,6 +20,8 @@ from typing import Annotated
 
 import typer
 
+from bat_gym.selection import SELECTORS
+
 __all__ = ["gate", "EXIT_CODES"]
 
 #: Exit status per outcome (see the module docstring).
@@ -85,7 +87,7 @@ def gate(
     ] = _default("catastrophic_drop"),
     selector: Annotated[
         str,
-        typer.Option("--selector", help="Target selector: paper, deficit or progress."),
+        typer.Option("--selector", help=f"Target selector: {', '.join(SELECTORS)}."),
     ] = "paper",
     selector_state: Annotated[
         Path | None,
@@ -100,7 +102,8 @@ def gate(
         str | None,
         typer.Option(
             "--benchmark",
-            help="Benchmark whose stage weights 'deficit' uses (default: the default one).",
+            help="Benchmark whose spec a selector reads, as deficit reads its stage weights "
+            "(default: the default one).",
         ),
     ] = None,
 ) -> None:
@@ -115,12 +118,12 @@ def gate(
     from bat_gym.files import write_atomic
     from bat_gym.gate import GateThresholds
     from bat_gym.gate import gate as decide
-    from bat_gym.selection import SELECTORS, NoTargetStage, make_selector
+    from bat_gym.selection import NoTargetStage, make_selector
 
-    if selector not in SELECTORS:
-        raise typer.BadParameter(
-            f"{selector!r}; choose from {list(SELECTORS)}", param_hint="--selector"
-        )
+    try:
+        selector = SELECTORS.resolve(selector)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--selector") from None
     try:
         thresholds = GateThresholds(
             max_overall_drop=max_overall_drop,
@@ -145,7 +148,7 @@ def gate(
         raise typer.Exit(EXIT_CODES["refused"]) from None
 
     spec = None
-    if selector == "deficit":
+    if SELECTORS[selector].needs_spec:
         from bat_gym.registry import get_benchmark
 
         spec = get_benchmark(benchmark).spec

@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
+from bat_gym.sandbox import BACKENDS
+
 __all__ = [
     "Backend",
     "BenchmarkName",
@@ -25,7 +27,7 @@ BenchmarkName = Annotated[
     str | None,
     typer.Option("--benchmark", help="Benchmark name (default: the default benchmark)."),
 ]
-Backend = Annotated[str, typer.Option("--backend", help="Sandbox backend: local or docker.")]
+Backend = Annotated[str, typer.Option("--backend", help=f"Sandbox backend: {', '.join(BACKENDS)}.")]
 EpisodeWorkers = Annotated[
     int, typer.Option("--workers", min=1, help="Episodes played at once, one sandbox each.")
 ]

@@ -1,74 +1,131 @@
 """Policies: every agent that plays bat_gym episodes, behind one protocol.
 
-``make_policy(spec)`` builds one from the spec string the command line takes:
+``make_policy(spec)`` builds one from the spec string the command line takes, ``KIND``
+or ``KIND:ARGUMENT``. Each kind is a :class:`PolicyKind`, registered in
+:data:`POLICIES` (entry point group ``bat_gym.policies``, where bat_gym declares its
+own too), that declares its spec forms and a one-line description. Those shipped
+with bat_gym:
 
-==========================  =====================================================
-``teacher`` / ``naive``     the benchmark's scripted teacher / naive baseline
-``teacher:recovery``        a teacher outcome the benchmark declares
-``hf:PATH``                 a local Hugging Face causal LM (transformers)
-``vllm:PATH``               the same through vLLM's offline engine (extra ``vllm``)
-``openai:URL#MODEL``        an OpenAI-compatible chat-completions server
-==========================  =====================================================
+{kinds}
+
+``bat-gym eval --help`` and the error for an unknown kind list every installed kind
+the same way (:func:`spec_forms`, :func:`kind_table`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from bat_gym.errors import ConfigError
-from bat_gym.policies.base import EpisodeContext, Policy, PolicyError, PolicyOutput, PolicyRequest
+from bat_gym.errors import PluginError, PolicyNotFound
+from bat_gym.plugins import Registry
+from bat_gym.policies.base import (
+    EpisodeContext,
+    Policy,
+    PolicyError,
+    PolicyKind,
+    PolicyOutput,
+    PolicyRequest,
+)
 from bat_gym.policies.scripted import ScriptedPolicy
 
 __all__ = [
+    "POLICIES",
     "EpisodeContext",
     "Policy",
     "PolicyError",
+    "PolicyKind",
     "PolicyOutput",
     "PolicyRequest",
     "ScriptedPolicy",
+    "kind_table",
     "make_policy",
+    "policy_kind",
+    "spec_forms",
 ]
 
-SPEC_FORMS = ("teacher", "naive", "teacher:OUTCOME", "hf:PATH", "vllm:PATH", "openai:URL#MODEL")
+
+def _as_kind(name: str, kind: Any) -> PolicyKind:
+    if not isinstance(kind, PolicyKind):
+        raise PluginError(f"policy kind {name!r} is {kind!r}, not a PolicyKind")
+    strays = [f for f in kind.forms if f.partition(":")[0] != name]
+    if not kind.forms or strays:
+        raise PluginError(
+            f"policy kind {name!r} declares the forms {list(kind.forms)}; each must start "
+            f"with {name!r} (as '{name}' or '{name}:ARGUMENT')"
+        )
+    return kind
+
+
+def _forms_of(registry: Registry[PolicyKind]) -> list[str]:
+    forms = []
+    for name in registry:
+        try:
+            forms += registry[name].forms
+        except Exception:  # noqa: BLE001 - a broken kind is still a name to list
+            forms.append(name)
+    return forms
+
+
+POLICIES: Registry[PolicyKind] = Registry(
+    "bat_gym.policies", not_found=PolicyNotFound, adapt=_as_kind, shown=_forms_of
+)
+"""The policy kinds, by name: the part of a spec before its first ``:``."""
+
+
+def policy_kind(spec: str) -> PolicyKind:
+    """The kind of policy ``spec`` names.
+
+    Raises:
+        PolicyNotFound: no kind has that name; the message lists every spec form.
+    """
+    return POLICIES[spec.partition(":")[0]]
 
 
 def make_policy(spec: str, **options: Any) -> Policy:
-    """Build a policy from a spec string (see the module doc); ``options`` go to its class.
+    """Build a policy from a spec string; ``options`` go to its kind's ``build``.
 
     ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) renders the prompts of
     ``hf:`` and ``vllm:`` policies; an ``openai:`` server gets them in each request's
     body, which vLLM's and SGLang's servers pass to the chat template.
 
     Raises:
-        ValueError: the spec has none of the known forms; the message lists them.
+        PolicyNotFound: the spec's kind is unknown; the message lists the spec forms
+            (a ``ValueError``).
+        ConfigError: the kind cannot take the spec's argument; the message names the
+            form to write.
     """
-    kind, _, rest = spec.partition(":")
-    if kind in ("vllm", "openai") and "max_new_tokens" in options:
-        # One name on the command line; the server-style backends call it max_tokens.
-        options["max_tokens"] = options.pop("max_new_tokens")
-    if kind in ("teacher", "naive"):
-        return ScriptedPolicy(kind, outcome=rest or "success", **options)  # type: ignore[arg-type]
-    if kind == "hf" and rest:
-        from bat_gym.policies.transformers_policy import TransformersPolicy
+    _, _, argument = spec.partition(":")
+    return policy_kind(spec).build(argument, **options)
 
-        return TransformersPolicy(rest, **options)
-    if kind == "vllm" and rest:
-        from bat_gym.policies.vllm_policy import VLLMPolicy
 
-        return VLLMPolicy(rest, **options)
-    if kind == "openai" and rest:
-        template = options.pop("chat_template_kwargs", None)
-        if template:
-            options["extra_body"] = {
-                **(options.get("extra_body") or {}),
-                "chat_template_kwargs": dict(template),
-            }
-        url, sep, model = rest.partition("#")
-        if not sep or not model:
-            raise ConfigError(
-                f"policy spec {spec!r}: write openai:URL#MODEL, e.g. openai:http://127.0.0.1:8000/v1#qwen"
-            )
-        from bat_gym.policies.openai_policy import OpenAIPolicy
+def spec_forms() -> list[str]:
+    """The spec forms of every installed kind, in the order of their names."""
+    return _forms_of(POLICIES)
 
-        return OpenAIPolicy(url, model, **options)
-    raise ConfigError(f"unknown policy spec {spec!r}; use one of: {', '.join(SPEC_FORMS)}")
+
+def kind_table(kinds: dict[str, PolicyKind] | None = None) -> str:
+    """A reStructuredText table of spec forms and descriptions (default: every installed kind)."""
+    kinds = dict(POLICIES) if kinds is None else kinds
+    if not kinds:
+        return "(none installed)"
+    rows = [
+        (" / ".join(f"``{f}``" for f in kind.forms), kind.description) for kind in kinds.values()
+    ]
+    width = max(len(form) for form, _ in rows)
+    rule = f"{'=' * width}  {'=' * max(len(d) for _, d in rows)}"
+    return "\n".join([rule, *(f"{form:{width}}  {text}" for form, text in rows), rule])
+
+
+def _shipped() -> dict[str, PolicyKind]:
+    """The kinds bat_gym's own distribution declares (what this module's docstring shows)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        declared = distribution("bat-gym").entry_points
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return {}
+    return {ep.name: POLICIES[ep.name] for ep in declared if ep.group == POLICIES.group}
+
+
+if __doc__:  # None under python -OO
+    __doc__ = __doc__.replace("{kinds}", kind_table(_shipped()))

@@ -13,7 +13,7 @@ context; learned policies must ignore it, since it names the task.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,14 @@ if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
     from bat_gym.spec import StageState
 
-__all__ = ["EpisodeContext", "Policy", "PolicyOutput", "PolicyRequest", "PolicyError"]
+__all__ = [
+    "EpisodeContext",
+    "Policy",
+    "PolicyError",
+    "PolicyKind",
+    "PolicyOutput",
+    "PolicyRequest",
+]
 
 
 class PolicyError(BatGymError, RuntimeError):
@@ -163,3 +170,32 @@ class Policy(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """One kind of policy, as a spec string names it: ``KIND`` or ``KIND:ARGUMENT``.
+
+    The kind is the spec's part before the first ``:``; what follows is the argument
+    (a model path, a server address). A kind is registered under its name in
+    :data:`bat_gym.policies.POLICIES` (entry point group ``bat_gym.policies``), and its
+    forms and description are what ``bat-gym eval --help`` and the error for an unknown
+    spec show.
+
+    Attributes:
+        forms: the spec forms it takes, as help shows them (``"hf:PATH"``); each starts
+            with the kind's name.
+        description: one line: what the policy is.
+        build: ``build(argument, **options)`` returns the policy; ``argument`` is ``""``
+            when the spec has no ``:``. It raises
+            :class:`~bat_gym.errors.ConfigError` for an argument it cannot take, naming
+            the form to write.
+        sampling: whether it takes the sampling options of a model (``max_new_tokens``,
+            ``temperature``, ``seed``, ``chat_template_kwargs``); a scripted policy does
+            not.
+    """
+
+    forms: tuple[str, ...]
+    description: str
+    build: Callable[..., Policy]
+    sampling: bool = True
