@@ -221,6 +221,11 @@ def entropy_from_logits(logits: Tensor, *, temperature: float = 1.0) -> Tensor:
 # --------------------------------------------------------------------------- chunked head
 
 
+# Vocabulary entries per slice of a chunk's softmax sums: c x 16,384 floats of scratch
+# (64 MiB at c = 1024) next to the chunk's (c, V) logits.
+_VOCAB_SLICE = 16384
+
+
 def _chunks(n: int, size: int) -> list[slice]:
     return [slice(s, min(n, s + size)) for s in range(0, n, size)]
 
@@ -230,8 +235,8 @@ class _ChunkedHead(torch.autograd.Function):
 
     Forward keeps one float per token (``logsumexp``); backward recomputes each chunk's
     logits and turns them, in place, into that chunk's logits gradient. So at most one
-    (chunk, V) block is alive at a time (two with soft-capping), in the forward and in
-    the backward, instead of the (N, V) logits and their gradient.
+    (chunk, V) block is alive at a time (two in a soft-capped backward), in the forward
+    and in the backward, instead of the (N, V) logits and their gradient.
     """
 
     @staticmethod
@@ -262,17 +267,27 @@ class _ChunkedHead(torch.autograd.Function):
             logits = F.linear(hidden[c], weight, bias)  # (c, V)
             compute_dtype = logits.dtype
             z = _scale_logits(logits.to(fp), temperature, softcap)  # (c, V) fp32
-            # logsumexp_t = m_t + log sum_v exp(z_tv - m_t), m_t = max_v z_tv
+            del logits  # a bf16 block, once z holds its float32 copy
+            picked = z.gather(-1, y[c]).squeeze(-1)  # (c,) z_t[y_t]
+            # logsumexp_t = m_t + log sum_v exp(z_tv - m_t), m_t = max_v z_tv; the sums run
+            # over slices of the vocabulary, so exp(z - m) never needs a second (c, V) block.
             m = z.amax(dim=-1, keepdim=True)  # (c, 1)
-            e = torch.sub(z, m).exp_()  # (c, V)
-            s = e.sum(dim=-1)  # (c,)
+            s = torch.zeros_like(picked)  # (c,) sum_v e_tv, e_tv = exp(z_tv - m_t)
+            dot = torch.zeros_like(picked)  # (c,) sum_v e_tv z_tv
+            for v in _chunks(z.shape[-1], _VOCAB_SLICE):
+                e = torch.sub(z[:, v], m).exp_()  # (c, slice)
+                s += e.sum(dim=-1)
+                if entropy is not None:
+                    dot += e.mul_(z[:, v]).sum(dim=-1)
+                del e
             lse[c] = m.squeeze(-1) + s.log()
             # log p(y_t) = z_t[y_t] - logsumexp_t
-            logp[c] = z.gather(-1, y[c]).squeeze(-1) - lse[c]
+            logp[c] = picked - lse[c]
             if entropy is not None:
-                # H_t = logsumexp_t - sum_v p_tv z_tv, p_tv = e_tv / s_t (a batched dot: no (c, V) temporary)
-                dot = torch.bmm(e.unsqueeze(1), z.unsqueeze(2)).view(-1)  # (c,)
+                # H_t = logsumexp_t - sum_v p_tv z_tv, p_tv = e_tv / s_t
                 entropy[c] = lse[c] - dot / s
+            # Free this chunk's block before the next projection allocates its own.
+            del z
         logp = torch.where(valid, logp, torch.zeros_like(logp))
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk_size, ctx.softcap = temperature, chunk_size, softcap
@@ -329,6 +344,7 @@ class _ChunkedHead(torch.autograd.Function):
                         grad_w += (gl.t() @ h).to(acc)
                 if grad_b is not None:
                     grad_b += grad_z.sum(dim=0).to(acc)
+                del raw, t, z, grad_z, gl  # before the next chunk's projection
         return (
             grad_h,
             None if grad_w is None else grad_w.to(weight.dtype),

@@ -307,7 +307,11 @@ def whole_head(hidden, weight, targets, bias=None, temperature=1.0, softcap=None
 @pytest.mark.parametrize("chunk_size", [1, 4, 7, 10, 1000])  # 2 x 10 tokens: divides or not
 @pytest.mark.parametrize("softcap", [None, 2.0])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_chunked_head_equals_the_whole_logits(chunk_size, softcap, with_bias):
+@pytest.mark.parametrize("vocab_slice", [7, 16384])  # softmax sums over 5 slices of V, or 1
+def test_chunked_head_equals_the_whole_logits(
+    chunk_size, softcap, with_bias, vocab_slice, monkeypatch
+):
+    monkeypatch.setattr(G, "_VOCAB_SLICE", vocab_slice)
     g = torch.Generator().manual_seed(5)
     hidden = torch.randn(2, 10, 8, generator=g, requires_grad=True)
     weight = torch.randn(30, 8, generator=g, requires_grad=True)
