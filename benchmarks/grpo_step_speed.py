@@ -191,6 +191,10 @@ class BatGymStep:
             micro_batch_size=batch.micro_batch,
             device="cpu",
             bf16="off",
+            # The rollouts' sampler log-probs are made up, not a sampler's: no importance
+            # correction (TRL and the reference loop have none) and no gap alarm.
+            tis_cap=None,
+            sampler_gap_alarm_at=None,
         )
 
     def padded_positions(self) -> int:

@@ -112,7 +112,9 @@ def gathered(model: Any, dist: Dist) -> Iterator[None]:
 
     ``unshard`` is not recursive, so every FSDP module is unsharded; with
     reshard-after-forward off, the many decoding forwards find the weights in place
-    and issue no collective.
+    and issue no collective. Afterwards the layers reshard after forward again and the
+    root keeps its weights after forward (``fully_shard``'s own default for the root):
+    the chunked log-probs apply the root's output head after the forward returns.
     """
     if dist.world == 1:
         yield
@@ -127,6 +129,7 @@ def gathered(model: Any, dist: Dist) -> Iterator[None]:
         for m in modules:
             m.reshard()
         model.set_reshard_after_forward(True)
+        model.set_reshard_after_forward(False, recurse=False)
 
 
 def full_state(

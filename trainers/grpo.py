@@ -40,7 +40,10 @@ GPUs the same code runs over NCCL.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -68,11 +71,13 @@ from bat_gym.trainers.fsdp import (
 )
 from bat_gym.trainers.grpo_loss import (
     Aggregation,
+    chunked_logprobs_and_entropy,
     entropy_from_logits,
     filter_uniform_groups,
     group_advantages,
     grpo_loss,
     masked_mean,
+    tis_weights,
     token_logprobs,
 )
 from bat_gym.trainers.rollout import RolloutWorkers
@@ -88,6 +93,8 @@ __all__ = [
 ]
 
 _STATE = "trainer_state.pt"
+
+log = logging.getLogger(__name__)
 
 
 # ============================================================================ config
@@ -180,6 +187,34 @@ class GRPOConfig:
     (``model``), also after a resume. In BiCuRL that is the round's incumbent, the
     paper's "KL penalty toward the current policy"; pass the SFT checkpoint to anchor
     every round to the cold start instead."""
+    kl_clamp: float | None = None
+    """Upper bound of each token's k3 value in the KL term (None: no clamp), so that a few
+    tokens the reference finds very unlikely cannot dominate the penalty."""
+    tis_cap: float | None = 2.0
+    """Truncated importance sampling against sampler/trainer mismatch: each token's
+    policy-gradient term is weighted by ``min(exp(old_logp - sampler_logp), tis_cap)``,
+    where ``sampler_logp`` is what the sampling engine reported (another precision or
+    kernel, e.g. a bf16 vLLM engine) and ``old_logp`` the trainer's own. Applied only when
+    every rollout of the batch carries its sampler log-probs. With a sampler that scores
+    as the trainer does the weights are 1 to float rounding, so the update is unchanged.
+    The cap bounds the variance of the correction; 2.0 is ms-swift's default (TRL's is
+    3.0). None turns the correction off."""
+    sampler_gap_alarm_at: float | None = 0.1
+    """Warn (and log ``sampler_gap_alarm`` = 1 in the step's metrics) when the mean absolute
+    gap between the sampler's and the trainer's log-probs of the sampled tokens passes
+    this, in nats per token (None: never). Re-scoring with the same weights and precision
+    gives float noise (below 1e-4 in this project's tests); 0.1 nats is a ~10%
+    disagreement in probability on the average token: suspect stale weights in the
+    sampler, another temperature, or another model, which the importance weights only
+    partly correct."""
+    logprob_chunk_size: int | None = 1024
+    """Token positions per chunk of the output head when computing log-probs and entropies:
+    the (B, T, V) logits are never formed, only ``chunk_size x V`` at a time, in the
+    forward and again (recomputed) in the backward, e.g. 0.6 GB of fp32 logits for a
+    151,936-token vocabulary instead of 40 GB for 8 sequences of 8k tokens. Costs one more
+    head projection per backward. None: the whole logits at once. Models whose head is
+    not a plain projection (optionally soft-capped) fall back to the whole logits, with a
+    log line."""
     aggregation: Aggregation = "seq_mean_token_mean"
     max_len_norm: int | None = None
     """Length divisor of ``seq_mean_token_sum_norm`` (default: the longest completion)."""
@@ -250,6 +285,15 @@ class GRPOConfig:
             raise ConfigError(
                 "chat_template_kwargs must be a dict of chat template arguments, e.g. "
                 f'{{"enable_thinking": False}}, got {type(self.chat_template_kwargs).__name__}'
+            )
+        for name in ("kl_clamp", "tis_cap", "sampler_gap_alarm_at"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be > 0, or None to turn it off, got {value}")
+        if self.logprob_chunk_size is not None and self.logprob_chunk_size < 1:
+            raise ConfigError(
+                f"logprob_chunk_size must be >= 1 token, or None for the whole logits, got "
+                f"{self.logprob_chunk_size}"
             )
 
 
@@ -368,14 +412,26 @@ def _logprobs(
     ctx: Any,
     *,
     with_entropy: bool = True,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probabilities of the batch's own next tokens, and entropies (B, T).
 
-    Only the T positions of ``loss_mask`` get logits (see :func:`_batch_tensors`). The
-    entropies (a softmax over the vocabulary at every position) are None unless
-    ``with_entropy``.
+    Only the T positions of ``loss_mask`` are scored (see :func:`_batch_tensors`). The
+    entropies are None unless ``with_entropy``; they carry no gradient. With a
+    ``chunk_size`` the output head runs ``chunk_size`` positions at a time
+    (:func:`~bat_gym.trainers.grpo_loss.chunked_logprobs_and_entropy`), for models whose
+    head allows it (:func:`_chunkable_head`); otherwise the whole (B, T, V) logits are
+    formed.
     """
     kept = batch["loss_mask"].shape[1]
+    targets = batch["input_ids"][:, -kept:]
+    head = _chunkable_head(model) if chunk_size else None
+    if head is not None:
+        out = _chunked_logprobs(
+            model, head, batch, targets, temperature, ctx, with_entropy, chunk_size
+        )
+        if out is not None:
+            return out
     with ctx:
         logits = model(
             input_ids=batch["input_ids"],
@@ -383,11 +439,124 @@ def _logprobs(
             logits_to_keep=kept + 1,
         ).logits
     logits = logits[:, :-1].float()  # (B, T, V): the last position predicts nothing
-    targets = batch["input_ids"][:, -kept:]
     logp = token_logprobs(logits, targets, temperature=temperature)
     if not with_entropy:
         return logp, None
     return logp, entropy_from_logits(logits.detach(), temperature=temperature)
+
+
+class _Head(NamedTuple):
+    """Where the chunked log-probs take the model apart: decoder output -> projection."""
+
+    decoder: Any
+    """The module whose output's ``last_hidden_state`` is the head's input."""
+    linear: torch.nn.Linear
+    softcap: float | None
+    """``final_logit_softcapping``: ``logits = cap * tanh(logits / cap)``."""
+
+
+# Config fields of heads that rescale their logits beyond a soft cap.
+_SCALED_HEAD_FIELDS = ("logit_scale", "logits_scaling", "lm_head_multiplier", "output_multiplier")
+# Models the chunked path gave up on (each logged once), scored from whole logits since.
+_WHOLE_LOGITS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _chunkable_head(model: Any) -> _Head | None:
+    """The model's decoder and output head, or None when its logits are not ``cap(h W^T + b)``."""
+    if model in _WHOLE_LOGITS:
+        return None
+    config = model.config.get_text_config() if hasattr(model, "config") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    scaled = [f for f in _SCALED_HEAD_FIELDS if getattr(config, f, None) not in (None, 1, 1.0)]
+    if not isinstance(head, torch.nn.Linear):
+        reason = f"its output head is a {type(head).__name__}, not a Linear"
+    elif decoder is None or decoder is model:
+        reason = "it has no separate decoder module to take the hidden states from"
+    elif scaled:
+        reason = f"its config rescales the logits ({', '.join(scaled)})"
+    else:
+        softcap = getattr(config, "final_logit_softcapping", None)
+        return _Head(decoder, head, float(softcap) if softcap else None)
+    _whole_logits(model, reason)
+    return None
+
+
+def _whole_logits(model: Any, reason: str) -> None:
+    _WHOLE_LOGITS.add(model)
+    log.warning(
+        "logprob_chunk_size: %s is scored from its whole (B, T, V) logits, not in chunks, "
+        "because %s; memory grows with sequence length x vocabulary",
+        type(model).__name__,
+        reason,
+    )
+
+
+def _chunked_logprobs(
+    model: Any,
+    head: _Head,
+    batch: dict[str, torch.Tensor],
+    targets: torch.Tensor,
+    temperature: float,
+    ctx: Any,
+    with_entropy: bool,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """:func:`_logprobs` through the chunked head; None (logged) if the model turns out not to fit.
+
+    The model runs as a whole (so FSDP gathers the head with the root, and hooks see an
+    ordinary forward) with logits for its last position only; the decoder's output is
+    taken on the way, and the head applied to it chunk by chunk. The model's own
+    last-position logits check that the head is what :func:`_chunkable_head` assumed.
+    """
+    captured: list[torch.Tensor] = []
+
+    def keep(_module: Any, _args: Any, out: Any) -> None:
+        captured.append(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0])
+
+    hook = head.decoder.register_forward_hook(keep)
+    try:
+        with ctx:
+            last = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                logits_to_keep=1,
+            ).logits[:, -1]  # (B, V)
+    finally:
+        hook.remove()
+    weight, bias = head.linear.weight, head.linear.bias
+    if len(captured) != 1:
+        _whole_logits(model, f"its decoder ran {len(captured)} times in one forward")
+        return None
+    if hasattr(weight, "full_tensor"):
+        # FSDP resharded the root after its forward; the head's weight would have to be
+        # gathered outside FSDP's bookkeeping of its gradient.
+        _whole_logits(model, "its FSDP root module reshards the output head after forward")
+        return None
+    hidden = captured[0]  # (B, L, H)
+    with torch.no_grad(), ctx:
+        mine = torch.nn.functional.linear(hidden[:, -1], weight, bias).float()  # (B, V)
+        if head.softcap is not None:
+            mine = torch.tanh(mine / head.softcap) * head.softcap
+        theirs = last.float()
+        # Loose enough for the bf16 rounding of two differently shaped matmuls.
+        tol = 1e-2 * max(1.0, float(theirs.abs().max()))
+        same = mine.shape == theirs.shape and float((mine - theirs).abs().max()) <= tol
+    if not same:
+        _whole_logits(model, "its logits are not the projection of its decoder's last hidden state")
+        return None
+    kept = targets.shape[1]
+    with ctx:
+        return chunked_logprobs_and_entropy(
+            hidden[:, -kept - 1 : -1],  # (B, T, H): the positions that predict the targets
+            weight,
+            targets,
+            bias=bias,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            softcap=head.softcap,
+            with_entropy=with_entropy,
+        )
 
 
 class _RolloutRow(NamedTuple):
@@ -754,19 +923,22 @@ def _update(
     # With one pass over the batch the weights do not move before the optimizer step, so
     # old = logp.detach() (rho = 1, the same gradient) and no forward is spent on it.
     on_policy = cfg.updates_per_batch == 1
+    chunk = cfg.logprob_chunk_size
     with torch.no_grad():
         for b in batches:
             if b.get("idle"):
                 if not on_policy:
-                    _logprobs(model, b, cfg.temperature, ctx, with_entropy=False)
+                    _logprobs(model, b, cfg.temperature, ctx, with_entropy=False, chunk_size=chunk)
                 continue
             b["old"] = (
                 None
                 if on_policy
-                else _logprobs(model, b, cfg.temperature, ctx, with_entropy=False)[0]
+                else _logprobs(
+                    model, b, cfg.temperature, ctx, with_entropy=False, chunk_size=chunk
+                )[0]
             )
             b["ref"] = (
-                _logprobs(ref, b, cfg.temperature, ctx, with_entropy=False)[0]
+                _logprobs(ref, b, cfg.temperature, ctx, with_entropy=False, chunk_size=chunk)[0]
                 if ref is not None
                 else None
             )
@@ -774,23 +946,36 @@ def _update(
     max_len = cfg.max_len_norm or dist.all_max(longest)
     # The sampler's own log-probs (when it reports them) against the trainer's: a gap
     # well above float noise means the sampler and the trained model disagree (another
-    # precision or kernel, stale weights), which the ratio then does not correct.
+    # precision or kernel, stale weights). The ratio rho (trainer vs trainer) does not
+    # see it; the truncated importance weights (TIS) correct the policy gradient for it.
     sampled_lp = all(r.response_logprobs is not None for r in rollouts)
+    tis = cfg.tis_cap is not None and sampled_lp
     model.train()
     totals = dict.fromkeys(
-        ("loss", "entropy_sum", "kl_sum", "clip_fraction_sum", "gap_sum", "tokens"), 0.0
+        ("loss", "entropy_sum", "kl_sum", "clip_fraction_sum", "gap_sum", "tokens")
+        + ("tis_weight_sum", "tis_truncated_sum"),
+        0.0,
     )
     for update in range(cfg.updates_per_batch):
         opt.zero_grad(set_to_none=True)
         for b in batches:
             if b.get("idle"):
-                logp, _ = _logprobs(model, b, cfg.temperature, ctx, with_entropy=False)
+                logp, _ = _logprobs(
+                    model, b, cfg.temperature, ctx, with_entropy=False, chunk_size=chunk
+                )
                 (logp.sum() * 0.0).backward()
                 continue
-            logp, entropy = _logprobs(model, b, cfg.temperature, ctx)
+            logp, entropy = _logprobs(model, b, cfg.temperature, ctx, chunk_size=chunk)
+            old = logp.detach() if b["old"] is None else b["old"]
+            # w_t = min(exp(old_t - sampler_t), C)  -> (B, T), detached
+            is_w = (
+                tis_weights(old, b["sample_logprobs"], b["loss_mask"], cap=cfg.tis_cap)
+                if tis
+                else None
+            )
             loss, stats = grpo_loss(
                 logp,
-                logp.detach() if b["old"] is None else b["old"],
+                old,
                 b["ref"],
                 b["adv"],
                 b["loss_mask"],
@@ -800,6 +985,8 @@ def _update(
                 aggregation=cfg.aggregation,
                 max_len_norm=max_len,
                 normalizer=normalizer,
+                is_weights=is_w,
+                kl_clamp=cfg.kl_clamp,
             )
             loss.backward()
             weight = b["loss_mask"].sum().item()
@@ -812,6 +999,12 @@ def _update(
             if update == 0 and sampled_lp:
                 gap = (logp.detach() - b["sample_logprobs"]).abs()
                 totals["gap_sum"] += float(masked_mean(gap, b["loss_mask"]) * weight)
+            if is_w is not None:
+                truncated = (old - b["sample_logprobs"]) > math.log(cfg.tis_cap)
+                totals["tis_weight_sum"] += float(stats["is_weight_mean"]) * weight
+                totals["tis_truncated_sum"] += float(
+                    masked_mean(truncated.float(), b["loss_mask"]) * weight
+                )
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         opt.step()
     # Sums over every rank's tokens (the loss is already a share of the global mean).
@@ -822,8 +1015,25 @@ def _update(
     n = cfg.updates_per_batch
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
         grad_norm = grad_norm.full_tensor()
+    gap = totals["gap_sum"] / (tokens / n)
+    alarm = cfg.sampler_gap_alarm_at is not None and gap > cfg.sampler_gap_alarm_at
+    if alarm and dist.rank == 0:
+        log.warning(
+            "sampler_logprob_gap %.4g nats/token > sampler_gap_alarm_at %g: the sampler's "
+            "log-probs of its own tokens differ from the trainer's by more than float noise "
+            "(stale sampler weights, another temperature or model?); %s",
+            gap,
+            cfg.sampler_gap_alarm_at,
+            f"TIS (tis_cap={cfg.tis_cap}) corrects the policy gradient in part"
+            if tis
+            else "no importance correction is applied (tis_cap=None)",
+        )
     return {
-        "sampler_logprob_gap": totals["gap_sum"] / (tokens / n),
+        "sampler_logprob_gap": gap,
+        "sampler_gap_alarm": float(alarm),
+        # Token means over updates (1 and 0 when TIS was not applied).
+        "tis_weight_mean": totals["tis_weight_sum"] / tokens if tis else 1.0,
+        "tis_truncated_fraction": totals["tis_truncated_sum"] / tokens,
         "loss": totals["loss"] / n,
         "kl": totals["kl_sum"] / tokens,
         "clip_fraction": totals["clip_fraction_sum"] / tokens,
@@ -832,7 +1042,17 @@ def _update(
     }
 
 
-_UPDATE_STATS = ("sampler_logprob_gap", "loss", "kl", "clip_fraction", "entropy", "grad_norm")
+_UPDATE_STATS = (
+    "sampler_logprob_gap",
+    "sampler_gap_alarm",
+    "tis_weight_mean",
+    "tis_truncated_fraction",
+    "loss",
+    "kl",
+    "clip_fraction",
+    "entropy",
+    "grad_norm",
+)
 
 
 def _idle_batch(pad: int, device: torch.device) -> dict[str, Any]:

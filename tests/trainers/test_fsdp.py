@@ -99,7 +99,8 @@ def test_a_sharded_update_equals_the_one_process_update(tiny, tmp_path):
         f"""
         import torch, json
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from bat_gym.trainers.fsdp import full_state, init_distributed, shard
+        from bat_gym.trainers import grpo
+        from bat_gym.trainers.fsdp import full_state, gathered, init_distributed, shard
         from bat_gym.trainers.grpo import _update
         import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_fsdp import config, rollouts
@@ -109,12 +110,16 @@ def test_a_sharded_update_equals_the_one_process_update(tiny, tmp_path):
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         rs, adv = rollouts(6)
         mine = [0, 1, 2, 3] if dist.rank == 0 else [4, 5]
+        with gathered(model, dist):  # as train() does for the rollouts before each update
+            pass
         stats = _update(
             model, None, opt, [rs[i] for i in mine], adv[mine], config({str(tiny)!r}),
             torch.device("cpu"), AutoTokenizer.from_pretrained({str(tiny)!r}),
             torch.autocast("cpu", enabled=False), dist,
         )
         weights, _ = full_state(model, None, dist)
+        # The output head ran in chunks (no fallback to whole logits) under FSDP too.
+        stats["chunked"] = model not in grpo._WHOLE_LOGITS
         if dist.rank == 0:
             torch.save(weights, "weights.pt")
             json.dump(stats, open("stats.json", "w"))
@@ -128,6 +133,7 @@ def test_a_sharded_update_equals_the_one_process_update(tiny, tmp_path):
         torch.testing.assert_close(sharded[name], value, atol=1e-5, rtol=1e-4, msg=name)
     # The logged statistics are over both ranks' tokens, as in one process.
     dist_stats = json.loads((tmp_path / "stats.json").read_text())
+    assert dist_stats["chunked"]
     for key in ("loss", "entropy", "clip_fraction", "grad_norm"):
         assert dist_stats[key] == pytest.approx(stats[key], rel=1e-4, abs=1e-6), key
 

@@ -8,12 +8,14 @@ torch = pytest.importorskip("torch")
 from bat_gym.trainers import grpo_loss as G  # noqa: E402
 from bat_gym.trainers.grpo_loss import (  # noqa: E402
     AGGREGATIONS,
+    chunked_logprobs_and_entropy,
     entropy_from_logits,
     filter_uniform_groups,
     group_advantages,
     grpo_loss,
     kl_k3,
     masked_mean,
+    tis_weights,
     token_logprobs,
 )
 
@@ -286,3 +288,190 @@ def test_shape_and_argument_errors():
 
 def test_doctests():
     assert doctest.testmod(G, raise_on_error=True).failed == 0
+
+
+# --------------------------------------------------------------------------- chunked head
+
+
+def whole_head(hidden, weight, targets, bias=None, temperature=1.0, softcap=None):
+    """The reference: the whole (B, T, V) logits, then token_logprobs / entropy_from_logits."""
+    logits = hidden @ weight.T + (0.0 if bias is None else bias)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return (
+        token_logprobs(logits, targets, temperature=temperature),
+        entropy_from_logits(logits.detach(), temperature=temperature),
+    )
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 7, 10, 1000])  # 2 x 10 tokens: divides or not
+@pytest.mark.parametrize("softcap", [None, 2.0])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("vocab_slice", [7, 16384])  # softmax sums over 5 slices of V, or 1
+def test_chunked_head_equals_the_whole_logits(
+    chunk_size, softcap, with_bias, vocab_slice, monkeypatch
+):
+    monkeypatch.setattr(G, "_VOCAB_SLICE", vocab_slice)
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(2, 10, 8, generator=g, requires_grad=True)
+    weight = torch.randn(30, 8, generator=g, requires_grad=True)
+    bias = torch.randn(30, generator=g, requires_grad=True) if with_bias else None
+    targets = torch.randint(0, 30, (2, 10), generator=g)
+    targets[0, 7:] = -100  # ignored labels (padding)
+    upstream = torch.randn(2, 10, generator=g)  # any weighting of the log-probs
+    leaves = [x for x in (hidden, weight, bias) if x is not None]
+
+    def run(fn):
+        logp, entropy = fn()
+        (logp * upstream).sum().backward()
+        grads = [x.grad.clone() for x in leaves]
+        for x in leaves:
+            x.grad = None
+        return logp.detach(), entropy, grads
+
+    kw = {"bias": bias, "temperature": 0.7, "softcap": softcap}
+    want = run(lambda: whole_head(hidden, weight, targets, **kw))
+    got = run(
+        lambda: chunked_logprobs_and_entropy(hidden, weight, targets, chunk_size=chunk_size, **kw)
+    )
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
+    for a, b in zip(got[2], want[2], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert (got[0][0, 7:] == 0).all()
+    assert not got[1].requires_grad  # the entropy is a metric
+
+
+def test_chunked_head_gradcheck_and_options():
+    g = torch.Generator().manual_seed(6)
+    hidden = torch.randn(1, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([[0, 5, -100, 2, 3]])
+
+    def f(h, w, b):
+        return chunked_logprobs_and_entropy(
+            h, w, targets, bias=b, temperature=1.3, chunk_size=2, softcap=3.0
+        )[0]
+
+    assert torch.autograd.gradcheck(f, (hidden, weight, bias))
+    logp, entropy = chunked_logprobs_and_entropy(hidden, weight, targets, with_entropy=False)
+    assert entropy is None and logp.shape == (1, 5)
+    for bad, match in (
+        ({"chunk_size": 0}, "chunk_size"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"softcap": 0.0}, "softcap"),
+        ({"bias": torch.zeros(5)}, "bias"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            chunked_logprobs_and_entropy(hidden, weight, targets, **bad)
+    with pytest.raises(ValueError, match="weight"):
+        chunked_logprobs_and_entropy(hidden, weight[:, :3], targets)
+
+
+def test_chunked_head_under_bf16_autocast_matches_the_whole_bf16_logits():
+    # The projection runs in the autocast dtype, as the model's own head would.
+    g = torch.Generator().manual_seed(7)
+    hidden = torch.randn(2, 6, 16, generator=g, requires_grad=True)
+    weight = torch.randn(40, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, 40, (2, 6), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = token_logprobs(torch.nn.functional.linear(hidden, weight), targets)
+        got, _ = chunked_logprobs_and_entropy(hidden, weight, targets, chunk_size=5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    want.sum().backward()
+    expected = [hidden.grad.clone(), weight.grad.clone()]
+    hidden.grad = weight.grad = None
+    got.sum().backward()
+    # bf16 matmuls in both; the chunked one sums the weight gradient in fp32.
+    torch.testing.assert_close(hidden.grad, expected[0], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(weight.grad, expected[1], atol=2e-2, rtol=2e-2)
+
+
+# --------------------------------------------------------------------------- TIS, k3 clamp
+
+
+def test_tis_weights_by_hand():
+    old = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]])
+    sampler = torch.tensor([[-1.2, -0.5, -0.1], [-2.0, -1.0, -9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    w = tis_weights(old, sampler, mask, cap=2.0)
+    # exp(0.2), exp(0), exp(-1.9); exp(1.7) > 2 -> 2, exp(-0.2); masked -> 1
+    want = [[math.exp(0.2), 1.0, math.exp(-1.9)], [2.0, math.exp(-0.2), 1.0]]
+    torch.testing.assert_close(w, torch.tensor(want), atol=1e-6, rtol=1e-6)
+    # No gradient, however the inputs were made.
+    assert not tis_weights(old.requires_grad_(), sampler, mask, cap=2.0).requires_grad
+    # A huge gap is truncated, never inf.
+    assert float(tis_weights(t([[50.0]]), t([[-50.0]]), torch.ones(1, 1), cap=3.0)) == 3.0
+    with pytest.raises(ValueError, match="cap"):
+        tis_weights(old, sampler, mask, cap=0.0)
+    with pytest.raises(ValueError, match="share one"):
+        tis_weights(old, sampler[:, :2], mask, cap=2.0)
+
+
+def test_is_weights_scale_the_policy_term_only():
+    w = [[0.5, 2.0, 1.0], [1.0, 1.5, 0.25]]
+    logp = t(LOGP, grad=True)
+    loss, stats = grpo_loss(
+        logp, t(OLD), t(REF), t(ADV), torch.tensor(MASK), kl_coef=0.1, is_weights=t(w)
+    )
+    loss.backward()
+    # By hand: each token's policy loss and its gradient times w, the KL part as it was.
+    B, T = 2, 3
+    lengths = [sum(r) for r in MASK]
+    want, want_grad = 0.0, [[0.0] * T for _ in range(B)]
+    for i in range(B):
+        for j in range(T):
+            if not MASK[i][j]:
+                continue
+            scale = 1 / (B * lengths[i])
+            rho, a = math.exp(LOGP[i][j] - OLD[i][j]), ADV[i]
+            clipped = min(max(rho, 0.8), 1.2)
+            pg, dpg = -min(rho * a, clipped * a), (0.0 if clipped * a < rho * a else -a * rho)
+            d = REF[i][j] - LOGP[i][j]
+            want += scale * (w[i][j] * pg + 0.1 * (math.exp(d) - d - 1))
+            want_grad[i][j] = scale * (w[i][j] * dpg + 0.1 * (1 - math.exp(d)))
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-12)
+    assert torch.allclose(logp.grad, t(want_grad), rtol=1e-10, atol=1e-14)
+    assert float(stats["is_weight_mean"]) == pytest.approx((0.5 + 2 + 1 + 1.5 + 0.25) / 5)
+
+
+@pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
+def test_no_is_weights_and_no_clamp_is_exactly_the_plain_loss(mode):
+    kw = {"aggregation": mode, "max_len_norm": 4}
+    args = (t(OLD), t(REF), t(ADV), torch.tensor(MASK))
+    plain_logp, off_logp, ones_logp = (t(LOGP, grad=True) for _ in range(3))
+    plain, plain_stats = grpo_loss(plain_logp, *args, **kw)
+    off, off_stats = grpo_loss(off_logp, *args, is_weights=None, kl_clamp=None, **kw)
+    ones, _ = grpo_loss(ones_logp, *args, is_weights=torch.ones(2, 3, dtype=torch.float64), **kw)
+    for x in (plain, off, ones):
+        x.backward()
+    assert float(off.detach()) == float(plain.detach()) == float(ones.detach())
+    assert torch.equal(off_logp.grad, plain_logp.grad)
+    assert torch.equal(ones_logp.grad, plain_logp.grad)
+    assert off_stats.keys() == plain_stats.keys()  # no is_weight_mean without weights
+    # and the hand computation of the plain objective still holds
+    want, _ = hand(LOGP, OLD, REF, ADV, MASK, mode=mode, max_len=4)
+    assert float(plain.detach()) == pytest.approx(want, rel=1e-12)
+
+
+def test_kl_clamp_bounds_each_tokens_k3():
+    # A = 0: the loss is beta * mean(k3); k3 values here: 0, ~0.307, e^-1, e - 2
+    logp = t([[0.0, -1.0, -2.0, -0.5]], grad=True)
+    ref = t([[0.0, -1.0 + math.log(2), -3.0, 0.5]])
+    k3 = kl_k3(logp.detach(), ref)
+    mask = torch.ones(1, 4)
+    loss, stats = grpo_loss(logp, logp.detach(), ref, t([0.0]), mask, kl_coef=1.0, kl_clamp=0.35)
+    loss.backward()
+    clamped = k3.clamp(max=0.35)
+    assert float(loss.detach()) == pytest.approx(float(clamped.mean()), rel=1e-12)
+    assert float(stats["kl"]) == pytest.approx(float(clamped.mean()), rel=1e-12)
+    # The tokens above the clamp (e^-1 and e - 2) get no KL gradient; the others theirs.
+    grad = logp.grad[0]
+    assert grad[2] == 0.0 and grad[3] == 0.0
+    d = ref[0, 1] - logp.detach()[0, 1]
+    assert float(grad[1]) == pytest.approx(float(1 - torch.exp(d)) / 4)
+    with pytest.raises(ValueError, match="kl_clamp"):
+        grpo_loss(logp, logp, ref, t([0.0]), mask, kl_clamp=0.0)
+    with pytest.raises(ValueError, match="is_weights"):
+        grpo_loss(logp, logp, ref, t([0.0]), mask, is_weights=torch.ones(1, 3))

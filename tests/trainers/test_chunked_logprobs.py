@@ -1,0 +1,218 @@
+"""The trainer's log-probs through the chunked output head, on real (tiny) models.
+
+The chunked path must give the log-probs, entropies and gradients of the whole-logits
+path (tied and untied heads, a bias, a soft cap), fall back to it with a log line for a
+head it cannot reproduce, and the update's importance correction (TIS) and gap alarm
+must act as configured.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from bat_gym.integrations._episode import EpisodeResult  # noqa: E402
+from bat_gym.trainers import grpo  # noqa: E402
+from bat_gym.trainers.fsdp import Dist  # noqa: E402
+from bat_gym.trainers.grpo import GRPOConfig, _batch_tensors, _logprobs, _update  # noqa: E402
+from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+OFF = nullcontext()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    texts = (ROOT / "README.md").read_text().splitlines()
+    return build_tiny_model(tmp_path_factory.mktemp("m"), texts, vocab_size=600, hidden_size=64)
+
+
+def load(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path)
+
+
+def rollouts(n: int, vocab: int = 500, logprobs: float | None = None) -> list[EpisodeResult]:
+    """``n`` rollouts of different lengths, each with a tool reply (mask 0) inside."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(5, vocab, (6 + i,), generator=g).tolist()
+        response = torch.randint(5, vocab, (5 + 3 * i,), generator=g).tolist()
+        mask = [1] * len(response)
+        mask[1:3] = [0, 0]
+        lp = None if logprobs is None else [logprobs * m for m in mask]
+        out.append(
+            EpisodeResult(
+                state_id=f"s{i // 2}", prompt_ids=prompt, response_ids=response,
+                response_mask=mask, response_logprobs=lp, reward=float(i % 3), verdict=None,
+                num_turns=1, num_replies=1, stop_reason="terminated", messages=[],
+            )
+        )  # fmt: skip
+    return out
+
+
+def scored(model, batch, chunk_size, temperature=0.7):
+    """Log-probs, entropies and every parameter's gradient of sum(logp * u * mask)."""
+    model.zero_grad(set_to_none=True)
+    logp, entropy = _logprobs(model, batch, temperature, OFF, chunk_size=chunk_size)
+    u = torch.linspace(-1.0, 2.0, logp.numel()).view_as(logp)
+    (logp * u * batch["loss_mask"]).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logp.detach(), entropy, grads
+
+
+def assert_same(got, want):
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
+    assert got[2].keys() == want[2].keys() and want[2]
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def chunk_sizes(batch):
+    n = batch["loss_mask"].numel()  # B * T positions, chunked as one run
+    divisor = next(d for d in range(3, n) if n % d == 0)
+    other = next(d for d in range(divisor + 1, n) if n % d)
+    return [1, divisor, other, n, 4 * n]
+
+
+def test_the_chunked_head_equals_the_whole_logits_on_a_tied_model(tiny):
+    model = load(tiny)
+    assert model.config.tie_word_embeddings
+    batch = _batch_tensors(rollouts(4), 0, CPU)
+    assert (batch["loss_mask"] == 0).any()  # prompt, tool-reply and padding positions
+    want = scored(model, batch, None)
+    for size in chunk_sizes(batch):
+        assert_same(scored(model, batch, size), want)
+    assert model not in grpo._WHOLE_LOGITS
+
+
+def test_an_untied_head_with_a_bias(tiny):
+    model = load(tiny)
+    vocab, hidden = model.lm_head.weight.shape
+    torch.manual_seed(1)
+    model.lm_head = torch.nn.Linear(hidden, vocab, bias=True)
+    batch = _batch_tensors(rollouts(3), 0, CPU)
+    want = scored(model, batch, None, temperature=1.3)
+    assert "lm_head.bias" in want[2]
+    assert_same(scored(model, batch, 5, temperature=1.3), want)
+    assert model not in grpo._WHOLE_LOGITS
+
+
+def test_a_soft_capped_head():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        final_logit_softcapping=0.5,  # small, so that the cap changes these logits a lot
+    )  # fmt: skip
+    model = Gemma2ForCausalLM(config).float()
+    head = grpo._chunkable_head(model)
+    assert head is not None and head.softcap == 0.5
+    batch = _batch_tensors(rollouts(3, vocab=97), 0, CPU)
+    want = scored(model, batch, None)
+    assert_same(scored(model, batch, 4), want)
+    assert model not in grpo._WHOLE_LOGITS
+
+
+def test_a_head_it_cannot_reproduce_falls_back_to_the_whole_logits(tiny, caplog):
+    batch = _batch_tensors(rollouts(3), 0, CPU)
+    want = scored(load(tiny), batch, None)
+
+    # Logits rescaled after the projection (as some heads do), invisible in the config.
+    model = load(tiny)
+    model.lm_head.register_forward_hook(lambda _m, _a, out: out * 0.5)
+    rescaled = scored(model, batch, None)
+    with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.grpo"):
+        assert_same(scored(model, batch, 4), rescaled)
+    assert model in grpo._WHOLE_LOGITS
+    assert "not the projection" in caplog.text and "whole (B, T, V) logits" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.grpo"):
+        scored(model, batch, 4)
+    assert caplog.text == ""  # logged once per model
+
+    # A config that declares a logit scale: not chunked, before any forward.
+    model = load(tiny)
+    model.config.logit_scale = 0.25
+    with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.grpo"):
+        assert_same(scored(model, batch, 4), want)  # Qwen3 ignores the field
+    assert "logit_scale" in caplog.text
+
+
+def config(tiny, **kw):
+    settings = dict(
+        model=str(tiny), output_dir="unused", state_ids=("s",), micro_batch_size=2,
+        kl_coef=0.0, device="cpu", max_grad_norm=1e9, temperature=0.7,
+    )  # fmt: skip
+    return GRPOConfig(**(settings | kw))
+
+
+def sgd_update(tiny, rs, adv, cfg):
+    """One ``_update`` with SGD from the saved weights: the weights' change and the stats."""
+    from transformers import AutoTokenizer
+
+    model = load(tiny)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    stats = _update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
+    return {k: v.detach() - before[k] for k, v in model.named_parameters()}, stats
+
+
+def test_an_update_is_the_same_chunked_or_not(tiny):
+    rs, adv = rollouts(5), torch.tensor([0.5, -0.5, 1.0, -1.0, 0.25])
+    whole, whole_stats = sgd_update(tiny, rs, adv, config(tiny, logprob_chunk_size=None, kl_coef=0.01, updates_per_batch=2))  # fmt: skip
+    chunked, stats = sgd_update(tiny, rs, adv, config(tiny, logprob_chunk_size=7, kl_coef=0.01, updates_per_batch=2))  # fmt: skip
+    for name in whole:
+        torch.testing.assert_close(chunked[name], whole[name], atol=1e-5, rtol=1e-4, msg=name)
+    for key in ("loss", "kl", "entropy", "grad_norm", "clip_fraction"):
+        assert stats[key] == pytest.approx(whole_stats[key], rel=1e-4, abs=1e-6), key
+
+
+def test_tis_weights_the_policy_gradient_and_the_gap_raises_the_alarm(tiny, caplog):
+    adv = torch.tensor([0.5, -0.5, 1.0, -1.0])
+    # Without sampler log-probs: no correction, no gap.
+    plain, stats = sgd_update(tiny, rollouts(4), adv, config(tiny))
+    assert stats["tis_weight_mean"] == 1.0 and stats["sampler_gap_alarm"] == 0.0
+
+    # A sampler that put every sampled token at log-prob -30: each w = min(exp(old + 30), 2)
+    # = 2, so the policy gradient doubles, and the gap far exceeds the alarm threshold.
+    far = rollouts(4, logprobs=-30.0)
+    with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.grpo"):
+        doubled, stats = sgd_update(tiny, far, adv, config(tiny, tis_cap=2.0))
+    for name in plain:
+        torch.testing.assert_close(doubled[name], 2 * plain[name], atol=1e-6, rtol=1e-4)
+    assert stats["tis_weight_mean"] == pytest.approx(2.0)
+    assert stats["tis_truncated_fraction"] == pytest.approx(1.0)
+    assert stats["sampler_logprob_gap"] > 20 and stats["sampler_gap_alarm"] == 1.0
+    assert "sampler_gap_alarm_at" in caplog.text and "TIS" in caplog.text
+
+    # tis_cap=None: the update is the plain one, the alarm still rings; None silences it.
+    off, stats = sgd_update(tiny, far, adv, config(tiny, tis_cap=None))
+    for name in plain:
+        torch.testing.assert_close(off[name], plain[name], atol=0, rtol=0)
+    assert stats["sampler_gap_alarm"] == 1.0 and stats["tis_weight_mean"] == 1.0
+    _, stats = sgd_update(tiny, far, adv, config(tiny, sampler_gap_alarm_at=None))
+    assert stats["sampler_gap_alarm"] == 0.0
+
+
+def test_config_checks_the_new_fields(tiny):
+    for field, bad in (("tis_cap", 0.0), ("kl_clamp", -1.0), ("sampler_gap_alarm_at", 0.0)):
+        with pytest.raises(ValueError, match=field):
+            config(tiny, **{field: bad})
+    with pytest.raises(ValueError, match="logprob_chunk_size"):
+        config(tiny, logprob_chunk_size=0)
+    defaults = config(tiny)
+    assert defaults.logprob_chunk_size == 1024 and defaults.tis_cap == 2.0
+    assert defaults.kl_clamp is None and defaults.sampler_gap_alarm_at == 0.1
