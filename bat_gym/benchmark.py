@@ -53,6 +53,12 @@ class Benchmark(ABC):
 
     Subclasses set :attr:`spec` and implement the abstract methods. Generators must be
     deterministic: the same ``(track, seed, split)`` gives the same bytes.
+
+    A benchmark may also define ``naive_turns(task) -> list[TeacherTurn]``, a naive
+    baseline's script (as :meth:`teacher_turns`): ``bat-gym eval --policy naive`` plays
+    it, and ``bat-gym audit-reward`` holds every exploit to it. Without one, both refuse
+    the naive policy in one line. ``bat-gym new-benchmark NAME`` writes a working
+    benchmark to start from.
     """
 
     spec: BenchmarkSpec
