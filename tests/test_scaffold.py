@@ -6,6 +6,7 @@ without a sandbox, for every stage count.
 """
 
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -183,3 +184,30 @@ def test_the_command_refuses_in_one_line(args, says, tmp_path):
     assert says in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stages", sorted(STAGE_SETS))
+def test_out_of_the_box_the_package_tests_builds_evaluates_and_passes_its_audit(stages, tmp_path):
+    # What new-benchmark promises, unchanged, in fresh processes that find the package
+    # through its entry point (the walkthrough test does this for a changed package).
+    from plugin_install import install, plugin_env
+
+    made = new_benchmark("fresh_bench", tmp_path / "fresh_bench", stages=stages)
+    install(made.root, tmp_path / "site")
+    env = plugin_env(tmp_path / "site", tmp_path / "cache")
+    for command in (
+        "pytest -q -p no:cacheprovider fresh_bench/tests",
+        "bat-gym bank build --benchmark fresh_bench --out bank --quiet",
+        "bat-gym eval --benchmark fresh_bench --policy teacher --out teacher --quiet",
+        "bat-gym eval --benchmark fresh_bench --policy naive --out naive --quiet",
+        "bat-gym audit-reward --benchmark fresh_bench --quiet",
+    ):
+        done = subprocess.run(
+            command.split(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    teacher = json.loads((tmp_path / "teacher" / "aggregates.json").read_text())
+    naive = json.loads((tmp_path / "naive" / "aggregates.json").read_text())
+    assert teacher["overall"] == 1.0 and naive["overall"] == 0.0
+    assert sorted(teacher["stages"]) == [sid for sid, _ in made.stages]

@@ -7,23 +7,22 @@ and a custom check item added, the contract's version bumped), the package's own
 a Stage Bank, two evaluations, the reward audit, a tiny model and two GRPO steps. The
 last test checks that the walkthrough ends where the page says it does.
 
-One step is done differently: ``pip install -e my_bench``. The test puts the package on
-the blocks' PYTHONPATH with a ``.dist-info`` holding the entry points its own
-``pyproject.toml`` declares (what pip would record), so this environment stays as it
-was, nothing needs uninstalling, and a concurrent test never sees the benchmark.
+One step is done differently: ``pip install -e my_bench``, which
+:func:`plugin_install.install` does for the blocks' processes only (the package on their
+PYTHONPATH, with the entry points its own ``pyproject.toml`` declares), so this
+environment stays as it was and there is nothing to uninstall.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+from plugin_install import install, plugin_env
 from pytest_codeblocks import extract_from_file
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "new-benchmark.md"
@@ -47,46 +46,6 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("walkthrough")
 
 
-def _environment(workdir: Path) -> dict[str, str]:
-    site = workdir / ".site"
-    return {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "PYTHONPATH": os.pathsep.join([str(site), *_roots(site)]),
-        # A cache of its own: the default states of a benchmark made in this test.
-        "BAT_GYM_CACHE": str(workdir / ".cache"),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-
-
-def _roots(site: Path) -> list[str]:
-    """The package directories installed so far (one per ``pip install -e``)."""
-    listing = site / "roots.txt"
-    return listing.read_text().split() if listing.exists() else []
-
-
-def install(package: Path, site: Path) -> None:
-    """``pip install -e PACKAGE``, as far as bat_gym sees it: importable, entry points found.
-
-    The distribution's name, version and entry points come from the package's own
-    pyproject.toml, so a mistake in its declaration fails here as it would under pip.
-    """
-    project = tomllib.loads((package / "pyproject.toml").read_text())["project"]
-    dist = site / f"{project['name']}-{project['version']}.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
-    )
-    (dist / "entry_points.txt").write_text(
-        "".join(
-            f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in entries.items())
-            for group, entries in project.get("entry-points", {}).items()
-        )
-    )
-    with (site / "roots.txt").open("a") as roots:
-        roots.write(f"{package.resolve()}\n")
-
-
 @pytest.mark.parametrize("block", _blocks())
 def test_the_block_runs_as_written(block, workdir: Path) -> None:
     installing = _INSTALL.match(block.code.strip())
@@ -105,7 +64,7 @@ def test_the_block_runs_as_written(block, workdir: Path) -> None:
     done = subprocess.run(
         argv,
         cwd=workdir,
-        env=_environment(workdir),
+        env=plugin_env(workdir / ".site", workdir / ".cache"),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
