@@ -294,8 +294,10 @@ class Benchmark(ABC):
     def contract_library(self) -> ContractLibrary:
         """The rubric contracts this benchmark's episodes are scored against.
 
-        Default: the contracts of the reference stages shipped in ``bat_gym.rubrics``.
-        Override to return a library of your own (``ContractLibrary.from_dir(...)``).
+        Default: the contracts of the reference stages shipped in ``bat_gym.rubrics``,
+        MedBench-Lite's five (S1 Plan .. S5 Submit, with their artifacts), which fit only
+        a benchmark with those stages. Override to return a library of your own
+        (``ContractLibrary.from_dir(...)``).
         """
         from bat_gym.rubrics.contract import ContractLibrary
 
