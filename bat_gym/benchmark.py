@@ -53,6 +53,12 @@ class Benchmark(ABC):
 
     Subclasses set :attr:`spec` and implement the abstract methods. Generators must be
     deterministic: the same ``(track, seed, split)`` gives the same bytes.
+
+    A benchmark may also define ``naive_turns(task) -> list[TeacherTurn]``, a naive
+    baseline's script (as :meth:`teacher_turns`): ``bat-gym eval --policy naive`` plays
+    it, and ``bat-gym audit-reward`` holds every exploit to it. Without one, both refuse
+    the naive policy in one line. ``bat-gym new-benchmark NAME`` writes a working
+    benchmark to start from.
     """
 
     spec: BenchmarkSpec
@@ -288,8 +294,10 @@ class Benchmark(ABC):
     def contract_library(self) -> ContractLibrary:
         """The rubric contracts this benchmark's episodes are scored against.
 
-        Default: the contracts of the reference stages shipped in ``bat_gym.rubrics``.
-        Override to return a library of your own (``ContractLibrary.from_dir(...)``).
+        Default: the contracts of the reference stages shipped in ``bat_gym.rubrics``,
+        MedBench-Lite's five (S1 Plan .. S5 Submit, with their artifacts), which fit only
+        a benchmark with those stages. Override to return a library of your own
+        (``ContractLibrary.from_dir(...)``).
         """
         from bat_gym.rubrics.contract import ContractLibrary
 

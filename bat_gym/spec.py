@@ -55,7 +55,10 @@ class Stage(BaseModel):
 
     id: str = Field(pattern=r"^S[1-9][0-9]*$", description="Stage id, S1 first.")
     name: str = Field(
-        pattern=r"^[A-Z][A-Za-z0-9]*$", description="Capitalized name used in env ids."
+        pattern=r"^[A-Z][A-Za-z0-9]*$",
+        description="Capitalized name; `bat/<name>-v0` serves the stage when the name is one "
+        "of the registered env names (Plan, Setup, Validate, Infer, Submit). Any stage is "
+        "also reachable by id: `gym.make('bat/E2E-v0', benchmark=..., stage='S1')`.",
     )
     weight: float = Field(ge=0, le=1, description="Agentic weight of the stage.")
     skill: str = Field(
@@ -71,9 +74,9 @@ class Track(BaseModel):
 
     model_config = _STRICT
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="Track name, e.g. units.")
     metric: str = Field(min_length=1, description="Name of the task metric.")
-    description: str = ""
+    description: str = Field("", description="What the track's tasks ask, for people.")
 
 
 class Budgets(BaseModel):
@@ -155,13 +158,18 @@ class BenchmarkSpec(BaseModel):
 
     model_config = _STRICT
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    version: str
-    description: str = ""
-    stages: tuple[Stage, ...] = Field(min_length=1)
-    tracks: tuple[Track, ...] = Field(min_length=1)
-    budgets: Budgets = Budgets()
-    splits: Splits
+    name: str = Field(
+        pattern=r"^[a-z][a-z0-9_]*$",
+        description="The name the benchmark is registered under (its entry point's name).",
+    )
+    version: str = Field(description="Part of every task id: bump it when tasks change.")
+    description: str = Field("", description="What the benchmark is, for people.")
+    stages: tuple[Stage, ...] = Field(
+        min_length=1, description="The stages in order, ids S1..SN, names unique."
+    )
+    tracks: tuple[Track, ...] = Field(min_length=1, description="The task families.")
+    budgets: Budgets = Field(Budgets(), description="Per-episode limits.")
+    splits: Splits = Field(description="Training and held-out seeds.")
     task_weight: float = Field(
         0.5, ge=0, le=1, description="overall = task_weight*task + (1-task_weight)*agentic."
     )

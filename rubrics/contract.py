@@ -158,7 +158,18 @@ class Component(BaseModel):
 
 
 class RubricContract(BaseModel):
-    """How one focus (a stage, or E2E) is scored."""
+    """How one focus (a stage, or E2E) is scored.
+
+    Checked when the contract loads, besides each field:
+
+    * item ids are unique, and every item's ``args`` fit its check;
+    * a stage contract has at least one item that is not a guard, and no
+      ``components`` or ``task_score``;
+    * an E2E contract has ``components`` (distinct) and no items or levels of its own;
+      the library must hold each component with the version it pins;
+    * ``levels`` go with ``aggregation: levels`` only; their scores ascend, and each
+      names credit items (not guards) of this contract.
+    """
 
     model_config = _STRICT
 

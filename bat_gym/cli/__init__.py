@@ -19,6 +19,7 @@ app = typer.Typer(
 def _register_commands() -> None:
     from bat_gym.cli import bank, demo, envs, evaluate, gate
     from bat_gym.cli.audit_reward import audit_reward
+    from bat_gym.cli.new_benchmark import new_benchmark
 
     app.command("demo")(demo.demo)
     app.command("envs")(envs.envs)
@@ -26,6 +27,7 @@ def _register_commands() -> None:
     app.command("eval")(evaluate.evaluate)
     app.command("gate")(gate.gate)
     app.command("audit-reward")(audit_reward)
+    app.command("new-benchmark")(new_benchmark)
     # Commands of other packages (the trainers among them) arrive as entry points, so
     # the core names none of them.
     for ep in entry_points(group="bat_gym.commands"):
