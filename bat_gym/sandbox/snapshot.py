@@ -848,7 +848,10 @@ class WorkspaceIndex:
                     os.chmod(child.name, target.mode, dir_fd=dir_fd, follow_symlinks=False)
                 sub = open_dir(child.name, dir_fd)
                 if self._watch is not None:
-                    self._watch.add(sub)
+                    # With its path: the kernel gives a directory one watch, and this
+                    # call names it; a restore with no scan after it (an episode with
+                    # no tool call) would otherwise report reads here at the root.
+                    self._watch.add(sub, path)
                 try:
                     removed += self._prune(sub, path + "/", want, keep)
                 finally:

@@ -427,3 +427,20 @@ def test_changed_paths_and_without_paths() -> None:
     ]
     assert without_paths(after, frozenset({"out"})).entries == ()
     assert without_paths(after, frozenset()) is after
+
+
+def test_reads_after_a_restore_keep_their_directories(tmp_path: Path) -> None:
+    """A restore re-watches the directories it keeps; reads in them must be reported at
+    their own paths, also when no scan runs between the restore and the read (an
+    episode with no tool call, then the next episode's first call)."""
+    ws = tmp_path / "ws"
+    (ws / "pipeline").mkdir(parents=True)
+    (ws / "pipeline" / "infer.py").write_text("print(1)\n")
+    store = BlobStore(tmp_path / "store")
+    index = WorkspaceIndex(ws, watch=True)
+    snap = index.capture(store)
+    for _ in range(2):  # one restore after another, with no scan between them
+        index.restore(snap, store)
+        index.take_reads()
+    (ws / "pipeline" / "infer.py").read_text()
+    assert index.take_reads() == frozenset({"pipeline/infer.py"})
