@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bat_gym import progress
 from bat_gym.errors import ConfigError, EvaluationFailed
 from bat_gym.evaluation.aggregates import Aggregates
 from bat_gym.files import write_atomic
@@ -249,58 +250,71 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
 
     if state.phase == "done" and state.round < cfg.rounds:
         state.phase = "train"  # the loop was extended with more rounds
-    while state.round < cfg.rounds:
-        r = state.round
-        round_dir = out / "rounds" / f"round-{r:02d}"
-        if state.phase == "train":
-            if state.target is None:
-                raise ConfigError(
-                    f"{state_path} is in the train phase without a target stage; it was "
-                    "edited or written by another release: start the loop in a new directory"
+    # Shown live by bat-gym loop; logged at start and end when used as a library.
+    rounds_task = progress.task("BiCuRL rounds", total=cfg.rounds, done=state.round)
+    try:
+        while state.round < cfg.rounds:
+            r = state.round
+            round_dir = out / "rounds" / f"round-{r:02d}"
+            if state.phase == "train":
+                if state.target is None:
+                    raise ConfigError(
+                        f"{state_path} is in the train phase without a target stage; it was "
+                        "edited or written by another release: start the loop in a new directory"
+                    )
+                t0 = time.perf_counter()
+                candidate = _grpo_block(
+                    state.incumbent,
+                    state.target,
+                    round_dir / "grpo",
+                    cfg,
+                    seed=round_seed(cfg.seed, r),
                 )
-            t0 = time.perf_counter()
-            candidate = _grpo_block(
-                state.incumbent, state.target, round_dir / "grpo", cfg, seed=round_seed(cfg.seed, r)
-            )
-            state.rounds.append(
-                {
-                    "round": r,
-                    "target": state.target,
-                    "candidate": candidate,
-                    "train_s": time.perf_counter() - t0,
-                }
-            )
-            state.phase = "evaluate"
-            save()
-        if state.phase == "evaluate":
-            record = state.rounds[-1]
-            eval_dir = out / "evals" / f"round-{r:02d}"
-            t0 = time.perf_counter()
-            cand = evaluate_checkpoint(record["candidate"], eval_dir, cfg)
-            record["eval_s"] = time.perf_counter() - t0
-            base = Aggregates.read(Path(state.incumbent_eval) / "aggregates.json")
-            decision = gate(base, cand, thresholds)
-            record.update(
-                {
-                    "eval": str(eval_dir),
-                    "decision": decision.decision,
-                    "failed_checks": [c.name for c in decision.failed],
-                    "candidate_overall": cand.overall,
-                    "incumbent_overall": base.overall,
-                    "candidate_stages": cand.stages,
-                    "gate": json.loads(decision.model_dump_json()),
-                }
-            )
-            if decision.promoted:
-                state.incumbent, state.incumbent_eval = record["candidate"], str(eval_dir)
-            # The retained checkpoint's overall: not a running maximum, since the gate
-            # may promote a candidate up to its overall-drop tolerance below it.
-            record["best_overall"] = cand.overall if decision.promoted else base.overall
-            state.target = selector.select(decision)
-            record["next_target"] = state.target
-            state.round += 1
-            state.phase = "train"
-            save()
+                state.rounds.append(
+                    {
+                        "round": r,
+                        "target": state.target,
+                        "candidate": candidate,
+                        "train_s": time.perf_counter() - t0,
+                    }
+                )
+                state.phase = "evaluate"
+                save()
+            if state.phase == "evaluate":
+                record = state.rounds[-1]
+                eval_dir = out / "evals" / f"round-{r:02d}"
+                t0 = time.perf_counter()
+                cand = evaluate_checkpoint(record["candidate"], eval_dir, cfg)
+                record["eval_s"] = time.perf_counter() - t0
+                base = Aggregates.read(Path(state.incumbent_eval) / "aggregates.json")
+                decision = gate(base, cand, thresholds)
+                record.update(
+                    {
+                        "eval": str(eval_dir),
+                        "decision": decision.decision,
+                        "failed_checks": [c.name for c in decision.failed],
+                        "candidate_overall": cand.overall,
+                        "incumbent_overall": base.overall,
+                        "candidate_stages": cand.stages,
+                        "gate": json.loads(decision.model_dump_json()),
+                    }
+                )
+                if decision.promoted:
+                    state.incumbent, state.incumbent_eval = record["candidate"], str(eval_dir)
+                # The retained checkpoint's overall: not a running maximum, since the gate
+                # may promote a candidate up to its overall-drop tolerance below it.
+                record["best_overall"] = cand.overall if decision.promoted else base.overall
+                state.target = selector.select(decision)
+                record["next_target"] = state.target
+                state.round += 1
+                state.phase = "train"
+                save()
+                rounds_task.advance(
+                    line=f"round {r} on {record['target']}: {decision.decision}, "
+                    f"next {state.target}"
+                )
+    finally:
+        rounds_task.close()
     if state.phase != "done":
         state.phase = "done"
         save()

@@ -297,7 +297,10 @@ def loop(
         chat_template_kwargs=parse_chat_template_kwargs(chat_template_kwargs),
         seed=seed,
     )
-    state = run_loop(cfg)
+    from bat_gym import progress
+
+    with progress.use(progress.for_cli()):
+        state = run_loop(cfg)
     typer.echo(f"best eligible checkpoint: {state.incumbent}  (report: {out}/report.md)")
 
 

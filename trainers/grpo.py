@@ -52,6 +52,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
+from bat_gym import progress
 from bat_gym.errors import ConfigError
 from bat_gym.integrations._episode import EpisodeResult
 from bat_gym.trainers.checkpoints import (
@@ -804,6 +805,8 @@ def train(
     if dist.rank == 0:
         # Steps logged after the last checkpoint are redone: the log restarts from it.
         metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history), encoding="utf-8")
+    # Shown by the command line (bat-gym train grpo, loop); logged at start and end else.
+    steps_task = progress.task("GRPO steps", total=cfg.steps, done=step)
     try:
         while step < cfg.steps:
             t0 = time.perf_counter()
@@ -855,6 +858,7 @@ def train(
                     f.write(json.dumps(record) + "\n")
             if on_step is not None:
                 on_step(record)
+            steps_task.advance()
             if step % cfg.save_every == 0 or step == cfg.steps:
                 weights, optim = full_state(model, opt, dist)
                 if dist.rank == 0:
@@ -872,6 +876,7 @@ def train(
                         cfg,
                     )
     finally:
+        steps_task.close()
         workers.close()
         if pool is not None:
             pool.close()

@@ -211,3 +211,19 @@ def test_the_loop_reads_nothing_of_an_evaluation_but_aggregates_json(toy_bank, t
     assert {Path(p).name for p in opened} == {"aggregates.json"}
     # The evaluation side wrote its reports; the loop never opened them.
     assert (Path(evals) / "start" / "report.json").is_file()
+
+
+def test_the_loop_reports_its_rounds_to_the_progress_display(world, tmp_path):
+    from bat_gym import progress
+
+    tasks = []
+
+    class Recording(progress.Reporter):
+        def task(self, what, total=None, *, done=0):
+            tasks.append(progress.ProgressTask(what, total, done))
+            return tasks[-1]
+
+    with progress.use(Recording()):
+        run_loop(cfg(tmp_path))
+    (rounds,) = [t for t in tasks if t.what == "BiCuRL rounds"]
+    assert (rounds.done, rounds.total, rounds.closed) == (3, 3, True)
