@@ -32,9 +32,12 @@ __all__ = [
     "uniform",
     "case_ids",
     "STAGE_ARTIFACTS",
+    "Difficulty",
+    "difficulty",
 ]
 
 Split = Literal["train", "heldout"]
+Difficulty = Literal["easy", "hard"]
 
 STAGE_ARTIFACTS: dict[str, tuple[str, ...]] = {
     "S1": ("plan/plan.md",),
@@ -249,6 +252,17 @@ def _filter_file(name: str, data: bytes, drop: set[str]) -> bytes:
         csv.writer(buf, lineterminator="\n").writerows(kept)
         return buf.getvalue().encode()
     return data
+
+
+def difficulty(seed: int) -> Difficulty:
+    """The difficulty tier of the task drawn from ``seed``: odd seeds are ``hard``.
+
+    A pure function of the seed, so every split holds both tiers in equal shares
+    (the ten held-out repeats of a track are five easy and five hard tasks) and the
+    tier is known before anything is drawn. Every track records it as
+    ``params["difficulty"]``.
+    """
+    return "hard" if seed % 2 else "easy"
 
 
 def uniform(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
