@@ -19,6 +19,15 @@ def test_every_focus_track_pair_is_built_from_training_seeds(toy, toy_bank):
     assert all(s.provenance["seed"] in toy.spec.splits.train for s in toy_bank)
 
 
+def test_select_filters_by_focus_track_and_outcome(toy_bank):
+    outcomes = {s.outcome for s in toy_bank}
+    for outcome in outcomes:
+        ids = toy_bank.select(focus="E2E", outcome=outcome)
+        assert ids == sorted(ids) and ids
+        assert all(toy_bank.get(i).outcome == outcome and toy_bank.get(i).focus == "E2E" for i in ids)
+    assert toy_bank.select(outcome="no-such-outcome") == []
+
+
 def test_a_stage_state_holds_earlier_artifacts_and_nothing_later(toy, toy_bank):
     stages = toy.spec.stages
     for state in toy_bank:

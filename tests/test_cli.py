@@ -40,11 +40,25 @@ def test_demo_with_a_mistyped_env_id_says_so_in_one_line():
     assert "Did you mean 'bat/Validate-v0'" in str(result.exception)
 
 
+def test_demo_seeds_walk_the_success_states_in_order(monkeypatch):
+    monkeypatch.setenv("BAT_GYM_BENCHMARK", "toy_pipeline")
+    played = []
+    for seed in range(4):
+        result = runner.invoke(app, ["demo", "--seed", str(seed), "--quiet"])
+        assert result.exit_code == 0, result.output
+        played.append(result.output.split(": state ", 1)[1].split()[0])
+    # toy_pipeline's grid holds two E2E success states (two tracks): seeds 0 and 1
+    # play both, and the walk wraps.
+    assert all(p.endswith(".E2E.success") for p in played)
+    assert played[0] != played[1] and played[2:] == played[:2]
+
+
 @pytest.mark.slow
 def test_demo_on_the_default_benchmark():
     result = runner.invoke(app, ["demo"])
     assert result.exit_code == 0, result.output
-    assert "finished after" in result.output and "reward 0.9" in result.output
+    assert ".E2E.success (track" in result.output
+    assert "finished after" in result.output and "reward 1.000" in result.output
 
 
 def test_bank_build_then_show(tmp_path):

@@ -248,19 +248,23 @@ class DefaultStates:
                 self._bank = StageBank(self.root)
         return self._bank
 
-    def select(self, focus: str | None = None, track: str | None = None) -> list[str]:
-        """Ids of the grid's states with this focus and track (None matches any), sorted.
+    def select(
+        self, focus: str | None = None, track: str | None = None, outcome: str | None = None
+    ) -> list[str]:
+        """Ids of the grid's states with this focus, track and outcome (None: any), sorted.
 
         Nothing is built: the ids are the plan's.
         """
         bank = self._complete_bank()
         if bank is not None:
-            return bank.select(focus, track)
+            return bank.select(focus, track, outcome)
         return sorted(
             i
             for t in self.trajectories
             for i, f in zip(t.ids, t.focuses, strict=True)
-            if (focus is None or f == focus) and (track is None or t.job.track == track)
+            if (focus is None or f == focus)
+            and (track is None or t.job.track == track)
+            and (outcome is None or (t.job.outcome or "success") == outcome)
         )
 
     def get(self, state_id: str) -> StageState:

@@ -43,7 +43,9 @@ class StateSource(Protocol):
     def get(self, state_id: str) -> StageState:
         """The state with this id; raises StateNotFound."""
 
-    def select(self, focus: str | None = None, track: str | None = None) -> list[str]:
+    def select(
+        self, focus: str | None = None, track: str | None = None, outcome: str | None = None
+    ) -> list[str]:
         """Ids of the states matching the filters, in a stable order."""
 
 
@@ -59,12 +61,16 @@ class StateLookup:
         except KeyError:
             raise StateNotFound(state_id, list(self._rows)[:50]) from None
 
-    def select(self, focus: str | None = None, track: str | None = None) -> list[str]:
-        """Ids of states with this focus and track (None matches any), sorted."""
+    def select(
+        self, focus: str | None = None, track: str | None = None, outcome: str | None = None
+    ) -> list[str]:
+        """Ids of states with this focus, track and outcome (None matches any), sorted."""
         return sorted(
             s.state_id
             for s in self._rows.values()
-            if (focus is None or s.focus == focus) and (track is None or s.track == track)
+            if (focus is None or s.focus == focus)
+            and (track is None or s.track == track)
+            and (outcome is None or s.outcome == outcome)
         )
 
 

@@ -25,7 +25,15 @@ def demo(
     ] = "bat/E2E-v0",
     backend: Backend = "local",
     seed: Annotated[
-        int, typer.Option("--seed", help="Seed of the reset: picks the start state at random.")
+        int,
+        typer.Option(
+            "--seed",
+            min=0,
+            help=(
+                "Which start state: the N-th of the env's success states in id order "
+                "(wrapping), so each seed up to their count plays a different one."
+            ),
+        ),
     ] = 0,
     quiet: Quiet = False,
 ) -> None:
@@ -44,6 +52,23 @@ def demo(
         _demo(gym, env_id, backend, seed)
 
 
+def _start_state(base: Any, seed: int) -> str:
+    """The ``seed``-th state the teacher can finish well, in id order.
+
+    A seeded Gymnasium draw over a few states gives the same first pick for many
+    seeds, and may land on a failure-outcome state, whose history holds a mistake the
+    teacher's success turns do not undo. So the demo walks the env's states whose
+    outcome is ``success`` (all its states if none is), one per seed.
+    """
+    ids = base.states.select(focus=base.focus, track=base.track, outcome="success")
+    ids = ids or base.states.select(focus=base.focus, track=base.track)
+    if not ids:
+        from bat_gym.errors import ConfigError
+
+        raise ConfigError(f"{base.spec.id if base.spec else 'the env'} has no states to start from")
+    return ids[seed % len(ids)]
+
+
 def _demo(gym: Any, env_id: str, backend: str, seed: int) -> None:
     from bat_gym.errors import BankError
     from bat_gym.protocol import get_protocol
@@ -51,9 +76,9 @@ def _demo(gym: Any, env_id: str, backend: str, seed: int) -> None:
     start = time.perf_counter()
     env = gym.make(env_id, backend=backend)
     try:
-        with progress.task(f"{env_id}: reset"):
-            obs, info = env.reset(seed=seed)
         base = env.unwrapped
+        with progress.task(f"{env_id}: reset"):
+            obs, info = env.reset(seed=seed, options={"state_id": _start_state(base, seed)})
         typer.echo(
             f"{env_id}: state {info['state_id']} (track {info['track']}, focus {info['stage']}) "
             f"from the states at {getattr(base.states, 'root', '(in memory)')}\n"

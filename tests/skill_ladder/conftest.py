@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bat_gym.bank import build_bank, fit_history, task_states
+from bat_gym.bank.states import MemoryStates
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.env import StageEnv
 from bat_gym.envs.skill_ladder import SkillLadder
@@ -16,7 +17,7 @@ from bat_gym.registry import get_benchmark, register_benchmark, unregister_bench
 from bat_gym.rubrics.reward import RubricReward
 from bat_gym.rubrics.verifier import Verdict
 from bat_gym.sandbox import BlobStore
-from bat_gym.spec import E2E, StageState
+from bat_gym.spec import E2E
 
 TRACKS = ("units", "cases", "codes")
 HELDOUT = 1_000_000  # the first held-out seed
@@ -44,22 +45,8 @@ def ladder_bank(ladder, tmp_path_factory):
     )
 
 
-class States:
-    """A StateSource over states in memory (held-out rows never go into a bank)."""
-
-    def __init__(self, store: BlobStore, states: list[StageState]) -> None:
-        self.store = store
-        self._rows = {s.state_id: s for s in states}
-
-    def get(self, state_id: str) -> StageState:
-        return self._rows[state_id]
-
-    def select(self, focus: str | None = None, track: str | None = None) -> list[str]:
-        return sorted(
-            s.state_id
-            for s in self._rows.values()
-            if (focus is None or s.focus == focus) and (track is None or s.track == track)
-        )
+States = MemoryStates
+"""A StateSource over states in memory (held-out rows never go into a bank)."""
 
 
 def render(turn: TeacherTurn) -> str:
