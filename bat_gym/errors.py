@@ -35,6 +35,7 @@ __all__ = [
     "EnvNotCopyable",
     "CurriculumError",
     "EvaluationFailed",
+    "EnvLost",
     "BankError",
     "ModelNotFound",
     "TrajectoryRejected",
@@ -341,6 +342,14 @@ class EvaluationFailed(BatGymError, RuntimeError):
     """An evaluation run in a child process (the firewall) did not finish.
 
     Only its exit status crosses the firewall; the message says where its own report is.
+    """
+
+
+class EnvLost(BatGymError, RuntimeError):
+    """The env itself was lost mid-call: its process or its machine died.
+
+    Nothing the policy did causes this, so the episode is infrastructure's failure:
+    replay it on a fresh env or report it invalid, never score it.
     """
 
 

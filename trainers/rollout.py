@@ -11,11 +11,13 @@ in batches while a slow tool call holds up only its own episode.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from bat_gym.errors import EnvLost
 from bat_gym.integrations._episode import (
     CutTurn,
     EpisodeResult,
@@ -26,7 +28,13 @@ from bat_gym.integrations._episode import (
 from bat_gym.policies.batching import MicroBatcher
 from bat_gym.policies.local import TokenGeneration
 
-__all__ = ["RolloutWorkers", "GenerateBatch"]
+__all__ = ["LOST_ENV_ATTEMPTS", "RolloutWorkers", "GenerateBatch"]
+
+log = logging.getLogger(__name__)
+
+# Plays of one episode when its env is lost (a Ray actor or node died) before the
+# GRPO step gives up; a replacement actor starts at the env's next call.
+LOST_ENV_ATTEMPTS = 3
 
 #: Continues each prompt (token ids) with one assistant turn of at most ``max_new_tokens``.
 GenerateBatch = Callable[[list[list[int]], int], Sequence[TokenGeneration]]
@@ -142,16 +150,28 @@ class RolloutWorkers:
         )
 
     def play_one(self, state_id: str) -> EpisodeResult:
-        """One episode from ``state_id`` on a pooled env."""
+        """One episode from ``state_id`` on a pooled env.
+
+        An episode whose env is lost (:class:`~bat_gym.errors.EnvLost`: a Ray actor or
+        its node died) is played again from the start, up to ``LOST_ENV_ATTEMPTS``
+        times in all; it is never scored as the policy's failure.
+        """
         env = self._acquire()
         try:
-            episode = self.episode(env)
-            episode.reset(state_id)
-            while not episode.done:
-                cap = episode.max_new_tokens
-                sample = self.batcher((episode.context_ids, cap or self.max_new_tokens))
-                episode.advance(sample.token_ids, sample.logprobs)
-            return episode.result()
+            for attempt in range(1, LOST_ENV_ATTEMPTS + 1):
+                try:
+                    episode = self.episode(env)
+                    episode.reset(state_id)
+                    while not episode.done:
+                        cap = episode.max_new_tokens
+                        sample = self.batcher((episode.context_ids, cap or self.max_new_tokens))
+                        episode.advance(sample.token_ids, sample.logprobs)
+                    return episode.result()
+                except EnvLost:
+                    if attempt == LOST_ENV_ATTEMPTS:
+                        raise
+                    log.warning("env lost during an episode from %s; replaying it", state_id)
+            raise AssertionError("unreachable")  # pragma: no cover
         finally:
             self._release(env)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from bat_gym.distributed.actor import EnvActor, EnvResult
 from bat_gym.distributed.actor_env import ActorEnv
 from bat_gym.distributed.pool import DEFAULT_NUM_CPUS, RayEnvPool
-from bat_gym.distributed.runtime import EnvActorsUnavailable, close_all
+from bat_gym.distributed.runtime import EnvActorLost, EnvActorsUnavailable, close_all
 from bat_gym.distributed.vector import RayVectorEnv
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "EnvResult",
     "DEFAULT_NUM_CPUS",
     # failures and cleanup
+    "EnvActorLost",
     "EnvActorsUnavailable",
     "close_all",
 ]

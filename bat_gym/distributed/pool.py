@@ -13,6 +13,7 @@ from gymnasium.error import AlreadyPendingCallError
 from bat_gym.distributed.actor import EnvActor, EnvResult, EnvSource, sweep_node
 from bat_gym.distributed.runtime import (
     LIVE,
+    EnvActorLost,
     EnvActorsUnavailable,
     connect,
     import_ray,
@@ -36,6 +37,11 @@ class RayEnvPool:
 
     At most one call per env is in flight; its result is collected with
     :meth:`wait`, :meth:`as_completed` or :meth:`gather`.
+
+    An actor that dies (its process, or the node under it) fails its call in flight
+    with :class:`~bat_gym.distributed.runtime.EnvActorLost`; the env's next
+    ``submit_*`` starts a replacement wherever the cluster has room, so a caller that
+    restarts the episode with a reset carries on (:attr:`replaced` counts them).
 
     >>> pool = RayEnvPool("bat/E2E-v0", 4, states="banks/med")  # doctest: +SKIP
     >>> for i, r in enumerate(pool.reset_all(options={"state_id": sid})):  # doctest: +SKIP
@@ -105,12 +111,16 @@ class RayEnvPool:
         self._busy: dict[int, Any] = {}  # env index -> ObjectRef of its call in flight
         self._pending: dict[Any, tuple[int, str]] = {}  # ObjectRef -> (index, kind)
         self._where: dict[int, dict[str, Any]] = {}  # env index -> its actor's node and pid
+        self._lost: set[int] = set()  # envs whose actor died; replaced at their next call
+        self.replaced = 0
+        self.start_timeout_s = float(start_timeout_s)
         options = {"num_cpus": self.num_cpus, "max_restarts": 0, **(actor_options or {})}
         self._sweep_options = {
             k: v for k, v in options.items() if k in ("runtime_env", "resources")
         }
-        remote_cls = ray.remote(EnvActor).options(**options)
-        self.actors = [remote_cls.remote(env, env_kwargs or None) for _ in range(self.num_envs)]
+        self._remote_cls = ray.remote(EnvActor).options(**options)
+        self._env_args = (env, env_kwargs or None)
+        self.actors = [self._remote_cls.remote(*self._env_args) for _ in range(self.num_envs)]
         LIVE.add(self)
         try:
             self._spaces = self._wait_started(start_timeout_s)
@@ -191,6 +201,31 @@ class RayEnvPool:
                 "as_completed or gather)",
                 "step",
             )
+        if index in self._lost:
+            self._replace(index)
+
+    def _replace(self, index: int) -> None:
+        """Start a new actor for env ``index`` in place of one that died.
+
+        Raises:
+            EnvActorsUnavailable: the replacement did not start within
+                ``start_timeout_s`` (no live node has room for it).
+        """
+        ray = import_ray()
+        with contextlib.suppress(Exception):
+            ray.kill(self.actors[index], no_restart=True)
+        self._where.pop(index, None)
+        actor = self._remote_cls.remote(*self._env_args)
+        self.actors[index] = actor
+        ready, _ = ray.wait([actor.spaces.remote()], timeout=self.start_timeout_s)
+        if not ready:
+            cpus = float(ray.cluster_resources().get("CPU", 0.0))
+            raise EnvActorsUnavailable(0, 1, self.num_cpus, cpus)
+        ray.get(ready[0])  # the new actor's own start-up error, if any
+        with contextlib.suppress(Exception):
+            self._where[index] = ray.get(actor.where.remote())
+        self._lost.discard(index)
+        self.replaced += 1
 
     def submit_reset(
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -216,8 +251,14 @@ class RayEnvPool:
     def _collect(self, ref: Any) -> EnvResult:
         index, kind = self._pending.pop(ref)
         del self._busy[index]
+        ray = import_ray()
         try:
-            value = import_ray().get(ref)
+            value = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            # The actor is gone, and with it the episode's sandbox: not the env's error.
+            self._lost.add(index)
+            node = self._where.get(index, {}).get("node_id")
+            raise EnvActorLost(index, node, kind, type(exc).__name__) from exc
         except Exception as exc:
             exc.add_note(f"raised by env {index} of the pool ({kind})")
             raise
@@ -361,7 +402,7 @@ class RayEnvPool:
         ray = import_ray()
         if not ray.is_initialized():  # Ray already shut down: nothing left to reach
             return
-        refs = {self.actors[i].close.remote(): i for i in self._where}
+        refs = {self.actors[i].close.remote(): i for i in self._where if i not in self._lost}
         ready: list[Any] = []
         with contextlib.suppress(Exception):
             if refs:
@@ -381,13 +422,17 @@ class RayEnvPool:
 
     def _sweep(self, killed: list[dict[str, Any]]) -> None:
         """Remove slot directories of force-killed actors, one task on each of their nodes."""
+        ray = import_ray()
+        alive = set()
+        with contextlib.suppress(Exception):
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         pids: dict[str, list[int]] = {}
         for w in killed:
-            if w.get("node_id") is not None:
+            # A dead node's slots go with it; a task pinned there would never start.
+            if w.get("node_id") in alive:
                 pids.setdefault(w["node_id"], []).append(w["pid"])
         if not pids:
             return
-        ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         task = ray.remote(sweep_node)

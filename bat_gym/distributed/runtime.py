@@ -17,10 +17,11 @@ import threading
 import weakref
 from typing import Any, Protocol
 
-from bat_gym.errors import BatGymError
+from bat_gym.errors import BatGymError, EnvLost
 
 __all__ = [
     "LIVE",
+    "EnvActorLost",
     "EnvActorsUnavailable",
     "close_all",
     "connect",
@@ -62,6 +63,27 @@ class EnvActorsUnavailable(BatGymError, RuntimeError):
             f"only {started} of {requested} env actors started; the pool asks for "
             f"{cpus_needed:g} CPUs and the cluster has {cpus_in_cluster:g}: pass a smaller "
             "num_cpus (a sandboxed env mostly waits on I/O) or add nodes"
+        )
+
+
+class EnvActorLost(EnvLost):
+    """An env actor died mid-call (its process, or the node it ran on).
+
+    The pool starts a replacement on a live node at the env's next ``submit_*``;
+    the call that was lost is not replayed (the episode restarts from a reset).
+
+    Attributes:
+        index: the env's index in its pool.
+        node_id: the Ray node the actor ran on, when known.
+        kind: the lost call, ``"reset"`` or ``"step"``.
+    """
+
+    def __init__(self, index: int, node_id: str | None, kind: str, cause: str) -> None:
+        self.index, self.node_id, self.kind = index, node_id, kind
+        where = f" on node {node_id[:12]}" if node_id else ""
+        super().__init__(
+            f"env {index}'s actor{where} died during {kind} ({cause}); the pool replaces it "
+            "at the env's next call: restart the episode with a reset"
         )
 
 

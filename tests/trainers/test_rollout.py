@@ -11,11 +11,12 @@ pytest.importorskip("transformers")
 from chat_templates import qwen_tokenizer  # noqa: E402
 
 from bat_gym.env import StageEnv  # noqa: E402
+from bat_gym.errors import EnvLost  # noqa: E402
 from bat_gym.policies import EpisodeContext, PolicyRequest, make_policy  # noqa: E402
 from bat_gym.policies.local import TokenGeneration  # noqa: E402
 from bat_gym.protocol import get_protocol  # noqa: E402
 from bat_gym.rubrics.reward import RubricReward  # noqa: E402
-from bat_gym.trainers.rollout import RolloutWorkers  # noqa: E402
+from bat_gym.trainers.rollout import LOST_ENV_ATTEMPTS, RolloutWorkers  # noqa: E402
 from bat_gym.trainers.tiny_model import build_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,3 +228,62 @@ def test_a_batch_is_sampled_at_its_largest_cap_and_each_turn_cut_to_its_own(toke
     assert calls == [10]
     assert [len(g.token_ids) for g in out] == [3, 10]
     assert out[0].finish_reason == "length" and len(out[0].logprobs) == 3
+
+
+class LosesItself:
+    """An env whose first ``losses`` steps fail as if its Ray actor had died."""
+
+    def __init__(self, env, losses: int) -> None:
+        self.env, self.losses = env, losses
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, action):
+        if self.losses:
+            self.losses -= 1
+            raise EnvLost("env 0's actor died during step")
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("losses", [1, LOST_ENV_ATTEMPTS - 1])
+def test_an_episode_whose_env_is_lost_is_played_again_from_its_start(
+    toy, toy_bank, tokenizer, losses
+):
+    state_id = toy_bank.select(focus="E2E")[0]
+    gen = TeacherTokens(toy, toy_bank, tokenizer)
+    gen.script = gen.turns(state_id)
+    env = make_env(toy, toy_bank)
+    _, info = env.reset(options={"state_id": state_id})
+    from bat_gym.integrations._episode import render_ids
+
+    prompt = render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
+    gen.prompt_turns = prompt.count(tokenizer.eos_token_id)
+    workers = RolloutWorkers(
+        lambda: LosesItself(env, losses), gen, tokenizer, max_new_tokens=TEACHER_TURN_TOKENS
+    )
+    try:
+        (result,) = workers.play([state_id])
+    finally:
+        workers.close()
+    # Scored as the whole episode it was, not as a failure; the lost turns are gone.
+    assert result.stop_reason == "terminated" and result.reward == pytest.approx(1.0)
+    assert result.num_turns == len(gen.script)
+
+
+def test_an_env_lost_on_every_attempt_fails_the_rollouts(toy, toy_bank, tokenizer):
+    state_id = toy_bank.select(focus="E2E")[0]
+    gen = TeacherTokens(toy, toy_bank, tokenizer)
+    gen.script = gen.turns(state_id)
+    gen.prompt_turns = 0
+    workers = RolloutWorkers(
+        lambda: LosesItself(make_env(toy, toy_bank), LOST_ENV_ATTEMPTS),
+        gen,
+        tokenizer,
+        max_new_tokens=TEACHER_TURN_TOKENS,
+    )
+    try:
+        with pytest.raises(EnvLost):
+            workers.play([state_id])
+    finally:
+        workers.close()
