@@ -10,8 +10,10 @@ count against ``RLIMIT_NPROC``), and answers framed JSON requests on one pipe,
 replying on another. Agent code never sees these descriptors: every call runs in a
 fresh child with its own output pipe.
 
-* ``python`` calls fork this (already warm) interpreter and ``exec`` the code in a new
-  ``__main__``, as ``python -c`` would, with modules named in ``preload`` imported.
+* ``python`` calls fork this interpreter and ``exec`` the code in a new ``__main__``, as
+  ``python -c`` would. The modules named in ``preload`` are imported here at the first
+  python call, so later calls start warm and an env that never runs python does not
+  carry them.
 * ``bash`` calls go from the host straight to a long-lived bash server that this
   process starts from an execute-only copy of bash (the kernel marks such a process
   non-dumpable too). The server reads the next call line, ``CPU_SECONDS SEQ``, and
@@ -44,10 +46,8 @@ import builtins
 import contextlib
 import ctypes
 import fcntl
-import importlib.util
 import io
 import json
-import linecache
 import os
 import resource
 import select
@@ -56,7 +56,6 @@ import socket
 import struct
 import sys
 import time
-import traceback
 import types
 
 __all__ = ["send_frame", "recv_frame", "BASH_SERVER"]
@@ -200,10 +199,13 @@ def _drain(fd: int) -> None:
 
 def _load_trees(path: str, name: str = "_bat_gym_trees") -> types.ModuleType:
     """Load a helper file (``trees.py``) under a name agent code will not import by accident."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # By hand, not importlib.util: that module and what it imports would stay in this
+    # process's memory for good, in every sandbox.
+    module = types.ModuleType(name)
+    module.__file__ = path
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec")
+    exec(code, module.__dict__)
     return module
 
 
@@ -266,6 +268,7 @@ class Supervisor:
         self.bash: int | None = None  # pid (and process group) of the bash server
         self.bash_pidfd = -1
         self.child: int | None = None  # pid of the python call running now
+        self.preloaded = False
         self.exited: dict[int, int] = {}  # exit codes of the two above, if reaped early
         self.pgids: set[int] = set()  # process groups of running calls (unisolated kill)
         # SIGCHLD wakes the loops below through this pipe; its handler does nothing.
@@ -276,9 +279,6 @@ class Supervisor:
     # -- lifecycle ------------------------------------------------------------------
 
     def serve(self) -> None:
-        for name in self.cfg.get("preload", []):
-            with contextlib.suppress(Exception):
-                __import__(name)
         self._make_dirs()
         self._start_bash()
         send_frame(self.resp_fd, {"ready": True})
@@ -431,7 +431,28 @@ class Supervisor:
 
     # -- python calls -----------------------------------------------------------------
 
+    def _preload(self) -> None:
+        """Import the ``preload`` modules once, at the first python call.
+
+        Not at start: they are most of this process's memory (numpy: about 10 MiB of
+        private pages), and an env whose agent never runs python should not pay it.
+        """
+        if not self.preloaded:
+            self.preloaded = True
+            # From /, not the workspace: nothing agent code left there may be found by
+            # an import in this process (its sys.path never holds the workspace).
+            os.chdir("/")
+            try:
+                for name in ("linecache", "traceback", *self.cfg.get("preload", [])):
+                    with contextlib.suppress(Exception):
+                        __import__(name)
+            finally:
+                os.chdir(self.workspace)
+
     def _exec_python(self, req: dict) -> dict:
+        # Before the call's clock starts: the import is this process's cost, not the
+        # call's (the host allows for it in its wait for the first python reply).
+        self._preload()
         start = time.monotonic()
         cap = _Capture(int(req["max_output"]))
         deadline = start + float(req["timeout_s"])
@@ -552,6 +573,9 @@ def _child_python(code: str, cpu_s: int, out_w: int, workspace: str) -> None:
         sys.modules["__main__"] = main
         sys.argv = ["-c"]
         sys.path[0] = ""  # the supervisor's own directory stands here; python -c puts ''
+        import linecache  # here, in the call's process: the supervisor stays small
+        import traceback
+
         linecache.cache["<execute_code>"] = (
             len(code),
             None,
@@ -587,8 +611,37 @@ def _apply_limits(limits: dict) -> None:
         resource.setrlimit(res, (value, value))
 
 
+def _add_site_dirs(dirs: list[str]) -> None:
+    """Put the interpreter's site-packages on ``sys.path``, as ``site`` would, minus code.
+
+    The supervisor starts with ``-S``: the ``site`` module's start-up runs every
+    ``import`` line of every ``.pth`` file (an editable install's finder alone costs
+    tens of milliseconds and megabytes per sandbox), and none of that code has any
+    business in this process. The directories, and the plain directory lines of their
+    ``.pth`` files, are what agent code needs to import installed packages.
+    """
+    for d in dirs:
+        if d in sys.path or not os.path.isdir(d):
+            continue
+        sys.path.append(d)
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(d)):
+                if not name.endswith(".pth") or name.startswith("."):
+                    continue
+                path = os.path.join(d, name)
+                with contextlib.suppress(OSError, UnicodeDecodeError), open(path) as f:
+                    for line in f:
+                        line = line.rstrip()
+                        if not line or line.startswith(("#", "import ", "import\t")):
+                            continue
+                        extra = os.path.join(d, line)
+                        if os.path.isdir(extra) and extra not in sys.path:
+                            sys.path.append(extra)
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    _add_site_dirs(cfg.get("site_dirs", []))
     # Into the supervisor's own (uncapped) cgroup first: an agent process that runs
     # the sandbox out of memory is then the one the kernel kills, never this one.
     _join(cfg.get("supervisor_cgroup_fds", []))

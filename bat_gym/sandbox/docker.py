@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import signal
 import socket
 import struct
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import SandboxCrashed, SandboxUnavailable
-from bat_gym.sandbox import exec_filter
+from bat_gym.sandbox import exec_filter, fdwait
 from bat_gym.sandbox._supervisor import _Capture
 from bat_gym.sandbox.base import (
     AGENT_ENV,
@@ -710,10 +709,8 @@ class _Stream:
                 raise TimeoutError
             # A TLS socket may hold decrypted bytes that select() cannot see.
             pending = getattr(self._raw, "pending", None)
-            if not (pending and pending()):
-                ready, _, _ = select.select([self._raw], [], [], wait)
-                if not ready:
-                    raise TimeoutError
+            if not (pending and pending()) and not fdwait.readable([self._raw.fileno()], wait):
+                raise TimeoutError
             chunk = self._raw.recv(1 << 16)
             if not chunk:
                 return None

@@ -49,6 +49,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from bat_gym.sandbox import fdwait
 from bat_gym.sandbox.base import ProgramRun
 from bat_gym.sandbox.exec_filter import _table
 from bat_gym.sandbox.libc import libc
@@ -192,7 +193,7 @@ def _exit_status(pidfd: int) -> int | None:
             fields = _PIDFD_INFO.unpack_from(buf)
             if fields[0] & _PIDFD_INFO_EXIT:
                 return os.waitstatus_to_exitcode(fields[-1])
-        if not select.select([pidfd], [], [], 0)[0]:
+        if not fdwait.readable([pidfd], 0):
             return None  # still running
         time.sleep(0.001)
     return None

@@ -31,11 +31,11 @@ idle env burns no CPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
 import queue
-import select
 import shutil
 import signal
 import socket
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from bat_gym.errors import SandboxCrashed, SandboxUnavailable
-from bat_gym.sandbox import _supervisor, exec_filter, trees
+from bat_gym.sandbox import _supervisor, exec_filter, fdwait, trees
 from bat_gym.sandbox.base import (
     AGENT_ENV,
     ExecResult,
@@ -72,6 +72,9 @@ log = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 30.0
 _REPLY_GRACE_S = 5.0
+# The first python call of a supervisor also imports its preload modules (numpy: about
+# a second on a loaded machine); its reply may take this much longer.
+_PRELOAD_GRACE_S = 30.0
 _STOP_TIMEOUT_S = 5.0
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Longest single wait for a reply. The kernel may hand a signal (Ctrl-C, SIGTERM) to
@@ -252,7 +255,7 @@ class _Running:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             if self.init_fd >= 0:  # orphaned now: wait for its exit, not its reaping
-                select.select([self.init_fd], [], [], _STOP_TIMEOUT_S)
+                fdwait.readable([self.init_fd], _STOP_TIMEOUT_S)
         if self.init_fd >= 0:
             os.close(self.init_fd)
             self.init_fd = -1
@@ -291,7 +294,8 @@ class LocalSandbox(Sandbox):
             which runs agent code as plain processes in a private directory and is
             only for code you trust.
         store: blob store for snapshots (default: one under the slot directory).
-        preload: modules the supervisor imports once, so python calls start warm.
+        preload: modules the supervisor imports at the first python call, so later
+            python calls start warm.
         caps: ``"auto"`` (cap memory and processes with cgroups; uncapped only where
             none can be had and ``BAT_GYM_ALLOW_UNCAPPED=1`` is set) or ``"none"``
             (uncapped: only for code you trust).
@@ -553,6 +557,7 @@ class LocalSandbox(Sandbox):
             "trees": "/opt/bat/trees.py" if self.isolation is Isolation.BWRAP else trees.__file__,
             "env": self._env(tmp),
             "preload": list(self.preload),
+            "site_dirs": _site_dirs(),
             "drop_to": [self._uid, self._gid] if self._root else None,
             "supervisor_cgroup_fds": sup_cg,
             "agent_cgroup_fds": agent_cg,
@@ -583,7 +588,8 @@ class LocalSandbox(Sandbox):
             else:
                 os.makedirs(tmp, exist_ok=True)
                 script, argv = _supervisor.__file__, []
-            argv += [sys.executable, "-s", script, json.dumps(cfg)]
+            # -S: site-packages come from cfg["site_dirs"], without running .pth code.
+            argv += [sys.executable, "-S", "-s", script, json.dumps(cfg)]
             proc = _Spawner.popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -610,6 +616,7 @@ class LocalSandbox(Sandbox):
         else:
             exec_host.close()
         self._req, self._resp, self._bash_out, self._bash_status, self._bash_ctl = ours
+        self._python_warm = False  # a new supervisor imports its preload at its first python call
         self._status_buf = b""
         os.set_blocking(self._bash_out, False)
         ready = self._recv(_START_TIMEOUT_S)
@@ -665,7 +672,7 @@ class LocalSandbox(Sandbox):
 
     def _recv(self, timeout_s: float) -> dict | None:
         deadline = time.monotonic() + timeout_s
-        while not select.select([self._resp], [], [], _wait_s(deadline))[0]:
+        while not fdwait.readable([self._resp], _wait_s(deadline)):
             if time.monotonic() >= deadline:
                 return None
         try:
@@ -711,10 +718,14 @@ class LocalSandbox(Sandbox):
                 "cpu_s": cpu_s,
                 "max_output": self.limits.record_output_bytes,
             }
-            reply = self._call(request, timeout + _REPLY_GRACE_S)
+            grace = _REPLY_GRACE_S if self._python_warm else _REPLY_GRACE_S + _PRELOAD_GRACE_S
+            reply = self._call(request, timeout + grace)
+            self._python_warm = reply is not None
         if reply is None or "exit_code" not in reply:
             # A reply that never arrives is never guessed at: restart, report nothing ran.
-            log.warning("local sandbox %s: no reply to a %s call; restarting it", self._slot.dir, language)
+            log.warning(
+                "local sandbox %s: no reply to a %s call; restarting it", self._slot.dir, language
+            )
             self._restart()
             return ExecResult.lost(time.monotonic() - start)
         output = reply["output"]
@@ -798,9 +809,7 @@ class LocalSandbox(Sandbox):
                     "duration_s": time.monotonic() - start,
                     "timed_out": True,
                 }
-            ready, _, _ = select.select(
-                [self._bash_out, self._bash_status], [], [], _wait_s(deadline)
-            )
+            ready = fdwait.readable([self._bash_out, self._bash_status], _wait_s(deadline))
             if self._bash_out in ready:
                 cap.drain(self._bash_out)
             if self._bash_status in ready:
@@ -872,6 +881,14 @@ class LocalSandbox(Sandbox):
         self._closed = True
         self._finalizer()
         self._req = self._resp = self._bash_out = self._bash_status = self._bash_ctl = -1
+
+
+@functools.cache
+def _site_dirs() -> list[str]:
+    """This interpreter's site-packages directories (no user site), for the supervisor."""
+    import site
+
+    return [d for d in site.getsitepackages() if os.path.isdir(d)]
 
 
 def _hidden_package_dirs() -> list[str]:

@@ -15,7 +15,10 @@ import contextlib
 import errno
 import os
 import stat
-from pathlib import Path
+
+TYPE_CHECKING = False  # not typing's: in a sandbox's supervisor, every module stays
+if TYPE_CHECKING:  # resident, and pathlib alone is over a megabyte
+    from pathlib import Path
 
 __all__ = ["open_dir", "remove_tree", "remove_path"]
 
@@ -118,9 +121,9 @@ def _remove_dir(parent_fd: int, name: str, pending: list[str]) -> None:
 
 def remove_path(path: str | Path) -> None:
     """Delete ``path`` and everything under it, if it exists (see :func:`remove_tree`)."""
-    path = Path(path)
-    parent = os.open(path.parent, _DIR_FLAGS)
+    head, name = os.path.split(os.path.normpath(os.fspath(path)))
+    parent = os.open(head or ".", _DIR_FLAGS)
     try:
-        remove_tree(parent, path.name)
+        remove_tree(parent, name)
     finally:
         os.close(parent)

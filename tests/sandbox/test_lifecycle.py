@@ -313,3 +313,25 @@ def test_freeze_stops_background_writers_before_capturing(runtime: Path) -> None
         assert sb.digest() == frozen.digest
         assert any(e.path == "busy.txt" for e in frozen.entries)
         assert sb.execute_code("bash", "echo ok").output == "ok\n"
+
+
+def test_preload_waits_for_the_first_python_call_and_never_imports_agent_files(isolated):
+    """numpy is imported by the supervisor at the first python call, not at start.
+
+    By then agent code has had the workspace: a ``numpy.py`` it left there must not be
+    what the supervisor (PID 1 of the sandbox, which answers for every call) imports.
+    """
+    with make_sandbox("local", limits=LIMITS) as sb:
+        planted = (
+            "cat > numpy.py <<'EOF'\n"
+            "open('/workspace/pwned', 'w').write('imported by ' + str(__import__('os').getpid()))\n"
+            "EOF"
+        )
+        assert sb.execute_code("bash", planted).exit_code == 0
+        r = sb.execute_code("python", "import sys; print(sys.modules['numpy'].__file__)")
+        assert r.exit_code == 0, r.output
+        assert "site-packages" in r.output or "dist-packages" in r.output, r.output
+        assert not (sb.workspace / "pwned").exists()
+        # Warm from then on: the next call finds numpy already imported.
+        warm = sb.execute_code("python", "import sys; print('numpy' in sys.modules)")
+        assert warm.output.strip() == "True"
