@@ -54,7 +54,7 @@ import torch
 
 from bat_gym import progress
 from bat_gym.errors import ConfigError
-from bat_gym.integrations._episode import EpisodeResult
+from bat_gym.integrations.episode import EpisodeResult
 from bat_gym.trainers.checkpoints import (
     CheckpointDir,
     resolve_bf16,
