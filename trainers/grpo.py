@@ -57,6 +57,7 @@ from bat_gym.errors import ConfigError
 from bat_gym.integrations.episode import EpisodeResult
 from bat_gym.trainers.checkpoints import (
     CheckpointDir,
+    load_resume_state,
     resolve_bf16,
     resolve_device,
     rng_state,
@@ -94,6 +95,11 @@ __all__ = [
 ]
 
 _STATE = "trainer_state.pt"
+# Fields a resumed run may change without changing what it learns: where it writes, how
+# far it goes, how often it saves, where it runs. Every other field shapes sampling or the
+# update and must match the checkpoint (see bat_gym.trainers.checkpoints.load_resume_state);
+# ``model`` among them, as the default KL reference.
+_FREE_ON_RESUME = frozenset({"output_dir", "steps", "save_every", "keep_last", "device", "ray"})
 
 log = logging.getLogger(__name__)
 
@@ -791,7 +797,7 @@ def train(
     # ---- resume -------------------------------------------------------------------
     step, history = 0, []
     if latest is not None:
-        saved = torch.load(latest / _STATE, weights_only=False)
+        saved = load_resume_state(latest, _STATE, asdict(cfg), free=_FREE_ON_RESUME)
         load_optimizer_state(model, opt, saved["optimizer"], dist)
         sched.load_state_dict(saved["scheduler"])
         sampler.load_state_dict(saved["sampler"])

@@ -191,6 +191,9 @@ def test_a_resumed_run_continues_the_sampling_seed_sequence(tiny, toy_bank, tmp_
     train(config(tiny, toy_bank, split, steps=2))  # resumes from step 1
     assert requests_seeded(split, 1) == requests_seeded(whole, 1) > 0
     assert requests_seeded(split, 2) == requests_seeded(whole, 2) > requests_seeded(whole, 1)
+    # A setting that changes the update is refused, as the SFT trainer refuses it.
+    with pytest.raises(ConfigError, match="lr: checkpoint"):
+        train(config(tiny, toy_bank, split, steps=3, lr=2e-3))
 
 
 @pytest.mark.slow
