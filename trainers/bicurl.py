@@ -53,7 +53,10 @@ class BiCuRLConfig:
     model: str
     """The starting checkpoint (typically after cold-start SFT)."""
     output_dir: str
+    """The run directory: each round's GRPO block and evaluations, the loop state and the
+    report; rerun into it to resume."""
     benchmark: str | None = None
+    """Registered benchmark name (default: the installed default benchmark)."""
     bank: str | None = None
     """Stage Bank directory the rounds are drawn from (default: the benchmark's default)."""
     rounds: int = 10
@@ -64,7 +67,9 @@ class BiCuRLConfig:
     """Held-out tasks per track in each evaluation (None: the benchmark's
     ``splits.heldout_repeats``, 10 for MedBench-Lite as in BaT)."""
     eval_tracks: tuple[str, ...] = ()
+    """Tracks evaluated (empty: every track of the benchmark)."""
     eval_workers: int = 2
+    """Evaluation episodes played at once, one sandbox each."""
     eval_max_turns: int | None = None
     """Turn budget of evaluation episodes (None: the benchmark's)."""
     eval_max_new_tokens: int | None = None

