@@ -41,6 +41,7 @@ from bat_gym.evaluation.aggregates import Aggregates
 from bat_gym.files import write_atomic
 from bat_gym.gate import GateThresholds, gate
 from bat_gym.selection import make_selector
+from bat_gym.spec import first_problem
 
 __all__ = [
     "BiCuRLConfig",
@@ -202,10 +203,8 @@ class LoopState(BaseModel):
         try:
             return cls.model_validate_json(path.read_text(encoding="utf-8"))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"]) or "(top level)"
             raise ConfigError(
-                f"{path} is not a loop state this release can read: {where}: {first['msg']}; "
+                f"{path} is not a loop state this release can read: {first_problem(exc)}; "
                 "restore the file or start the loop in a new output directory"
             ) from exc
 

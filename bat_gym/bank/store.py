@@ -29,7 +29,7 @@ from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BankError
 from bat_gym.files import write_atomic
 from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import StageState, load_model
+from bat_gym.spec import StageState, first_problem, load_model
 
 __all__ = ["BANK_FORMAT", "BankManifest", "StageBank"]
 
@@ -99,11 +99,9 @@ class StageBank(StateLookup):
         try:
             info = BankManifest.model_validate(manifest)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"]) or "(top level)"
             raise BankError(
                 str(self.root / "manifest.json"),
-                f"not a bank manifest: {where}: {first['msg']}; rebuild the bank with "
+                f"not a bank manifest: {first_problem(exc)}; rebuild the bank with "
                 "`bat-gym bank build --out DIR`",
             ) from None
         if hashlib.sha256(data).hexdigest() != info.rows_sha256:

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bat_gym.errors import BatGymError
+from bat_gym.spec import first_problem
 
 __all__ = ["BenchmarkIdentity", "EvalManifest", "ManifestCell", "Timing", "read_manifest"]
 
@@ -86,9 +87,7 @@ def read_manifest(path: Path) -> EvalManifest:
     except OSError as exc:
         raise BatGymError(f"{path}: cannot read the evaluation manifest ({exc})") from exc
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
         raise BatGymError(
-            f"{path} is not an evaluation manifest: {where}: {first['msg']}; rerun the "
+            f"{path} is not an evaluation manifest: {first_problem(exc)}; rerun the "
             "evaluation into a new --out directory"
         ) from exc
