@@ -148,19 +148,21 @@ train_app.command("sft")(
 
 def _grpo(values: dict[str, Any]) -> None:
     from bat_gym.trainers.grpo import GRPOConfig, train
+    from bat_gym.trainers.grpo_metrics import StepMetrics
 
     kwargs = config_values(_GRPO, values)
     if (kwargs["target"] is None) == (not kwargs["state_ids"]):
         raise typer.BadParameter("give exactly one of --target and --state-id")
     cfg = _config(GRPOConfig, kwargs)
 
-    def show(m: dict) -> None:
+    def show(record: dict) -> None:
+        m = StepMetrics.model_validate(record)
         typer.echo(
-            f"step {m['step']:4d}  reward {m['reward']:.3f}  kl {m['kl']:.4f}  "
-            f"clip {m['clip_fraction']:.3f}  zero-adv groups {m['zero_advantage_groups']:.2f}  "
-            f"len {m['response_tokens']:.0f}  cut {m['length_cut']:.2f}  "
-            f"({m['rollout_s']:.1f} s + {m['update_s']:.1f} s)"
-            + "".join(f"  {pool} {r:.3f}" for pool, r in m["reward_by_pool"].items())
+            f"step {m.step:4d}  reward {m.reward:.3f}  kl {m.kl:.4f}  "
+            f"clip {m.clip_fraction:.3f}  zero-adv groups {m.zero_advantage_groups:.2f}  "
+            f"len {m.response_tokens:.0f}  cut {m.length_cut:.2f}  "
+            f"({m.rollout_s:.1f} s + {m.update_s:.1f} s)"
+            + "".join(f"  {pool} {r:.3f}" for pool, r in m.reward_by_pool.items())
         )
 
     summary = train(cfg, on_step=show)

@@ -82,6 +82,7 @@ from bat_gym.trainers.grpo_loss import (
     tis_weights,
     token_logprobs,
 )
+from bat_gym.trainers.grpo_metrics import StepMetrics
 from bat_gym.trainers.rollout import RolloutWorkers
 from bat_gym.trainers.schedule import Schedule, lr_scheduler
 
@@ -866,14 +867,16 @@ def train(
                 policy.update_weights(full_state(model, None, dist, every_rank=True)[0])
             t_update = time.perf_counter() - t1
             step += 1
-            record = {
-                "step": step,
-                **_rollout_metrics(rollouts, [d.pool for d in episodes], dist),
-                "lr": lr,
-                **stats,
-                "rollout_s": t_rollout,
-                "update_s": t_update,
-            }
+            record = StepMetrics.model_validate(
+                {
+                    "step": step,
+                    **_rollout_metrics(rollouts, [d.pool for d in episodes], dist),
+                    "lr": lr,
+                    **stats,
+                    "rollout_s": t_rollout,
+                    "update_s": t_update,
+                }
+            ).model_dump()  # checked, and plain data for metrics.jsonl and the checkpoint
             history.append(record)
             if dist.rank == 0:
                 with metrics_path.open("a", encoding="utf-8") as f:
