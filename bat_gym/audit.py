@@ -101,7 +101,7 @@ def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
     if bench is None:
         from bat_gym.registry import get_benchmark
 
-        bench = get_benchmark(bank.manifest["benchmark"])
+        bench = get_benchmark(bank.info.benchmark)
     with progress.task(f"auditing {len(bank)} states", 5) as shown:
         return _audit(bank, bench, shown)
 
@@ -178,7 +178,7 @@ def _audit(bank: StageBank, bench: Benchmark, shown: progress.ProgressTask) -> B
     boiler: set[tuple[str, ...]] = set()
     from bat_gym.protocol import get_protocol
 
-    proto = get_protocol(bank.manifest.get("protocol", "hermes"))
+    proto = get_protocol(bank.info.protocol)
     for focus in bench.spec.focuses:
         boiler |= word_ngrams(bench.system_prompt(focus, proto))
         for task in train_tasks:

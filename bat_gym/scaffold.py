@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bat_gym.errors import ConfigError
+from bat_gym.stages import REFERENCE_STAGE_NAMES
 
 __all__ = ["STAGE_SETS", "TEMPLATE", "Scaffold", "new_benchmark", "render_text"]
 
@@ -37,7 +38,7 @@ STAGE_SETS: dict[int, tuple[str, ...]] = {
     2: ("Setup", "Submit"),
     3: ("Setup", "Validate", "Submit"),
     4: ("Plan", "Setup", "Validate", "Submit"),
-    5: ("Plan", "Setup", "Validate", "Infer", "Submit"),
+    5: REFERENCE_STAGE_NAMES,
 }
 _ALL_STAGES = STAGE_SETS[5]
 

@@ -32,6 +32,7 @@ __all__ = [
     "BenchmarkSpec",
     "Task",
     "StageState",
+    "first_problem",
     "load_model",
 ]
 
@@ -262,6 +263,22 @@ def _loc(loc: tuple[Any, ...]) -> str:
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+def first_problem(exc: ValidationError) -> str:
+    """A validation error's first problem as ``field.path: message``, for one-line errors.
+
+    >>> from pydantic import BaseModel
+    >>> class M(BaseModel):
+    ...     n: int
+    >>> try:
+    ...     M.model_validate({})
+    ... except ValidationError as exc:
+    ...     print(first_problem(exc))
+    n: Field required
+    """
+    first = exc.errors()[0]
+    return f"{_loc(first['loc']) or '<root>'}: {first['msg']}"
 
 
 def load_model(

@@ -134,7 +134,7 @@ def make_rollouts(spec: Spec) -> tuple[list[Any], Any]:
 
     import torch
 
-    from bat_gym.integrations._episode import EpisodeResult
+    from bat_gym.integrations.episode import EpisodeResult
 
     rng = random.Random(0)
     out = []

@@ -285,14 +285,12 @@ def _run_log(run: Path) -> tuple[float, float, float]:
     """From a GRPO run's ``metrics.jsonl``: the mean target-pool rollout reward of the
     first and last quarter of its steps, and its seconds (rollouts plus updates; also
     right when a rerun reuses the finished run)."""
-    steps = [
-        json.loads(line)
-        for line in (run.parent / "metrics.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
-    rewards = [m["reward_by_pool"].get("target", m["reward"]) for m in steps]
+    from bat_gym.trainers.grpo_metrics import read_metrics
+
+    steps = read_metrics(run.parent / "metrics.jsonl")
+    rewards = [m.reward_by_pool.get("target", m.reward) for m in steps]
     k = max(1, len(rewards) // 4)
-    seconds = sum(m["rollout_s"] + m["update_s"] for m in steps)
+    seconds = sum(m.rollout_s + m.update_s for m in steps)
     return statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:]), seconds
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bat_gym import progress
 from bat_gym.errors import ConfigError, EvaluationFailed
@@ -40,8 +41,17 @@ from bat_gym.evaluation.aggregates import Aggregates
 from bat_gym.files import write_atomic
 from bat_gym.gate import GateThresholds, gate
 from bat_gym.selection import make_selector
+from bat_gym.spec import first_problem
 
-__all__ = ["BiCuRLConfig", "run_loop", "LoopState", "write_loop_report", "round_seed"]
+__all__ = [
+    "BiCuRLConfig",
+    "LoopState",
+    "RoundRecord",
+    "SelectorState",
+    "round_seed",
+    "run_loop",
+    "write_loop_report",
+]
 
 STATE_FILE = "loop_state.json"
 
@@ -53,7 +63,10 @@ class BiCuRLConfig:
     model: str
     """The starting checkpoint (typically after cold-start SFT)."""
     output_dir: str
+    """The run directory: each round's GRPO block and evaluations, the loop state and the
+    report; rerun into it to resume."""
     benchmark: str | None = None
+    """Registered benchmark name (default: the installed default benchmark)."""
     bank: str | None = None
     """Stage Bank directory the rounds are drawn from (default: the benchmark's default)."""
     rounds: int = 10
@@ -64,7 +77,9 @@ class BiCuRLConfig:
     """Held-out tasks per track in each evaluation (None: the benchmark's
     ``splits.heldout_repeats``, 10 for MedBench-Lite as in BaT)."""
     eval_tracks: tuple[str, ...] = ()
+    """Tracks evaluated (empty: every track of the benchmark)."""
     eval_workers: int = 2
+    """Evaluation episodes played at once, one sandbox each."""
     eval_max_turns: int | None = None
     """Turn budget of evaluation episodes (None: the benchmark's)."""
     eval_max_new_tokens: int | None = None
@@ -101,37 +116,97 @@ class BiCuRLConfig:
         GateThresholds(**self.thresholds)  # fail now, not after the first GRPO block
 
 
-@dataclass
-class LoopState:
-    """Where the loop stands; written after every phase."""
+class RoundRecord(BaseModel):
+    """One round of the loop, as ``loop_state.json`` keeps it.
 
-    round: int = 0
-    phase: str = "evaluate_start"
-    incumbent: str = ""
-    incumbent_eval: str = ""
-    target: str | None = None
-    selector: dict[str, Any] = field(default_factory=dict)
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)
-    start_eval_s: float = 0.0
-    """Seconds of the starting evaluation; each round records ``train_s`` and ``eval_s``
-    (a phase interrupted by a kill counts only the invocation that finished it)."""
+    The GRPO block fills the first four fields; the round's evaluation and gate the
+    rest. A field not filled yet is absent from the file (not ``null``).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    round: int = Field(ge=0, description="The round's index, 0 first.")
+    target: str = Field(description="The stage the round's GRPO block trained on.")
+    candidate: str = Field(description="The checkpoint the GRPO block produced.")
+    train_s: float = Field(0.0, ge=0, description="Seconds of the GRPO block.")
+    eval_s: float | None = Field(None, ge=0, description="Seconds of the candidate's evaluation.")
+    eval: str | None = Field(None, description="The candidate's evaluation directory.")
+    decision: str | None = Field(None, description="The gate's decision (promote, hold, ...).")
+    failed_checks: list[str] | None = Field(None, description="The gate checks that failed.")
+    candidate_overall: float | None = Field(None, description="The candidate's overall score.")
+    incumbent_overall: float | None = Field(None, description="The incumbent's overall score.")
+    candidate_stages: dict[str, float | None] | None = Field(
+        None, description="The candidate's score per stage."
+    )
+    gate: dict[str, Any] | None = Field(None, description="The gate's whole decision.")
+    best_overall: float | None = Field(
+        None, description="The overall of the checkpoint kept after the gate."
+    )
+    next_target: str | None = Field(None, description="The stage the selector chose next.")
+
+
+class SelectorState(BaseModel):
+    """A target selector's :meth:`~bat_gym.selection.Selector.state_dict`.
+
+    Its ``version`` and ``selector`` name are checked here; the rest is the selector's
+    own (counters, estimates), checked by its ``load_state_dict``.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    version: int = Field(ge=1, description="The selector state's format version.")
+    selector: str = Field(min_length=1, description="The selector's name.")
+
+
+class LoopState(BaseModel):
+    """Where the loop stands; written after every phase (``loop_state.json``)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    round: int = Field(0, ge=0, description="Rounds finished.")
+    phase: Literal["evaluate_start", "train", "evaluate", "done"] = Field(
+        "evaluate_start", description="The phase to run next."
+    )
+    incumbent: str = Field("", description="The best eligible checkpoint so far.")
+    incumbent_eval: str = Field("", description="The incumbent's evaluation directory.")
+    target: str | None = Field(None, description="The stage the next round trains on.")
+    selector: SelectorState | None = Field(None, description="The target selector's state.")
+    rounds: list[RoundRecord] = Field(default_factory=list, description="Every round so far.")
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="The loop's settings; a resumed loop must match them."
+    )
+    start_eval_s: float = Field(
+        0.0,
+        description="Seconds of the starting evaluation; each round records ``train_s`` and "
+        "``eval_s`` (a phase interrupted by a kill counts only the invocation that finished it).",
+    )
 
     @property
     def seconds(self) -> float:
         """Seconds of every finished phase together."""
-        return self.start_eval_s + sum(
-            r.get("train_s", 0.0) + r.get("eval_s", 0.0) for r in self.rounds
-        )
+        return self.start_eval_s + sum(r.train_s + (r.eval_s or 0.0) for r in self.rounds)
 
     def save(self, path: Path) -> None:
-        """Write atomically."""
-        write_atomic(path, json.dumps(asdict(self), indent=1) + "\n")
+        """Write atomically, with the keys of each round filled so far."""
+        data = self.model_dump(mode="json")
+        data["rounds"] = [r.model_dump(mode="json", exclude_unset=True) for r in self.rounds]
+        write_atomic(path, json.dumps(data, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> LoopState:
-        """Read a state file."""
-        return cls(**json.loads(path.read_text(encoding="utf-8")))
+        """Read a state file.
+
+        Raises:
+            ConfigError: the file does not parse as a loop state (edited, torn, or
+                written by another release), naming the first problem.
+        """
+        try:
+            return cls.model_validate_json(path.read_text(encoding="utf-8"))
+        except ValidationError as exc:
+            raise ConfigError(
+                f"{path} is not a loop state this release can read: {first_problem(exc)}; "
+                "restore the file or start the loop in a new output directory"
+            ) from exc
 
 
 def evaluate_checkpoint(model_dir: str, out_dir: Path, cfg: BiCuRLConfig) -> Aggregates:
@@ -225,18 +300,18 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
                 f"{out} holds a loop run with other {', '.join(changed)}; rerun with the same "
                 "settings to resume it (only --rounds may change), or use a new output directory"
             )
-        selector.load_state_dict(state.selector)
+        selector.load_state_dict(state.selector.model_dump() if state.selector else {})
     else:
         state = LoopState(
             incumbent=cfg.model,
             incumbent_eval=str(out / "evals" / "start"),
-            selector=selector.state_dict(),
+            selector=SelectorState.model_validate(selector.state_dict()),
             settings=settings,
         )
         state.save(state_path)
 
     def save() -> None:
-        state.selector = selector.state_dict()
+        state.selector = SelectorState.model_validate(selector.state_dict())
         state.save(state_path)
 
     if state.phase == "evaluate_start":
@@ -271,12 +346,12 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
                     seed=round_seed(cfg.seed, r),
                 )
                 state.rounds.append(
-                    {
-                        "round": r,
-                        "target": state.target,
-                        "candidate": candidate,
-                        "train_s": time.perf_counter() - t0,
-                    }
+                    RoundRecord(
+                        round=r,
+                        target=state.target,
+                        candidate=candidate,
+                        train_s=time.perf_counter() - t0,
+                    )
                 )
                 state.phase = "evaluate"
                 save()
@@ -284,34 +359,29 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
                 record = state.rounds[-1]
                 eval_dir = out / "evals" / f"round-{r:02d}"
                 t0 = time.perf_counter()
-                cand = evaluate_checkpoint(record["candidate"], eval_dir, cfg)
-                record["eval_s"] = time.perf_counter() - t0
+                cand = evaluate_checkpoint(record.candidate, eval_dir, cfg)
+                record.eval_s = time.perf_counter() - t0
                 base = Aggregates.read(Path(state.incumbent_eval) / "aggregates.json")
                 decision = gate(base, cand, thresholds)
-                record.update(
-                    {
-                        "eval": str(eval_dir),
-                        "decision": decision.decision,
-                        "failed_checks": [c.name for c in decision.failed],
-                        "candidate_overall": cand.overall,
-                        "incumbent_overall": base.overall,
-                        "candidate_stages": cand.stages,
-                        "gate": json.loads(decision.model_dump_json()),
-                    }
-                )
+                record.eval = str(eval_dir)
+                record.decision = decision.decision
+                record.failed_checks = [c.name for c in decision.failed]
+                record.candidate_overall = cand.overall
+                record.incumbent_overall = base.overall
+                record.candidate_stages = cand.stages
+                record.gate = json.loads(decision.model_dump_json())
                 if decision.promoted:
-                    state.incumbent, state.incumbent_eval = record["candidate"], str(eval_dir)
+                    state.incumbent, state.incumbent_eval = record.candidate, str(eval_dir)
                 # The retained checkpoint's overall: not a running maximum, since the gate
                 # may promote a candidate up to its overall-drop tolerance below it.
-                record["best_overall"] = cand.overall if decision.promoted else base.overall
+                record.best_overall = cand.overall if decision.promoted else base.overall
                 state.target = selector.select(decision)
-                record["next_target"] = state.target
+                record.next_target = state.target
                 state.round += 1
                 state.phase = "train"
                 save()
                 rounds_task.advance(
-                    line=f"round {r} on {record['target']}: {decision.decision}, "
-                    f"next {state.target}"
+                    line=f"round {r} on {record.target}: {decision.decision}, next {state.target}"
                 )
     finally:
         rounds_task.close()
@@ -342,19 +412,19 @@ def write_loop_report(state: LoopState, out: Path) -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for rec in state.rounds:
-        if "decision" not in rec:
+        if rec.decision is None:
             continue
         lines.append(
-            f"| {rec['round']} | {rec['target']} | {_fmt(rec['candidate_overall'])} | "
-            f"{_fmt(rec['best_overall'])} | {rec['decision']} | "
-            f"{', '.join(rec['failed_checks']) or '-'} | {rec['next_target']} | "
-            f"{rec.get('train_s', 0):.0f} | {rec.get('eval_s', 0):.0f} |"
+            f"| {rec.round} | {rec.target} | {_fmt(rec.candidate_overall)} | "
+            f"{_fmt(rec.best_overall)} | {rec.decision} | "
+            f"{', '.join(rec.failed_checks or ()) or '-'} | {rec.next_target} | "
+            f"{rec.train_s:.0f} | {rec.eval_s or 0:.0f} |"
         )
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    scored = [r for r in state.rounds if "decision" in r]
+    scored = [r for r in state.rounds if r.decision is not None]
     _round_curve(
-        [r["candidate_overall"] for r in scored],
-        [r["best_overall"] for r in scored],
+        [r.candidate_overall for r in scored],
+        [r.best_overall for r in scored],
         out / "rounds.png",
     )
 

@@ -4,6 +4,11 @@ A checkpoint is a directory ``OUT/checkpoints/step-00000042`` written under a te
 name and renamed into place, so a process killed mid-save leaves either the previous
 checkpoint or the new one, never half of one. Old ones are rotated out the same way
 (rename, then delete).
+
+Every trainer resumes the same way (:func:`load_resume_state`): the trainer state is
+read with ``torch.load(weights_only=True)`` (a checkpoint is data, never code to run),
+and the configuration it was saved with must match this run's, except for the fields
+the trainer declares free on resume (paths, step counts, logging).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,8 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "CheckpointDir",
+    "check_resumable",
+    "load_resume_state",
     "publish",
     "remove",
 ]
@@ -149,3 +156,69 @@ def publish(tmp: Path, final: Path) -> None:
     if final.exists():
         remove(final)
     tmp.rename(final)
+
+
+def check_resumable(
+    saved: Mapping[str, Any], now: Mapping[str, Any], *, free: Collection[str], checkpoint: Path
+) -> None:
+    """Refuse to continue a checkpoint under settings that change the training math.
+
+    Args:
+        saved: the configuration the checkpoint was written with (``asdict(cfg)``).
+        now: this run's configuration, the same way.
+        free: fields a resumed run may change (paths, step counts, logging, devices).
+        checkpoint: the checkpoint, for the message.
+
+    Raises:
+        ConfigError: naming each changed field with both values, and the fix.
+    """
+    changed = {k: (saved.get(k), now[k]) for k in now if k not in free and saved.get(k) != now[k]}
+    if changed:
+        diff = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in changed.items())
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: {diff}. These settings change the training "
+            "math; restore them or use a new output_dir"
+        )
+
+
+def load_resume_state(
+    checkpoint: Path,
+    marker: str,
+    now: Mapping[str, Any],
+    *,
+    free: Collection[str],
+    map_location: str | torch.device | None = None,
+) -> dict[str, Any]:
+    """The trainer state of ``checkpoint``, loaded safely and checked against this run.
+
+    Args:
+        checkpoint: a complete checkpoint directory (:meth:`CheckpointDir.latest`).
+        marker: the trainer state file in it (``trainer_state.pt``).
+        now: this run's configuration (``asdict(cfg)``).
+        free: fields a resumed run may change (see :func:`check_resumable`).
+        map_location: where tensors land (``torch.load``'s argument; None: where saved).
+
+    Returns:
+        The saved dict (its ``"config"`` included).
+
+    Raises:
+        ConfigError: the file is not a trainer state this code can read safely (no
+            pickled objects beyond tensors and plain data), holds no configuration, or
+            was saved under settings that differ from ``now``.
+    """
+    path = checkpoint / marker
+    try:
+        saved = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises several kinds for a bad file
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: {marker} does not load as plain data and "
+            f"tensors ({type(exc).__name__}: {str(exc)[:200]}); delete the checkpoint or use "
+            "a new output_dir"
+        ) from exc
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: {marker} holds no saved configuration; "
+            "delete the checkpoint or use a new output_dir"
+        )
+    check_resumable(saved["config"], now, free=free, checkpoint=checkpoint)
+    return saved

@@ -1,64 +1,81 @@
 """``bat-gym train sft|grpo`` and ``bat-gym loop``: the trainers on the command line.
 
 Registered through the ``bat_gym.commands`` entry points, so the core CLI never imports
-a trainer; each command parses options, builds the trainer's config and calls it.
+a trainer; each command parses options, builds the trainer's config and calls it. The
+options are the configs' fields (:mod:`bat_gym.trainers.config_options`): names,
+defaults and help have one source, the config.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from bat_gym.cli.options import BenchmarkName, ChatTemplateKwargs, parse_chat_template_kwargs
-from bat_gym.selection import SELECTORS
+from bat_gym.cli.options import BenchmarkName
+from bat_gym.trainers.config_options import (
+    ConfigField,
+    config_command,
+    config_fields,
+    config_values,
+    field_option,
+)
 
 __all__ = ["train_app", "loop", "tiny_model"]
 
 train_app = typer.Typer(no_args_is_help=True, help="Train a policy: cold-start SFT, GRPO.")
 
-Model = Annotated[str, typer.Option("--model", help="Starting Hugging Face model directory.")]
-Out = Annotated[Path, typer.Option("--out", help="Run directory; rerun into it to resume.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the model's random init.")]
 BankOpt = Annotated[
     Path | None, typer.Option("--bank", help="Stage Bank directory (default: the default bank).")
 ]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of data order, sampling and init.")]
-Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:1, ...")]
+MaxLength = Annotated[
+    int, typer.Option("--max-length", min=16, help="Rows longer than this are rejected.")
+]
+
+_SFT = config_fields("bat_gym.trainers.sft", "SFTConfig")
+_GRPO = config_fields("bat_gym.trainers.grpo", "GRPOConfig")
+_BICURL = config_fields("bat_gym.trainers.bicurl", "BiCuRLConfig")
+
+# Older spellings of options, kept working.
+_ALIASES = {
+    "output_dir": ("--out",),
+    "max_steps": ("--steps",),
+    "grad_accum_steps": ("--grad-accum",),
+    "state_ids": ("--state-id",),
+    "eval_tracks": ("--eval-track",),
+}
+
+# The one option whose default the command computes (from --steps) instead of the config's.
+_SFT_WARMUP_HELP = "Linear warmup from 0 to lr over this many steps. Default: 10, or steps // 10 if fewer."
+
+# The GRPO fields `bat-gym loop` sets for every round with a flag of their own (more
+# through --grpo); None keeps GRPO's default.
+_LOOP_GRPO = ("max_new_tokens", "max_turns", "group_size", "lr", "num_envs")
 
 
-@train_app.command("sft")
-def sft(
-    model: Model,
-    out: Out,
-    benchmark: BenchmarkName = None,
-    bank: BankOpt = None,
-    max_length: Annotated[
-        int, typer.Option("--max-length", min=16, help="Rows longer than this are rejected.")
-    ] = 8192,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 200,
-    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.")] = 2e-5,
-    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)] = 1,
-    grad_accum: Annotated[
-        int, typer.Option("--grad-accum", min=1, help="Micro-batches per optimizer step.")
-    ] = 32,
-    warmup_steps: Annotated[
-        int | None,
-        typer.Option("--warmup-steps", min=0, help="Default: 10, or steps // 10 if fewer."),
-    ] = None,
-    eval_every: Annotated[int, typer.Option("--eval-every", min=0)] = 50,
-    save_every: Annotated[int, typer.Option("--save-every", min=0)] = 50,
-    chat_template_kwargs: ChatTemplateKwargs = None,
-    seed: Seed = 0,
-    device: Device = "auto",
-) -> None:
-    """Cold-start SFT on the bank's SFT view (one target action per row).
+def _options(
+    fields: tuple[ConfigField, ...], *, skip: tuple[str, ...] = (), **overrides: Any
+) -> list[inspect.Parameter]:
+    return [
+        field_option(f, names=_ALIASES.get(f.name, ()), **overrides.get(f.name, {}))
+        for f in fields
+        if f.name not in skip
+    ]
 
-    The view is rendered with the model's own chat template into OUT/data (reused when
-    present and rendered with the same --chat-template-kwargs), then the model is
-    fine-tuned on the target tokens only.
-    """
+
+def _config(make: Any, kwargs: dict[str, Any]) -> Any:
+    """The config, or the config's own complaint as a usage error (exit 2, one line)."""
+    try:
+        return make(**kwargs)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _sft(values: dict[str, Any]) -> None:
     from transformers import AutoTokenizer
 
     from bat_gym.bank import StageBank, default_bank
@@ -66,242 +83,143 @@ def sft(
     from bat_gym.sft import export_sft
     from bat_gym.trainers.sft import SFTConfig, train
 
-    template_kwargs = parse_chat_template_kwargs(chat_template_kwargs)
-    bench = get_benchmark(benchmark)
+    kwargs = config_values(_SFT, values, skip=("data_dir",))
+    out = Path(kwargs["output_dir"])
+    template_kwargs = kwargs["chat_template_kwargs"] or {}
+    bench = get_benchmark(values["benchmark"])
     data = out / "data"
     if not (data / "train.jsonl").is_file():
-        if bank:
-            states = StageBank(bank)
+        if values["bank"]:
+            states = StageBank(values["bank"])
         else:
             # The whole default grid, built where missing: shown while it builds.
             from bat_gym import progress
 
             with progress.use(progress.for_cli()):
                 states = default_bank(bench)
-        tokenizer = AutoTokenizer.from_pretrained(model)
+        tokenizer = AutoTokenizer.from_pretrained(kwargs["model"])
         manifest = export_sft(
-            states, bench, tokenizer, data, max_length, chat_template_kwargs=template_kwargs
+            states,
+            bench,
+            tokenizer,
+            data,
+            values["max_length"],
+            chat_template_kwargs=template_kwargs,
         )
         typer.echo(f"SFT view: {json.dumps({k: manifest[k] for k in manifest if k != 'rejected'})}")
-    cfg = SFTConfig(
-        model=model,
-        data_dir=str(data),
-        chat_template_kwargs=template_kwargs,
-        output_dir=str(out),
-        lr=lr,
-        micro_batch_size=micro_batch_size,
-        grad_accum_steps=grad_accum,
-        max_steps=steps,
-        warmup_steps=min(10, steps // 10) if warmup_steps is None else warmup_steps,
-        eval_every=eval_every,
-        save_every=save_every,
-        seed=seed,
-        device=device,
-    )
-    summary = train(cfg)
+    steps = kwargs["max_steps"]
+    if kwargs["warmup_steps"] is None:
+        kwargs["warmup_steps"] = min(10, steps // 10)
+    kwargs.update(data_dir=str(data), chat_template_kwargs=template_kwargs)
+    summary = train(_config(SFTConfig, kwargs))
     typer.echo(
         f"SFT: step {summary['step']}, last train loss {summary['train_loss'][-1]:.4f} -> {out}/final"
     )
 
 
-@train_app.command("grpo")
-def grpo(
-    model: Model,
-    out: Out,
-    benchmark: BenchmarkName = None,
-    bank: BankOpt = None,
-    target: Annotated[
-        str | None,
-        typer.Option("--target", help="Curriculum target stage (S1..S5, or a name: Validate)."),
-    ] = None,
-    state_id: Annotated[
-        list[str] | None,
-        typer.Option("--state-id", help="Train on fixed states instead (repeatable)."),
-    ] = None,
-    steps: Annotated[int, typer.Option("--steps", min=1)] = 50,
-    groups_per_step: Annotated[int, typer.Option("--groups-per-step", min=1)] = 8,
-    group_size: Annotated[int, typer.Option("--group-size", min=2)] = 4,
-    lr: Annotated[float, typer.Option("--lr")] = 2.5e-7,
-    warmup_steps: Annotated[
-        int, typer.Option("--warmup-steps", min=0, help="Linear lr warmup (default: none).")
-    ] = 0,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.7,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 512,
-    max_total_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--max-total-tokens",
-            min=2,
-            help="Cap on an episode's prompt + response tokens; it ends 'length' before "
-            "passing it (default: the model's context length).",
-        ),
-    ] = None,
-    cut_turn: Annotated[
-        str,
-        typer.Option(
-            "--cut-turn",
-            help="A turn cut by --max-new-tokens (no stop token): 'end' the episode there "
-            "(default; the unfinished message is not run) or 'act' on its text.",
-        ),
-    ] = "end",
-    overlong: Annotated[
-        str,
-        typer.Option(
-            "--overlong",
-            help="Episodes a token limit ended: 'mask' them out of the loss (default, DAPO's "
-            "overlong filtering), 'keep' them, or 'penalize' their reward.",
-        ),
-    ] = "mask",
-    overlong_penalty: Annotated[
-        float,
-        typer.Option(
-            "--overlong-penalty", min=0.0, help="Reward subtracted under --overlong penalize."
-        ),
-    ] = 1.0,
-    chat_template_kwargs: ChatTemplateKwargs = None,
-    max_turns: Annotated[int | None, typer.Option("--max-turns", min=1)] = None,
-    kl_coef: Annotated[float, typer.Option("--kl-coef", min=0.0)] = 0.006,
-    kl_reference: Annotated[
-        str | None,
-        typer.Option("--kl-reference", help="KL reference model directory (default: the --model)."),
-    ] = None,
-    generator: Annotated[
-        str,
-        typer.Option(
-            "--generator", help="Rollout sampler: transformers (the trained model) or vllm."
-        ),
-    ] = "transformers",
-    num_envs: Annotated[int, typer.Option("--num-envs", min=1)] = 8,
-    ray: Annotated[
-        str | None,
-        typer.Option("--ray", help="Rollout envs on Ray actors: local, auto, or HOST:6379."),
-    ] = None,
-    seed: Seed = 0,
-    device: Device = "auto",
-) -> None:
-    """Multi-turn GRPO on bat envs: a curriculum round (--target) or fixed --state-id's."""
-    from bat_gym.trainers.grpo import GRPOConfig, train
+train_app.command("sft")(
+    config_command(
+        [
+            *_options(
+                _SFT,
+                skip=("data_dir",),
+                warmup_steps={"default": None, "help": _SFT_WARMUP_HELP},
+            ),
+            inspect.Parameter(
+                "benchmark", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=BenchmarkName
+            ),
+            inspect.Parameter(
+                "bank", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=BankOpt
+            ),
+            inspect.Parameter(
+                "max_length", inspect.Parameter.KEYWORD_ONLY, default=8192, annotation=MaxLength
+            ),
+        ],
+        _sft,
+        doc="""Cold-start SFT on the bank's SFT view (one target action per row).
 
-    if (target is None) == (not state_id):
-        raise typer.BadParameter("give exactly one of --target and --state-id")
-    for flag, value, allowed in (
-        ("--cut-turn", cut_turn, ("end", "act")),
-        ("--overlong", overlong, ("mask", "keep", "penalize")),
-    ):
-        if value not in allowed:
-            raise typer.BadParameter(f"use one of {', '.join(allowed)}", param_hint=flag)
-    cfg = GRPOConfig(
-        model=model,
-        output_dir=str(out),
-        benchmark=benchmark,
-        bank=str(bank) if bank else None,
-        target=target,
-        state_ids=tuple(state_id or ()),
-        steps=steps,
-        groups_per_step=groups_per_step,
-        group_size=group_size,
-        lr=lr,
-        warmup_steps=warmup_steps,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        max_total_tokens=max_total_tokens,
-        cut_turn=cut_turn,  # type: ignore[arg-type]
-        overlong=overlong,  # type: ignore[arg-type]
-        overlong_penalty=overlong_penalty,
-        chat_template_kwargs=parse_chat_template_kwargs(chat_template_kwargs),
-        max_turns=max_turns,
-        kl_coef=kl_coef,
-        kl_reference=kl_reference,
-        generator=generator,  # type: ignore[arg-type]
-        num_envs=num_envs,
-        ray=ray,
-        seed=seed,
-        device=device,
+    The view is rendered with the model's own chat template into OUT/data (reused when
+    present and rendered with the same --chat-template-kwargs), then the model is
+    fine-tuned on the target tokens only.
+    """,
     )
+)
 
-    def show(m: dict) -> None:
+
+def _grpo(values: dict[str, Any]) -> None:
+    from bat_gym.trainers.grpo import GRPOConfig, train
+    from bat_gym.trainers.grpo_metrics import StepMetrics
+
+    kwargs = config_values(_GRPO, values)
+    if (kwargs["target"] is None) == (not kwargs["state_ids"]):
+        raise typer.BadParameter("give exactly one of --target and --state-id")
+    cfg = _config(GRPOConfig, kwargs)
+
+    def show(record: dict) -> None:
+        m = StepMetrics.model_validate(record)
         typer.echo(
-            f"step {m['step']:4d}  reward {m['reward']:.3f}  kl {m['kl']:.4f}  "
-            f"clip {m['clip_fraction']:.3f}  zero-adv groups {m['zero_advantage_groups']:.2f}  "
-            f"len {m['response_tokens']:.0f}  cut {m['length_cut']:.2f}  "
-            f"({m['rollout_s']:.1f} s + {m['update_s']:.1f} s)"
-            + "".join(f"  {pool} {r:.3f}" for pool, r in m["reward_by_pool"].items())
+            f"step {m.step:4d}  reward {m.reward:.3f}  kl {m.kl:.4f}  "
+            f"clip {m.clip_fraction:.3f}  zero-adv groups {m.zero_advantage_groups:.2f}  "
+            f"len {m.response_tokens:.0f}  cut {m.length_cut:.2f}  "
+            f"({m.rollout_s:.1f} s + {m.update_s:.1f} s)"
+            + "".join(f"  {pool} {r:.3f}" for pool, r in m.reward_by_pool.items())
         )
 
     summary = train(cfg, on_step=show)
     typer.echo(f"GRPO: {summary['steps']} steps -> {summary['final']}")
 
 
-def loop(
-    model: Model,
-    out: Out,
-    benchmark: BenchmarkName = None,
-    bank: BankOpt = None,
-    rounds: Annotated[int, typer.Option("--rounds", min=1)] = 10,
-    steps_per_round: Annotated[int, typer.Option("--steps-per-round", min=1)] = 50,
-    eval_repeats: Annotated[
-        int | None,
-        typer.Option(
-            "--eval-repeats", min=1, help="Default: the benchmark's splits.heldout_repeats."
-        ),
-    ] = None,
-    eval_max_turns: Annotated[int | None, typer.Option("--eval-max-turns", min=1)] = None,
-    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
-    max_turns: Annotated[int | None, typer.Option("--max-turns", min=1)] = None,
-    group_size: Annotated[int | None, typer.Option("--group-size", min=2)] = None,
-    lr: Annotated[float | None, typer.Option("--lr")] = None,
-    num_envs: Annotated[int | None, typer.Option("--num-envs", min=1)] = None,
-    selector: Annotated[
-        str, typer.Option("--selector", help=f"Target selector: {', '.join(SELECTORS)}.")
-    ] = "paper",
-    kl_reference: Annotated[
-        str,
-        typer.Option(
-            "--kl-reference",
-            help="KL toward each round's incumbent (the paper's setting) or the --model start.",
-        ),
-    ] = "incumbent",
-    chat_template_kwargs: ChatTemplateKwargs = None,
-    seed: Seed = 0,
-) -> None:
-    """BiCuRL: evaluate, pick the weakest stage, GRPO on it, gate, keep the best; repeat.
+train_app.command("grpo")(
+    config_command(
+        _options(_GRPO),
+        _grpo,
+        doc="Multi-turn GRPO on bat envs: a curriculum round (--target) or fixed --state-id's.",
+    )
+)
 
-    Rerun into the same --out to resume after a kill.
-    """
+
+def _loop(values: dict[str, Any]) -> None:
+    from bat_gym import progress
     from bat_gym.trainers.bicurl import BiCuRLConfig, run_loop
 
-    grpo_overrides = {
-        k: v
-        for k, v in {
-            "max_new_tokens": max_new_tokens,
-            "max_turns": max_turns,
-            "group_size": group_size,
-            "lr": lr,
-            "num_envs": num_envs,
-        }.items()
-        if v is not None
-    }
-    cfg = BiCuRLConfig(
-        model=model,
-        output_dir=str(out),
-        benchmark=benchmark,
-        bank=str(bank) if bank else None,
-        rounds=rounds,
-        steps_per_round=steps_per_round,
-        eval_repeats=eval_repeats,
-        eval_max_turns=eval_max_turns or max_turns,
-        eval_max_new_tokens=max_new_tokens,
-        selector=selector,
-        kl_reference=kl_reference,  # type: ignore[arg-type]
-        grpo=grpo_overrides,
-        chat_template_kwargs=parse_chat_template_kwargs(chat_template_kwargs),
-        seed=seed,
-    )
-    from bat_gym import progress
-
+    kwargs = config_values(_BICURL, values)
+    overrides = {k: values[f"grpo_{k}"] for k in _LOOP_GRPO if values[f"grpo_{k}"] is not None}
+    kwargs["grpo"] = {**kwargs["grpo"], **overrides}
+    # Evaluation episodes get the training turn and token budgets unless told otherwise.
+    if kwargs["eval_max_turns"] is None:
+        kwargs["eval_max_turns"] = values["grpo_max_turns"]
+    if kwargs["eval_max_new_tokens"] is None:
+        kwargs["eval_max_new_tokens"] = values["grpo_max_new_tokens"]
+    cfg = _config(BiCuRLConfig, kwargs)
     with progress.use(progress.for_cli()):
         state = run_loop(cfg)
-    typer.echo(f"best eligible checkpoint: {state.incumbent}  (report: {out}/report.md)")
+    typer.echo(
+        f"best eligible checkpoint: {state.incumbent}  (report: {kwargs['output_dir']}/report.md)"
+    )
+
+
+def _loop_grpo_options() -> list[inspect.Parameter]:
+    by_name = {f.name: f for f in _GRPO}
+    return [
+        field_option(
+            by_name[k],
+            name=f"grpo_{k}",
+            default=None,
+            help=f"Every round's GRPO {k} (default: GRPO's, {by_name[k].default}). "
+            + by_name[k].help,
+        )
+        for k in _LOOP_GRPO
+    ]
+
+
+loop = config_command(
+    [*_options(_BICURL), *_loop_grpo_options()],
+    _loop,
+    doc="""BiCuRL: evaluate, pick the weakest stage, GRPO on it, gate, keep the best; repeat.
+
+    Rerun into the same --out to resume after a kill.
+    """,
+)
 
 
 def tiny_model(

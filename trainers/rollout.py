@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bat_gym.errors import EnvLost
-from bat_gym.integrations._episode import (
+from bat_gym.integrations.episode import (
     CutTurn,
     EpisodeResult,
     Rerendering,
@@ -55,7 +55,7 @@ class RolloutWorkers:
         stop_token_ids: the tokens ``generate_batch`` stops at (``policy.stop_token_ids``),
             so that episodes know a finished turn from a cut one; default: the chat
             template's end-of-turn token and the tokenizer's eos
-            (:func:`~bat_gym.integrations._episode.default_stop_token_ids`).
+            (:func:`~bat_gym.integrations.episode.default_stop_token_ids`).
         chat_template_kwargs: extra ``apply_chat_template`` arguments (e.g.
             ``{"enable_thinking": False}``), the same the policy renders prompts with.
         max_total_tokens: cap on prompt plus response tokens of an episode (None: none).

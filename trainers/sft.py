@@ -55,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from bat_gym.trainers.checkpoints import (  # noqa: E402 - after the torch check
     CheckpointDir,
+    load_resume_state,
     publish,
     resolve_bf16,
     resolve_device,
@@ -379,29 +380,13 @@ def _resume_point(
             f"{out} already holds checkpoints (newest {latest.name}); set resume=True to "
             "continue that run or choose another output_dir"
         )
-    saved = torch.load(latest / _STATE, map_location="cpu", weights_only=True)
-    _check_resumable(cfg, saved["config"], latest)
+    saved = load_resume_state(latest, _STATE, asdict(cfg), free=_FREE_ON_RESUME, map_location="cpu")
     if saved["run"]["data_fingerprint"] != fingerprint:
         raise ConfigError(
             f"cannot resume from {latest}: the training rows differ from the ones it was "
             "trained on; pass the same data or use a new output_dir"
         )
     return latest, saved
-
-
-def _check_resumable(cfg: SFTConfig, saved: dict[str, Any], latest: Path) -> None:
-    now = asdict(cfg)
-    changed = {
-        k: (saved.get(k), now[k])
-        for k in now
-        if k not in _FREE_ON_RESUME and saved.get(k) != now[k]
-    }
-    if changed:
-        diff = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in changed.items())
-        raise ConfigError(
-            f"cannot resume from {latest}: {diff}. These settings change the training math; "
-            "restore them or use a new output_dir"
-        )
 
 
 def _clean_partial(output_dir: Path) -> None:

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 from bat_gym.bank.replay import RecordedTurn
 from bat_gym.bank.states import MemoryStates
 from bat_gym.benchmark import Benchmark
+from bat_gym.completion import Completion
 from bat_gym.errors import BankError
+from bat_gym.rollout import SandboxRestarted, Step, policy_actor, run_episode
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import E2E, StageState
 
@@ -103,7 +105,6 @@ def policy_trajectory(
         BankError: the sandbox crashed during a tool call.
     """
     from bat_gym.env import StageEnv
-    from bat_gym.policies.base import EpisodeContext, PolicyRequest
 
     env = StageEnv(
         E2E,
@@ -114,26 +115,34 @@ def policy_trajectory(
     )
     stages = bench.spec.stages
     turns: list[RecordedTurn] = []
+    ask = policy_actor(policy, bench, start)
     try:
         _, info = env.reset(options={"state_id": start.state_id})
         k = _stage_reached(bench, 0, _files(env))
         digests = {stages[k].id: env.sandbox.digest()}  # type: ignore[union-attr]
-        while True:
-            context = EpisodeContext(benchmark=bench, state=start, turn=info["turns"])
-            request = PolicyRequest(messages=info["messages"], tools=info["tools"], context=context)
-            output = policy.act(request)
-            turns.append(RecordedTurn(stages[k].id, output.text, output.num_tokens))
-            _, _, terminated, truncated, info = env.step(output.action())
-            if any(c.restarted for c in info["record"].calls):
-                # Infrastructure, not the policy's doing: stop rather than journal a verdict.
-                raise BankError(start.state_id, "the sandbox crashed during a tool call; rerun")
-            if terminated or truncated:
-                break
+
+        def act(info: dict[str, Any]) -> Completion:
+            action = ask(info)
+            turns.append(RecordedTurn(stages[k].id, str(action), action.num_tokens))
+            return action
+
+        def after(step: Step) -> None:
+            nonlocal k
+            if step.done:
+                return
             reached = _stage_reached(bench, k, _files(env))
             if reached != k:
                 k = reached
                 digests[stages[k].id] = env.sandbox.digest()  # type: ignore[union-attr]
-        reason = None if terminated else "teacher ran out of budget"
+
+        try:
+            end = run_episode(env, act, info=info, on_step=after)
+        except SandboxRestarted as exc:
+            # Infrastructure, not the policy's doing: stop rather than journal a verdict.
+            raise BankError(
+                start.state_id, "the sandbox crashed during a tool call; rerun"
+            ) from exc
+        reason = None if end.terminated else "teacher ran out of budget"
         return turns, digests, reason
     finally:
         env.close()

@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 from bat_gym.bank.states import MemoryStates
 from bat_gym.benchmark import Benchmark
+from bat_gym.completion import Completion
+from bat_gym.rollout import run_episode
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import E2E, StageState
 
@@ -157,7 +159,7 @@ def play_turns(
 
     ``on_boundary(stage, env)`` runs before the first turn of each stage.
     """
-    from bat_gym.env import Completion, StageEnv
+    from bat_gym.env import StageEnv
     from bat_gym.rubrics.reward import RubricReward
 
     base = StageEnv(
@@ -168,17 +170,23 @@ def play_turns(
         protocol=protocol,
     )
     env = RubricReward(base) if score else base
+    pending = iter(turns)
+    current = None
+
+    def act(_: dict[str, Any]) -> Completion | None:
+        nonlocal current
+        turn = next(pending, None)
+        if turn is None:
+            return None
+        if turn.stage != current and turn.stage != E2E:
+            current = turn.stage
+            on_boundary(current, env)
+        return Completion(turn.text, turn.num_tokens)
+
     try:
-        env.reset(options={"state_id": start.state_id})
-        current = None
-        terminated = truncated = False
-        for turn in turns:
-            if turn.stage != current and turn.stage != E2E:
-                current = turn.stage
-                on_boundary(current, env)
-            _, _, terminated, truncated, _ = env.step(Completion(turn.text, turn.num_tokens))
-            if terminated or truncated:
-                break
+        # A recorded trajectory is replayed as it was, a restarted sandbox included.
+        end = run_episode(env, act, state_id=start.state_id, on_restart="ignore")
+        terminated, truncated = end.terminated, end.truncated
         episode = PlayedEpisode(
             reason=None,
             turns=base.turns,

@@ -21,20 +21,45 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from bat_gym.bank.states import StateLookup
 from bat_gym.bank.verify import BankReport, verify_replays, verify_store
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BankError
 from bat_gym.files import write_atomic
 from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import StageState, load_model
+from bat_gym.spec import StageState, first_problem, load_model
 
-__all__ = ["BANK_FORMAT", "StageBank"]
+__all__ = ["BANK_FORMAT", "BankManifest", "StageBank"]
 
 
 # 3: contract refs; 4: history fitted to the prompt budget; 5: outcomes; 6: admission
 # gates, policy teachers, upstream counts in provenance, manifest provenance
 BANK_FORMAT = 6
+
+
+class BankManifest(BaseModel):
+    """``manifest.json`` of a bank: what was built, from what, and the digest of its rows.
+
+    The build writes more than these fields (counts, seeds, admission figures; see
+    :func:`~bat_gym.bank.build_bank`); they are kept as written (``extra``) and shown by
+    ``bat-gym bank``. The fields here are the ones code reads, checked on load.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    format: int = Field(ge=1, description="The bank layout's number (:data:`BANK_FORMAT`).")
+    benchmark: str = Field(min_length=1, description="The benchmark the bank was built from.")
+    version: str = Field(description="The benchmark's spec version at build time.")
+    protocol: str = Field("hermes", description="The tool protocol the trajectories speak.")
+    teacher: str | dict[str, Any] = Field(
+        "scripted", description="``scripted``, or the policy teacher's identity."
+    )
+    tracks: list[str] = Field(default_factory=list, description="The tracks built.")
+    outcomes: list[str] = Field(default_factory=list, description="The outcomes built.")
+    rows: int = Field(ge=0, description="Lines of rows.jsonl.")
+    rows_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of rows.jsonl.")
 
 
 class StageBank(StateLookup):
@@ -71,13 +96,24 @@ class StageBank(StateLookup):
             raise BankError(
                 str(self.root / "manifest.json"), f"not valid JSON: {exc.msg}"
             ) from None
-        if hashlib.sha256(data).hexdigest() != manifest.get("rows_sha256"):
+        try:
+            info = BankManifest.model_validate(manifest)
+        except ValidationError as exc:
+            raise BankError(
+                str(self.root / "manifest.json"),
+                f"not a bank manifest: {first_problem(exc)}; rebuild the bank with "
+                "`bat-gym bank build --out DIR`",
+            ) from None
+        if hashlib.sha256(data).hexdigest() != info.rows_sha256:
             raise BankError(
                 str(rows_path),
                 "rows.jsonl does not match the digest in manifest.json (edited or corrupted)",
             )
         self.store = BlobStore(self.root / "store")
+        self.info = info
+        """The manifest, checked (:class:`BankManifest`)."""
         self.manifest: dict[str, Any] = manifest
+        """The manifest as written, every key of the build included."""
         self._rows: dict[str, StageState] = {}
         for n, line in enumerate(data.decode().splitlines(), 1):
             row = load_model(StageState, json.loads(line), origin=f"{rows_path}:{n}")
@@ -127,7 +163,7 @@ class StageBank(StateLookup):
         if bench is None:
             from bat_gym.registry import get_benchmark
 
-            bench = get_benchmark(self.manifest["benchmark"])
+            bench = get_benchmark(self.info.benchmark)
         rows = list(self)
         if sample is not None and sample < len(rows):
             rows = random.Random(seed).sample(rows, sample)

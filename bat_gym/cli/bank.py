@@ -160,7 +160,7 @@ def _fail_on_gaps(bench: Any, bank: Any, out: Path) -> None:
     """Exit 1 when a track is left without states for a focus, showing every rejection."""
     from bat_gym.bank.explain import explain, gaps, journal_records
 
-    empty = gaps(bench, bank, bank.manifest["tracks"])
+    empty = gaps(bench, bank, bank.info.tracks)
     if not empty:
         return
     for line in explain(journal_records(out)):
@@ -239,7 +239,7 @@ def show(path: Annotated[Path, typer.Argument(help="A bank directory.")]) -> Non
 
     bank = StageBank(path)
     typer.echo(
-        f"{path}: {len(bank)} states of {bank.manifest['benchmark']} {bank.manifest['version']}"
+        f"{path}: {len(bank)} states of {bank.info.benchmark} {bank.info.version}"
     )
     counts = Counter((s.focus, s.track, s.outcome) for s in bank)
     for (focus, track, outcome), n in sorted(counts.items()):

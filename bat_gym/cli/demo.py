@@ -15,6 +15,7 @@ import typer
 from bat_gym import progress
 from bat_gym.cli.options import Backend, Quiet
 from bat_gym.protocol import ToolCall
+from bat_gym.rollout import Step, run_episode
 
 __all__ = ["demo"]
 
@@ -107,22 +108,33 @@ def _demo(gym: Any, env_id: str, backend: str, seed: int) -> None:
                     [ToolCall(name="finish", arguments={"summary": f"{focus} done"})],
                 )
             )
-        terminated = truncated = False
-        reward = 0.0
+        pending = iter(enumerate(turns, 1))
         with progress.task("the teacher's turns", len(turns)) as shown:
-            for n, (content, calls) in enumerate(turns, 1):
-                if terminated or truncated:
-                    break
+            t0 = time.perf_counter()
+
+            def act(_: dict) -> str | None:
+                nonlocal t0
+                nxt = next(pending, None)
+                if nxt is None:
+                    return None
+                n, (content, calls) = nxt
                 last = n == len(turns) or any(c.name == "finish" for c in calls)
                 # The last step also scores the episode (the verifier runs out of band).
                 shown.describe(f"turn {n}" + (": scoring the episode" if last else ""))
                 t0 = time.perf_counter()
-                obs, reward, terminated, truncated, info = env.step(proto.render(content, calls))
-                first = obs.splitlines()[0] if obs else ""
+                return proto.render(content, calls)
+
+            def echo(step: Step) -> None:
+                first = step.observation.splitlines()[0] if step.observation else ""
                 shown.advance()
                 typer.echo(
-                    f"  {content}\n      -> {first}  ({(time.perf_counter() - t0) * 1e3:.0f} ms)"
+                    f"  {turns[step.turn - 1][0]}\n      -> {first}  "
+                    f"({(time.perf_counter() - t0) * 1e3:.0f} ms)"
                 )
+
+            end = run_episode(env, act, info=info, on_step=echo, on_restart="ignore")
+        terminated, truncated, info = end.terminated, end.truncated, end.info
+        reward = 0.0 if end.reward is None else end.reward
         record = info["record"]
         typer.echo(
             f"episode over: {'finished' if terminated else 'budget spent' if truncated else 'stopped'}"

@@ -76,6 +76,7 @@ def evaluate(
     """
     from bat_gym.evaluation import EvalConfig
     from bat_gym.evaluation import evaluate as run_evaluation
+    from bat_gym.evaluation.manifest import EvalManifest
     from bat_gym.policies import make_policy, policy_kind
     from bat_gym.registry import get_benchmark
 
@@ -138,7 +139,8 @@ def evaluate(
     )
     typer.echo(
         f"{agg.completion.valid}/{agg.completion.runs} valid cells, "
-        f"{report.manifest['timing']['wall_s']:.1f} s -> {out}/report.md, {out}/aggregates.json"
+        f"{EvalManifest.model_validate(report.manifest).timing.wall_s:.1f} s -> {out}/report.md, "
+        f"{out}/aggregates.json"
     )
     if agg.completion.invalid:
         typer.secho(

@@ -26,6 +26,7 @@ from bat_gym.errors import BatGymError
 from bat_gym.evaluation.aggregates import aggregate
 from bat_gym.evaluation.cells import Cell
 from bat_gym.evaluation.harness import EvalConfig, held_out_cells, run_cells
+from bat_gym.evaluation.manifest import EvalManifest, Timing, read_manifest
 from bat_gym.evaluation.report import (
     EvalReport,
     bootstrap_interval,
@@ -96,7 +97,7 @@ def _check_resumable(out: Path, identity: dict[str, Any]) -> None:
         )
 
 
-def _timing(out: Path, started: str, wall_s: float) -> dict[str, Any]:
+def _timing(out: Path, started: str, wall_s: float) -> Timing:
     """This invocation's timing, added to what earlier invocations of the run recorded.
 
     ``started`` is the first invocation's start, ``wall_s`` the seconds of every
@@ -104,16 +105,14 @@ def _timing(out: Path, started: str, wall_s: float) -> dict[str, Any]:
     reports its whole cost, not only what its last part took.
     """
     try:
-        before = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))["timing"]
-        return {
-            "started": str(before["started"]),
-            "wall_s": wall_s + float(before["wall_s"]),
-            "invocations": int(before.get("invocations", 1)) + 1,
-        }
-    except (OSError, ValueError, KeyError, TypeError):
+        before = read_manifest(out / MANIFEST_FILE).timing
+    except BatGymError:
         # No manifest (the first invocation, or one killed before writing it) or an
         # unreadable one: the run's time is counted from this invocation.
-        return {"started": started, "wall_s": wall_s, "invocations": 1}
+        return Timing(started=started, wall_s=wall_s, invocations=1)
+    return Timing(
+        started=before.started, wall_s=wall_s + before.wall_s, invocations=before.invocations + 1
+    )
 
 
 def evaluate(
@@ -153,28 +152,39 @@ def evaluate(
 
     started, t0 = datetime.now(UTC), time.perf_counter()
     results = run_cells(bench, policy, cells, out, cfg)
-    timing = _timing(out, started.isoformat(), time.perf_counter() - t0)
-    timing["episode_wall_s_total"] = sum(r.wall_s for r in results)
+    timing = _timing(out, started.isoformat(), time.perf_counter() - t0).model_copy(
+        update={"episode_wall_s_total": sum(r.wall_s for r in results)}
+    )
 
     aggregates = aggregate(results, bench.spec)
     metrics = ["overall", "task", "agentic", *aggregates.stages]
     intervals = {m: bootstrap_interval(results, m) for m in metrics}
-    manifest = {
-        **identity,
-        "cells": [
-            {**c.model_dump(), "task_id": r.task_id} for c, r in zip(cells, results, strict=True)
-        ],
-        "settings": {
-            **identity["settings"],
-            **{k: v for k, v in asdict(cfg).items() if k != "budgets"},
-        },
-        "versions": _versions(),
-        "timing": timing,
-    }
+    manifest = EvalManifest.model_validate(
+        {
+            **json.loads(_dumps(identity)),
+            "cells": [
+                {**c.model_dump(), "task_id": r.task_id}
+                for c, r in zip(cells, results, strict=True)
+            ],
+            "settings": json.loads(
+                _dumps(
+                    {
+                        **identity["settings"],
+                        **{k: v for k, v in asdict(cfg).items() if k != "budgets"},
+                    }
+                )
+            ),
+            "versions": _versions(),
+            "timing": timing,
+        }
+    ).to_json()
     report = EvalReport(
-        manifest=manifest, aggregates=aggregates, intervals=intervals, cells=tuple(results)
+        manifest=json.loads(manifest),
+        aggregates=aggregates,
+        intervals=intervals,
+        cells=tuple(results),
     )
-    (out / MANIFEST_FILE).write_text(_dumps(manifest), encoding="utf-8")
+    (out / MANIFEST_FILE).write_text(manifest, encoding="utf-8")
     (out / REPORT_FILE).write_text(report.model_dump_json(indent=1) + "\n", encoding="utf-8")
     write_stage_chart(aggregates, intervals, out / "stages.png")
     write_markdown(report, out / "report.md", chart="stages.png")

@@ -31,8 +31,9 @@ from bat_gym.benchmark import Benchmark
 from bat_gym.errors import ConfigError
 from bat_gym.evaluation.cells import Cell, CellResult, FailureCategory
 from bat_gym.files import write_atomic
-from bat_gym.policies.base import EpisodeContext, Policy, PolicyError, PolicyRequest
+from bat_gym.policies.base import Policy, PolicyError
 from bat_gym.progress import ProgressTask
+from bat_gym.rollout import SandboxRestarted, policy_actor, run_episode
 from bat_gym.spec import Budgets, StageState
 
 __all__ = ["EvalConfig", "held_out_cells", "run_cells", "play_episode"]
@@ -111,7 +112,7 @@ class _Infrastructure(Exception):
 def play_episode(
     env: Any, policy: Policy, state: StageState, bench: Benchmark
 ) -> tuple[dict[str, Any], bool]:
-    """Play one episode from ``state`` to its end.
+    """Play one episode from ``state`` to its end (:func:`bat_gym.rollout.run_episode`).
 
     Returns:
         The final step's ``info`` and whether the policy finished (``terminated``).
@@ -119,23 +120,19 @@ def play_episode(
     Raises:
         _Infrastructure: the policy backend failed or the sandbox crashed mid-episode.
     """
-    _, info = env.reset(options={"state_id": state.state_id})
-    while True:
-        request = PolicyRequest(
-            messages=info["messages"],
-            tools=info["tools"],
-            context=EpisodeContext(benchmark=bench, state=state, turn=info["turns"]),
-        )
+    ask = policy_actor(policy, bench, state)
+
+    def act(info: dict[str, Any]) -> Any:
         try:
-            output = policy.act(request)
-        except PolicyError as exc:
+            return ask(info)
+        except PolicyError as exc:  # the backend's failure, not the model's answer
             raise _Infrastructure(f"policy failed: {exc}") from exc
-        _, _, terminated, truncated, info = env.step(output.action())
-        record = info["record"]
-        if record is not None and any(c.restarted for c in record.calls):
-            raise _Infrastructure("the sandbox crashed during a tool call and was restarted")
-        if terminated or truncated:
-            return info, bool(terminated)
+
+    try:
+        end = run_episode(env, act, state_id=state.state_id)
+    except SandboxRestarted as exc:
+        raise _Infrastructure("the sandbox crashed during a tool call and was restarted") from exc
+    return end.info, end.finished
 
 
 def _failures(

@@ -27,10 +27,10 @@ __all__ = [
 ]
 
 _EXPORTS = {
-    "ChatTemplateError": "bat_gym.integrations._episode",
-    "EpisodeResult": "bat_gym.integrations._episode",
-    "TokenEpisode": "bat_gym.integrations._episode",
-    "default_stop_token_ids": "bat_gym.integrations._episode",
+    "ChatTemplateError": "bat_gym.integrations.episode",
+    "EpisodeResult": "bat_gym.integrations.episode",
+    "TokenEpisode": "bat_gym.integrations.episode",
+    "default_stop_token_ids": "bat_gym.integrations.episode",
     "make_env": "bat_gym.integrations._states",
     "state_rows": "bat_gym.integrations._states",
 }

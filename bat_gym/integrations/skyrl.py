@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.integrations._states import conversation_text, make_env, state_id_of, state_rows
+from bat_gym.rollout import step
 
 try:
     from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
@@ -102,7 +103,9 @@ class BatTextEnv(BaseTextEnv):
         if self._env is None:
             raise RuntimeError("call init() before step()")
         before = len(self._info["messages"])
-        obs, reward, terminated, truncated, info = self._env.step(action)
+        answer = step(self._env, action, turn=self.turns + 1)  # bat_gym.rollout: the one step
+        obs, reward, info = answer.observation, answer.reward, answer.info
+        terminated, truncated = answer.terminated, answer.truncated
         self._info = info
         self.turns += 1
         done = bool(terminated or truncated)

@@ -8,7 +8,7 @@ bat_gym plugs into two of ``GRPOTrainer``'s arguments, used together:
   its state. The environment has no public tool methods: bat_gym's env parses and runs
   the tool calls, so TRL's own tool loop stays off.
 * ``rollout_func``: :class:`BatRollout` plays those envs turn by turn with the trainer's
-  model through :class:`~bat_gym.integrations._episode.TokenEpisode` and returns the
+  model through :class:`~bat_gym.integrations.episode.TokenEpisode` and returns the
   token sequences, with ``env_mask`` 0 on the env's replies (TRL multiplies it into the
   loss mask, so tool results never enter the loss).
 
@@ -30,18 +30,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import BatGymError
-from bat_gym.integrations._episode import (
-    CutTurn,
-    EpisodeResult,
-    TokenEpisode,
-    default_stop_token_ids,
-)
 from bat_gym.integrations._states import (
     EnvSpec,
     conversation_text,
     make_env,
     state_id_of,
     state_rows,
+)
+from bat_gym.integrations.episode import (
+    CutTurn,
+    EpisodeResult,
+    TokenEpisode,
+    default_stop_token_ids,
 )
 
 if TYPE_CHECKING:

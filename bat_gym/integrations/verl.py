@@ -15,7 +15,7 @@ from :func:`agent_loop_config`, and in the trainer config
 ``actor_rollout_ref.rollout.mode=async``,
 ``actor_rollout_ref.rollout.agent.agent_loop_config_path=<that file>``.
 
-The token bookkeeping is :class:`~bat_gym.integrations._episode.TokenEpisode`, shared
+The token bookkeeping is :class:`~bat_gym.integrations.episode.TokenEpisode`, shared
 with the other adapters; :func:`run_episode` and :func:`agent_loop_fields` are the
 parts of the loop that need no verl.
 """
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
-from bat_gym.integrations._episode import CutTurn, EpisodeResult, TokenEpisode
 from bat_gym.integrations._states import conversation_text, make_env, state_id_of, state_rows
+from bat_gym.integrations.episode import CutTurn, EpisodeResult, TokenEpisode
 
 if TYPE_CHECKING:
     import datasets

@@ -58,7 +58,7 @@ import sys
 import time
 import types
 
-__all__ = ["send_frame", "recv_frame", "BASH_SERVER"]
+__all__ = ["BASH_SERVER", "OutputCapture", "bash_server", "recv_frame", "send_frame"]
 
 _HEADER = struct.Struct("!Q")
 
@@ -79,7 +79,7 @@ done
 _JOIN_FD = 5
 
 
-def _bash_server(joins: int) -> str:
+def bash_server(joins: int) -> str:
     """The server script, first moving itself into the agent group through ``joins`` fds."""
     fds = range(_JOIN_FD, _JOIN_FD + joins)
     prefix = "".join(f"printf 0 >&{fd} || exit 1; exec {fd}>&-\n" for fd in fds)
@@ -136,7 +136,7 @@ def _prctl(option: int, value: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
-class _Capture:
+class OutputCapture:
     """Collects a call's output, keeping its head and its tail within ``cap`` bytes.
 
     The first half of the budget keeps the start (what the call printed first) and the
@@ -332,7 +332,7 @@ class Supervisor:
         try:
             pid = os.posix_spawn(
                 self.cfg["bash"],
-                ["bash", "--noprofile", "--norc", "-c", _bash_server(len(self.agent_fds))],
+                ["bash", "--noprofile", "--norc", "-c", bash_server(len(self.agent_fds))],
                 dict(self.cfg["env"], __bat_call=self.cfg["call_file"]),
                 file_actions=actions,
                 setpgroup=0,
@@ -454,7 +454,7 @@ class Supervisor:
         # call's (the host allows for it in its wait for the first python reply).
         self._preload()
         start = time.monotonic()
-        cap = _Capture(int(req["max_output"]))
+        cap = OutputCapture(int(req["max_output"]))
         deadline = start + float(req["timeout_s"])
         try:
             out_r, out_w = os.pipe()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import SandboxCrashed, SandboxUnavailable
 from bat_gym.sandbox import exec_filter, fdwait
-from bat_gym.sandbox._supervisor import _Capture
+from bat_gym.sandbox._supervisor import OutputCapture
 from bat_gym.sandbox.base import (
     AGENT_ENV,
     ExecResult,
@@ -460,7 +460,7 @@ class DockerSandbox(Sandbox):
         cpu_s = min(self.limits.cpu_s, max(1, int(timeout) + 1))
         start = time.monotonic()
         deadline = start + timeout
-        cap = _Capture(self.limits.record_output_bytes)
+        cap = OutputCapture(self.limits.record_output_bytes)
         status = bytearray()
         if self._tasks.fd < 0 and self._box:  # the idle count, before anything runs
             self._tasks.read(self._api, self._box[0])
@@ -514,7 +514,7 @@ class DockerSandbox(Sandbox):
         )
 
     def _timed_out(
-        self, stream: _Stream, cap: _Capture, start: float, timeout: float
+        self, stream: _Stream, cap: OutputCapture, start: float, timeout: float
     ) -> ExecResult:
         killed = self._kill_all(clear_tmp=False)
         # What the killed processes wrote before they died may still be in flight.

@@ -637,7 +637,7 @@ class LocalSandbox(Sandbox):
         if msg == b"ok" and fds:
             self._observe_note = ""
             # The bash server is the sandbox's own program, not the agent's.
-            server = ("bash", "--noprofile", "--norc", "-c", _supervisor._bash_server(joins))
+            server = ("bash", "--noprofile", "--norc", "-c", _supervisor.bash_server(joins))
             return exec_tracer().watch(fds[0], ignore=frozenset({server}))
         for fd in fds:
             os.close(fd)
@@ -777,8 +777,8 @@ class LocalSandbox(Sandbox):
 
     def _exec_bash(self, code: str, timeout: float, cpu_s: int) -> dict | None:
         """Hand a call to the bash server's waiting subshell and collect its status."""
-        cap = _supervisor._Capture(self.limits.record_output_bytes)
-        _supervisor._Capture(0).drain(self._bash_out)  # left by earlier background jobs
+        cap = _supervisor.OutputCapture(self.limits.record_output_bytes)
+        _supervisor.OutputCapture(0).drain(self._bash_out)  # left by earlier background jobs
         try:
             data = code.encode("utf-8", errors="surrogateescape")  # raw bytes of odd names
         except UnicodeEncodeError:  # a lone surrogate no byte stands for
@@ -858,7 +858,7 @@ class LocalSandbox(Sandbox):
         if reply is None or not reply.get("ok"):
             self._restart()
         else:
-            _supervisor._Capture(0).drain(self._bash_out)
+            _supervisor.OutputCapture(0).drain(self._bash_out)
             self._drain_status()
 
     def restore(self, snapshot: Snapshot) -> None:
@@ -870,7 +870,7 @@ class LocalSandbox(Sandbox):
         if reply is None or not reply.get("ok"):
             self._restart()
         else:
-            _supervisor._Capture(0).drain(self._bash_out)
+            _supervisor.OutputCapture(0).drain(self._bash_out)
             self._drain_status()
         self.index.restore(snapshot, self.store)
 

@@ -21,6 +21,7 @@ from bat_gym.bank import RecordedTurn, load_trajectory
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BatGymError
 from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
+from bat_gym.rollout import Step, run_episode
 from bat_gym.spec import E2E, Outcome, StageState
 
 __all__ = [
@@ -128,6 +129,61 @@ def _recorded_steps(turns: list[RecordedTurn], proto: ToolProtocol) -> list[_Ste
     return steps
 
 
+def _replay(
+    env: Any, benchmark: Benchmark, state: StageState, steps: list[_Step], *, strict: bool
+) -> list[SFTRow]:
+    """Replay ``steps`` from ``state`` in ``env``; one row per turn the env accepted.
+
+    ``strict``: a refused turn is an error (scripted turns), not a policy's mistake.
+    """
+    pending = iter(steps)
+    contexts: list[tuple[dict[str, Any], ...]] = []
+    rows: list[SFTRow] = []
+
+    def act(_: dict[str, Any]) -> Any:
+        step = next(pending, None)
+        if step is None:
+            return None
+        contexts.append(tuple(dict(m) for m in env.unwrapped.messages))
+        return step.message
+
+    def keep(turn: Step) -> None:
+        i = turn.turn - 1
+        refused = turn.observation.startswith("[tool call error]")
+        if turn.truncated or (refused and strict):
+            raise RuntimeError(
+                f"replaying {state.state_id}: turn {i} was not accepted by the env: "
+                f"{turn.observation[:200]}"
+            )
+        if refused:
+            return  # the policy's mistake: replayed, but not imitated
+        rows.append(
+            SFTRow(
+                row_id=f"{state.task_id}.t{i:03d}",
+                trajectory_id=state.task_id,
+                source_state_id=state.state_id,
+                benchmark=benchmark.name,
+                stage=steps[i].stage,
+                track=state.track,
+                outcome=state.outcome,
+                turn=i,
+                context=contexts[i],
+                target=steps[i].target,
+            )
+        )
+
+    # The trajectory is replayed as it was built, a restarted sandbox included.
+    end = run_episode(env, act, state_id=state.state_id, on_step=keep, on_restart="ignore")
+    if end.terminated and end.turns < len(steps):
+        raise RuntimeError(
+            f"replaying {state.state_id}: the teacher called finish at turn {end.turns - 1} "
+            f"of {len(steps)}"
+        )
+    if not end.terminated:
+        raise RuntimeError(f"replaying {state.state_id}: the teacher did not call finish")
+    return rows
+
+
 def sft_rows(
     bank: Any,
     benchmark: Benchmark,
@@ -177,34 +233,7 @@ def sft_rows(
                 steps = _scripted_steps(benchmark, state, proto)
             else:
                 steps = _recorded_steps(recorded, proto)
-            env.reset(options={"state_id": state_id})
-            terminated = False
-            for i, step in enumerate(steps):
-                context = tuple(dict(m) for m in env.unwrapped.messages)
-                obs, _, terminated, truncated, _ = env.step(step.message)
-                refused = obs.startswith("[tool call error]")
-                if truncated or (refused and recorded is None):
-                    raise RuntimeError(
-                        f"replaying {state_id}: turn {i} was not accepted by the env: {obs[:200]}"
-                    )
-                if refused:
-                    continue  # the policy's mistake: replayed, but not imitated
-                rows.append(
-                    SFTRow(
-                        row_id=f"{state.task_id}.t{i:03d}",
-                        trajectory_id=state.task_id,
-                        source_state_id=state_id,
-                        benchmark=benchmark.name,
-                        stage=step.stage,
-                        track=state.track,
-                        outcome=state.outcome,
-                        turn=i,
-                        context=context,
-                        target=step.target,
-                    )
-                )
-            if not terminated:
-                raise RuntimeError(f"replaying {state_id}: the teacher did not call finish")
+            rows.extend(_replay(env, benchmark, state, steps, strict=recorded is None))
     finally:
         env.close()
     return rows

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Track
+from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Track
+from bat_gym.stages import reference_stages
 
 __all__ = ["SPEC", "SKILLS", "TRACKS"]
 
@@ -29,40 +30,16 @@ SPEC = BenchmarkSpec(
         "Five stages, each one short command of a shipped tool; per task one flag to copy "
         "from the card (unit, phantom id) or from the tool's check (code fix)."
     ),
-    stages=(
-        Stage(id="S1", name="Plan", weight=0.25, skill=SKILLS["S1"], artifacts=("plan/plan.md",)),
-        Stage(
-            id="S2",
-            name="Setup",
-            weight=0.15,
-            skill=SKILLS["S2"],
-            artifacts=("setup/environment.json", "pipeline/infer.py"),
-        ),
-        Stage(
-            id="S3",
-            name="Validate",
-            weight=0.35,
-            skill=SKILLS["S3"],
-            artifacts=(
+    stages=reference_stages(
+        SKILLS,
+        # The pilot also records the flag it was run with.
+        artifacts={
+            "S3": (
                 "validation/pilot.csv",
                 "validation/s3_validation.json",
                 "validation/settings.json",
-            ),
-        ),
-        Stage(
-            id="S4",
-            name="Infer",
-            weight=0.15,
-            skill=SKILLS["S4"],
-            artifacts=("outputs/predictions.csv", "validation/s4_completion.json"),
-        ),
-        Stage(
-            id="S5",
-            name="Submit",
-            weight=0.10,
-            skill=SKILLS["S5"],
-            artifacts=("outputs/submission.csv", "validation/s5_submission.json"),
-        ),
+            )
+        },
     ),
     tracks=(
         Track(

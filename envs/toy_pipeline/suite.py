@@ -25,7 +25,8 @@ import numpy as np
 from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
 from bat_gym.protocol import ToolCall
 from bat_gym.sandbox.requirements import SandboxRequirements
-from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
+from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Task, Track
+from bat_gym.stages import reference_stages
 
 if TYPE_CHECKING:
     from bat_gym.rubrics.workspace import FrozenWorkspace
@@ -74,37 +75,7 @@ SPEC = BenchmarkSpec(
     name="toy_pipeline",
     version="2.0",
     description="Five-stage CSV scoring pipelines with a unit trap and a code-normalization trap.",
-    stages=(
-        Stage(id="S1", name="Plan", weight=0.25, skill=SKILLS["S1"], artifacts=("plan/plan.md",)),
-        Stage(
-            id="S2",
-            name="Setup",
-            weight=0.15,
-            skill=SKILLS["S2"],
-            artifacts=("setup/environment.json", "pipeline/infer.py"),
-        ),
-        Stage(
-            id="S3",
-            name="Validate",
-            weight=0.35,
-            skill=SKILLS["S3"],
-            artifacts=("validation/pilot.csv", "validation/s3_validation.json"),
-        ),
-        Stage(
-            id="S4",
-            name="Infer",
-            weight=0.15,
-            skill=SKILLS["S4"],
-            artifacts=("outputs/predictions.csv", "validation/s4_completion.json"),
-        ),
-        Stage(
-            id="S5",
-            name="Submit",
-            weight=0.10,
-            skill=SKILLS["S5"],
-            artifacts=("outputs/submission.csv", "validation/s5_submission.json"),
-        ),
-    ),
+    stages=reference_stages(SKILLS),
     tracks=(
         Track(
             name="threshold",

@@ -13,7 +13,7 @@ import gymnasium as gym
 import pytest
 
 from bat_gym.integrations import TokenEpisode
-from bat_gym.integrations._episode import render_ids
+from bat_gym.integrations.episode import render_ids
 
 pytest.importorskip("transformers")
 

@@ -3,7 +3,7 @@ import pytest
 
 from bat_gym.env import StageEnv
 from bat_gym.integrations import ChatTemplateError, TokenEpisode
-from bat_gym.integrations._episode import (
+from bat_gym.integrations.episode import (
     default_stop_token_ids,
     delta_ids,
     render_ids,

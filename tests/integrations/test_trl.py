@@ -6,7 +6,7 @@ import pytest
 
 from bat_gym import StageCurriculum
 from bat_gym.errors import BatGymError
-from bat_gym.integrations._episode import render_ids
+from bat_gym.integrations.episode import render_ids
 from bat_gym.integrations.trl import BatEnvironment, BatRollout, bat_dataset, rubric_reward
 
 pytest.importorskip("datasets")

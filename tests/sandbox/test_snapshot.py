@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bat_gym.errors import SnapshotNotFound, UnsafeSnapshot, UnsafeWorkspace
-from bat_gym.sandbox import snapshot as snapshot_mod
+from bat_gym.sandbox import workspace_index
 from bat_gym.sandbox.snapshot import (
     BlobStore,
     Entry,
@@ -212,7 +212,7 @@ def test_an_edit_during_a_scan_is_not_lost(tmp_path: Path, monkeypatch: pytest.M
     index.scan()
     target.write_bytes(b"two")
 
-    real_hash = snapshot_mod._hash_fd
+    real_hash = workspace_index.hash_fd
 
     def hash_then_edit(fd: int) -> tuple[str, int]:
         # A background writer changes the file right after the scan has read it.
@@ -220,9 +220,9 @@ def test_an_edit_during_a_scan_is_not_lost(tmp_path: Path, monkeypatch: pytest.M
         target.write_bytes(b"three")
         return result
 
-    monkeypatch.setattr(snapshot_mod, "_hash_fd", hash_then_edit)
+    monkeypatch.setattr(workspace_index, "hash_fd", hash_then_edit)
     index.scan()
-    monkeypatch.setattr(snapshot_mod, "_hash_fd", real_hash)
+    monkeypatch.setattr(workspace_index, "hash_fd", real_hash)
 
     assert index.scan().digest == WorkspaceIndex(ws).scan().digest
     entry = next(e for e in index.scan().entries if e.path == "a.txt")

@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 from bat_gym.evaluation import Aggregates, Cell, CellResult, aggregate  # noqa: E402
 from bat_gym.trainers import bicurl  # noqa: E402
-from bat_gym.trainers.bicurl import BiCuRLConfig, LoopState, run_loop  # noqa: E402
+from bat_gym.trainers.bicurl import BiCuRLConfig, LoopState, RoundRecord, run_loop  # noqa: E402
 
 
 class Killed(BaseException):
@@ -94,13 +94,13 @@ def test_rounds_gate_and_keep_the_best_eligible_checkpoint(world, tmp_path):
         "grpo round-02 from cand-round-00 on S1",
         "eval cand-round-02",
     ]
-    assert [r["decision"] for r in state.rounds] == ["promote", "catastrophic", "promote"]
+    assert [r.decision for r in state.rounds] == ["promote", "catastrophic", "promote"]
     assert Path(state.incumbent).name == "cand-round-02"
-    assert [r["best_overall"] for r in state.rounds] == pytest.approx([0.60, 0.60, 0.62])
+    assert [r.best_overall for r in state.rounds] == pytest.approx([0.60, 0.60, 0.62])
     report = (tmp_path / "loop" / "report.md").read_text()
     assert "| 1 | S3 | 0.300 | 0.600 | catastrophic |" in report
     # Each phase's time is kept in the state file, so a resumed loop reports all of it.
-    assert all(r["train_s"] >= 0 and r["eval_s"] >= 0 for r in state.rounds)
+    assert all(r.train_s >= 0 and r.eval_s >= 0 for r in state.rounds)
     saved = LoopState.load(tmp_path / "loop" / "loop_state.json")
     assert saved.seconds == pytest.approx(state.seconds)
     assert f"Time: {state.seconds:.0f} s" in report
@@ -125,7 +125,7 @@ def test_every_round_trains_with_its_own_seed_and_the_chosen_kl_reference(
 
     monkeypatch.setattr(grpo, "train", fake_train)
     state = run_loop(cfg(tmp_path))
-    assert [r["target"] for r in state.rounds] == ["S3", "S3", "S3"]
+    assert [r.target for r in state.rounds] == ["S3", "S3", "S3"]
     assert [Path(c.model).name for c in configs] == ["start", "cand-round-00", "cand-round-00"]
     seeds = [c.seed for c in configs]
     assert len(set(seeds)) == 3 and seeds == [bicurl.round_seed(0, r) for r in range(3)]
@@ -158,7 +158,7 @@ def test_a_loop_killed_at_any_phase_resumes_without_redoing_work(
     state = run_loop(cfg(tmp_path / "b"))
     # The killed phase runs again (its work was lost); nothing finished before it does.
     assert killed.calls == straight.calls[:kill_at] + straight.calls[kill_at - 1 :]
-    assert [r["decision"] for r in state.rounds] == [r["decision"] for r in expected.rounds]
+    assert [r.decision for r in state.rounds] == [r.decision for r in expected.rounds]
     assert Path(state.incumbent).name == Path(expected.incumbent).name
 
 
@@ -176,7 +176,7 @@ def test_a_finished_loop_can_be_extended_but_not_changed(world, tmp_path):
 def test_the_state_file_is_json_and_names_no_task(world, tmp_path):
     run_loop(cfg(tmp_path, rounds=1))
     state = LoopState.load(tmp_path / "loop" / "loop_state.json")
-    text = json.dumps(state.__dict__)
+    text = state.model_dump_json()
     assert "1000000" not in text and "-x" not in text  # no seeds, no task ids
 
 
@@ -206,7 +206,7 @@ def test_the_loop_reads_nothing_of_an_evaluation_but_aggregates_json(toy_bank, t
             grpo={"group_size": 2, "max_new_tokens": 16, "max_turns": 2, "num_envs": 2},
         )
     )  # fmt: skip
-    assert state.rounds[0]["decision"] in ("promote", "hold", "catastrophic")
+    assert state.rounds[0].decision in ("promote", "hold", "catastrophic")
     assert opened, "the loop read the aggregates"
     assert {Path(p).name for p in opened} == {"aggregates.json"}
     # The evaluation side wrote its reports; the loop never opened them.
@@ -227,3 +227,36 @@ def test_the_loop_reports_its_rounds_to_the_progress_display(world, tmp_path):
         run_loop(cfg(tmp_path))
     (rounds,) = [t for t in tasks if t.what == "BiCuRL rounds"]
     assert (rounds.done, rounds.total, rounds.closed) == (3, 3, True)
+
+
+def test_the_state_file_keeps_its_keys_and_a_bad_one_is_refused_by_name(world, tmp_path):
+    from bat_gym.errors import BatGymError
+
+    run_loop(cfg(tmp_path, rounds=1))
+    path = tmp_path / "loop" / "loop_state.json"
+    raw = json.loads(path.read_text())
+    assert list(raw) == [
+        "round", "phase", "incumbent", "incumbent_eval", "target", "selector", "rounds",
+        "settings", "start_eval_s",
+    ]  # fmt: skip
+    assert set(raw["rounds"][0]) == {
+        "round", "target", "candidate", "train_s", "eval_s", "eval", "decision",
+        "failed_checks", "candidate_overall", "incumbent_overall", "candidate_stages", "gate",
+        "best_overall", "next_target",
+    }  # fmt: skip
+    # Read back and written again, the file is the same.
+    LoopState.load(path).save(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == raw
+    # A round the GRPO block wrote but no evaluation finished keeps only its own keys.
+    state = LoopState.load(path)
+    state.rounds.append(RoundRecord(round=1, target="S2", candidate="c", train_s=1.0))
+    state.save(path)
+    assert set(json.loads(path.read_text())["rounds"][1]) == {
+        "round", "target", "candidate", "train_s",
+    }  # fmt: skip
+
+    raw["rounds"][0]["decision"] = 3
+    raw["phase"] = "sleep"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(BatGymError, match="loop_state.json is not a loop state .*phase"):
+        LoopState.load(path)

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from bat_gym.integrations._episode import EpisodeResult  # noqa: E402
+from bat_gym.integrations.episode import EpisodeResult  # noqa: E402
 from bat_gym.trainers import grpo  # noqa: E402
 from bat_gym.trainers.fsdp import Dist  # noqa: E402
 from bat_gym.trainers.grpo import GRPOConfig, _batch_tensors, _logprobs, _update  # noqa: E402

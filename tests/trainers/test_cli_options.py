@@ -129,3 +129,81 @@ def test_the_loop_trains_and_evaluates_with_the_same_chat_template_kwargs(tmp_pa
     monkeypatch.setattr(grpo, "train", lambda c: rounds.append(c) or {"final": "f"})
     bicurl._grpo_block("m", "S3", tmp_path / "grpo", cfg, seed=bicurl.round_seed(cfg.seed, 0))
     assert rounds[0].chat_template_kwargs == {"enable_thinking": False}
+
+
+COMMANDS = [
+    (("train", "sft"), "bat_gym.trainers.sft", "SFTConfig"),
+    (("train", "grpo"), "bat_gym.trainers.grpo", "GRPOConfig"),
+    (("loop",), "bat_gym.trainers.bicurl", "BiCuRLConfig"),
+]
+# Fields a command fills itself, and options whose default the command computes.
+NOT_OPTIONS = {"SFTConfig": {"data_dir"}}  # the command exports the rows to OUT/data
+COMPUTED_DEFAULT = {"SFTConfig": {"warmup_steps"}}  # min(10, steps // 10): see --help
+
+
+def click_command(*path):
+    import typer
+
+    command = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return command
+
+
+@pytest.mark.parametrize(("path", "module", "name"), COMMANDS)
+def test_every_config_field_is_an_option_with_the_configs_default_and_help(path, module, name):
+    """One source: each field's option has the config's name, default and docstring."""
+    import dataclasses
+    import importlib
+
+    from bat_gym.trainers.config_options import config_fields, to_config
+
+    config = getattr(importlib.import_module(module), name)
+    options = {p.name: p for p in click_command(*path).params}
+    parsed = {f.name: f for f in config_fields(module, name)}
+    fields = dataclasses.fields(config)
+    assert set(parsed) == {f.name for f in fields}  # the source reader sees every field
+    for field in fields:
+        if field.name in NOT_OPTIONS.get(name, ()):
+            assert field.name not in options
+            continue
+        option = options[field.name]
+        assert ("--" + field.name.replace("_", "-")) in option.opts, option.opts
+        assert option.help and len(option.help) > 10, f"{name}.{field.name} has no help"
+        assert option.help.startswith(parsed[field.name].help[:40])
+        if field.name in COMPUTED_DEFAULT.get(name, ()):
+            assert option.default is None and "Default:" in option.help
+            continue
+        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            assert option.required, f"{name}.{field.name} is required in the config"
+            continue
+        default = (
+            field.default_factory()
+            if field.default_factory is not dataclasses.MISSING
+            else field.default
+        )
+        assert to_config(parsed[field.name], option.default) == default, field.name
+
+
+def test_a_config_error_is_a_usage_error_naming_the_field(tmp_path):
+    result = invoke(
+        "train", "grpo", "--model", "m", "--out", tmp_path, "--state-id", "s1", "--group-size", 1
+    )
+    assert result.exit_code == 2 and "group_size must be >= 2" in plain(result.output)
+    result = invoke("train", "grpo", "--model", "m", "--out", tmp_path, "--curriculum", "[1]")
+    assert result.exit_code == 2 and "is not a JSON object" in plain(result.output)
+
+
+def test_the_loop_hands_its_grpo_flags_to_every_round(tmp_path, monkeypatch):
+    import bat_gym.trainers.bicurl as bicurl
+
+    loops = []
+    monkeypatch.setattr(bicurl, "run_loop", lambda cfg: loops.append(cfg) or bicurl.LoopState())
+    result = invoke(
+        "loop", "--model", "m", "--out", tmp_path, "--lr", "1e-6", "--max-turns", 3,
+        "--grpo", '{"kl_coef": 0.01}', "--eval-track", "a", "--eval-track", "b",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (cfg,) = loops
+    assert cfg.grpo == {"kl_coef": 0.01, "lr": 1e-6, "max_turns": 3}
+    assert cfg.eval_max_turns == 3 and cfg.eval_tracks == ("a", "b")

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 from chat_templates import CHATML, qwen_model  # noqa: E402
 
-from bat_gym.errors import ConfigError  # noqa: E402
+from bat_gym.errors import BatGymError, ConfigError  # noqa: E402
 from bat_gym.integrations import EpisodeResult  # noqa: E402
 from bat_gym.trainers.grpo import (  # noqa: E402
     GRPOConfig,
@@ -24,6 +24,7 @@ from bat_gym.trainers.grpo import (  # noqa: E402
     _shaped_reward,
     train,
 )
+from bat_gym.trainers.grpo_metrics import read_metrics  # noqa: E402
 from bat_gym.trainers.rollout import RolloutWorkers  # noqa: E402
 from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
 
@@ -68,6 +69,20 @@ def test_grpo_runs_end_to_end_and_exports_a_loadable_model(tiny, toy_bank, tmp_p
     AutoModelForCausalLM.from_pretrained(summary["final"])
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
+    # The file reads back checked, the keys of the records handed to on_step.
+    steps = read_metrics(tmp_path / "metrics.jsonl")
+    assert [m.model_dump() for m in steps] == [json.loads(x) for x in lines]
+    assert set(json.loads(lines[0])) == set(seen[0])
+
+
+def test_a_metrics_line_that_is_not_a_step_is_named(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\n')
+    with pytest.raises(BatGymError, match=r"metrics.jsonl:1: not a GRPO step's metrics: step"):
+        read_metrics(path)
+    path.write_text('{"step": 1, "rew')
+    with pytest.raises(BatGymError, match="torn"):
+        read_metrics(path)
 
 
 def test_config_errors_name_the_fix(tiny, toy_bank, tmp_path):
@@ -191,6 +206,9 @@ def test_a_resumed_run_continues_the_sampling_seed_sequence(tiny, toy_bank, tmp_
     train(config(tiny, toy_bank, split, steps=2))  # resumes from step 1
     assert requests_seeded(split, 1) == requests_seeded(whole, 1) > 0
     assert requests_seeded(split, 2) == requests_seeded(whole, 2) > requests_seeded(whole, 1)
+    # A setting that changes the update is refused, as the SFT trainer refuses it.
+    with pytest.raises(ConfigError, match="lr: checkpoint"):
+        train(config(tiny, toy_bank, split, steps=3, lr=2e-3))
 
 
 @pytest.mark.slow

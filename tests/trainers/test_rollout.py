@@ -82,7 +82,7 @@ def test_every_turn_is_trained_on_exactly_the_ids_that_were_sampled(toy, toy_ban
     env = make_env(toy, toy_bank)
     _, info = env.reset(options={"state_id": state_id})
     env.close()
-    from bat_gym.integrations._episode import render_ids
+    from bat_gym.integrations.episode import render_ids
 
     prompt = render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
     gen.prompt_turns = prompt.count(tokenizer.eos_token_id)
@@ -106,7 +106,7 @@ def test_group_episodes_meet_in_one_generation_batch(toy, toy_bank, tokenizer):
     env = make_env(toy, toy_bank)
     _, info = env.reset(options={"state_id": state_id})
     env.close()
-    from bat_gym.integrations._episode import render_ids
+    from bat_gym.integrations.episode import render_ids
 
     prompt = render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
     gen.prompt_turns = prompt.count(tokenizer.eos_token_id)
@@ -130,7 +130,7 @@ def test_group_episodes_meet_in_one_generation_batch(toy, toy_bank, tokenizer):
 
 def prompt_ids(toy, toy_bank, tokenizer, state_id):
     """The rendered prompt of ``state_id``."""
-    from bat_gym.integrations._episode import render_ids
+    from bat_gym.integrations.episode import render_ids
 
     env = make_env(toy, toy_bank)
     _, info = env.reset(options={"state_id": state_id})
@@ -255,7 +255,7 @@ def test_an_episode_whose_env_is_lost_is_played_again_from_its_start(
     gen.script = gen.turns(state_id)
     env = make_env(toy, toy_bank)
     _, info = env.reset(options={"state_id": state_id})
-    from bat_gym.integrations._episode import render_ids
+    from bat_gym.integrations.episode import render_ids
 
     prompt = render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
     gen.prompt_turns = prompt.count(tokenizer.eos_token_id)

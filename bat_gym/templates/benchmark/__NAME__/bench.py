@@ -34,7 +34,8 @@ from bat_gym.benchmark import (
 from bat_gym.protocol import ToolCall
 from bat_gym.rubrics.contract import ContractLibrary
 from bat_gym.sandbox.requirements import SandboxRequirements
-from bat_gym.spec import BenchmarkSpec, SeedRange, Splits, Stage, Task, Track
+from bat_gym.spec import BenchmarkSpec, SeedRange, Splits, Task, Track
+from bat_gym.stages import reference_stage
 
 if TYPE_CHECKING:
     from bat_gym.rubrics.workspace import FrozenWorkspace
@@ -66,23 +67,23 @@ SPEC = BenchmarkSpec(
     name=NAME,
     version="0.1",
     description="Score CSV cases with a linear model whose unit differs from the data's.",
-    # Weights are relative: an E2E reward renormalizes them over the stages it scores.
+    # The reference stages (bat_gym.stages): names and agentic weights, with this
+    # package's skills and artifacts. Weights are relative: an E2E reward renormalizes
+    # them over the stages it scores.
     stages=(
         # [stage Plan]
-        Stage(
+        reference_stage(
+            "Plan",
             id="__S_Plan__",
-            name="Plan",
-            weight=0.2,
             skill=f"Read TASK.md, task.json, data/cases.csv and model/MODEL_CARD.md. Write {PLAN}: "
             "how many cases there are, the unit the values are recorded in, and how the "
             "pipeline converts them to the model's unit.",
             artifacts=(PLAN,),
         ),
         # [end]
-        Stage(
+        reference_stage(
+            "Setup",
             id="__S_Setup__",
-            name="Setup",
-            weight=0.5,
             skill=f"Write {PIPELINE}: `python {PIPELINE} OUT [ID ...]` reads data/cases.csv, "
             "model/model.json and task.json, converts the values to the model's unit and "
             "writes OUT with columns id,score (the model's score, four decimals) for the ids "
@@ -90,28 +91,25 @@ SPEC = BenchmarkSpec(
             artifacts=(PIPELINE,),
         ),
         # [stage Validate]
-        Stage(
+        reference_stage(
+            "Validate",
             id="__S_Validate__",
-            name="Validate",
-            weight=0.3,
             skill=f"Run the pipeline on ONE case (`python {PIPELINE} {PILOT} ID`) and check its "
             "score against the model card; fix the pipeline if it is wrong.",
             artifacts=(PILOT,),
         ),
         # [end]
         # [stage Infer]
-        Stage(
+        reference_stage(
+            "Infer",
             id="__S_Infer__",
-            name="Infer",
-            weight=0.2,
             skill=f"Run the pipeline on every case: `python {PIPELINE} {PREDICTIONS}`.",
             artifacts=(PREDICTIONS,),
         ),
         # [end]
-        Stage(
+        reference_stage(
+            "Submit",
             id="__S_Submit__",
-            name="Submit",
-            weight=0.5,
             skill=f"Run the pipeline on every case into {SUBMISSION} (columns id,score, one "
             "row per case id that task.json lists).",
             artifacts=(SUBMISSION,),

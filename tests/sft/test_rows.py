@@ -41,7 +41,7 @@ def tokenizer(tmp_path_factory):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     lines = []
     for path in sorted((root / "bat_gym").glob("*.py")) + [root / "README.md"]:
         lines += path.read_text().splitlines()

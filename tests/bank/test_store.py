@@ -81,6 +81,21 @@ def test_edited_rows_and_broken_rows_are_refused(toy_bank, tmp_path):
         StageBank(copy)
 
 
+def test_a_manifest_missing_what_the_code_reads_is_refused_by_field(toy_bank, tmp_path):
+    import shutil
+
+    copy = tmp_path / "bank"
+    shutil.copytree(toy_bank.root, copy)
+    bank = StageBank(copy)
+    assert (bank.info.benchmark, bank.info.rows) == ("toy_pipeline", len(bank))
+    assert bank.info.model_dump(exclude_unset=True) == bank.manifest  # every key kept as written
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["benchmark"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BankError, match="not a bank manifest: benchmark: Field required"):
+        StageBank(copy)
+
+
 def test_a_directory_that_is_not_a_bank_is_named(tmp_path):
     with pytest.raises(BankError, match="not a Stage Bank"):
         StageBank(tmp_path)

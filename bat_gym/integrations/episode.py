@@ -86,6 +86,7 @@ import gymnasium as gym
 
 from bat_gym.completion import Completion
 from bat_gym.errors import BatGymError, ConfigError
+from bat_gym.rollout import step
 
 __all__ = [
     "ChatTemplateError",
@@ -585,13 +586,14 @@ class TokenEpisode:
 
         text = self._action_text(tokens)
         before = list(self._info["messages"])
-        obs, reward, terminated, truncated, info = self.env.step(
-            Completion(text, num_tokens=len(tokens))
-        )
+        # The env's one step (bat_gym.rollout): nothing the sampled text says makes it raise.
+        answer = step(self.env, Completion(text, num_tokens=len(tokens)), turn=self.num_turns)
+        info = answer.info
         self._info = info
-        self.observations.append(obs)
-        if terminated or truncated:
-            return self._finish("terminated" if terminated else "truncated", info, float(reward))
+        self.observations.append(answer.observation)
+        if answer.done:
+            reason: StopReason = "terminated" if answer.terminated else "truncated"
+            return self._finish(reason, info, answer.reward)
 
         messages = info["messages"]
         delta = reply_delta(

@@ -1,7 +1,7 @@
 """The Ray backend: EnvActor alone, then RayVectorEnv and RayEnvPool on a local Ray.
 
 The Ray tests share one local Ray (2 CPUs, started once per module, about 5 s), so they
-are marked slow. What happens when the driver dies is in ``test_vector.py``.
+are marked slow. What happens when the driver dies is in ``tests/distributed/test_vector.py``.
 """
 
 from __future__ import annotations

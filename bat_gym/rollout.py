@@ -1,0 +1,237 @@
+"""Rollouts: the one episode loop (act, step, restart check, record) every consumer uses.
+
+An episode is ``reset`` to a state, then turns of *act* (a policy, a recorded
+trajectory, a token sampler produces the assistant's message) and *step* (the env runs
+the tool calls it holds) until the policy calls ``finish`` (``terminated``), a budget
+runs out (``truncated``), or the actor has nothing more to say. The evaluation harness,
+the Stage Bank's teachers and replays, the SFT rows and the trainers' token-level
+episodes (:class:`bat_gym.integrations.episode.TokenEpisode`) all play through
+:func:`run_episode` or :func:`step`, so the loop and its guarantees live here once.
+
+The guarantee: nothing a policy writes makes a step raise. The env turns every
+message, malformed or hostile, into an observation (a ``[tool call error]`` reply, a
+refused workspace ending the episode); :func:`step` is the only place the consumers
+call ``env.step``. What still raises from it is never the policy's doing: a caller's
+bug (:class:`~bat_gym.errors.ResetNeeded`, :class:`~bat_gym.errors.NotAnAction`) or
+infrastructure (a sandbox that could not run). A sandbox that crashed during a tool
+call and was restarted is infrastructure too; the step reports it
+(:attr:`Step.restarted`) and :func:`run_episode` raises :class:`SandboxRestarted`
+unless told to carry on, so a crash is never scored as the policy's failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bat_gym.completion import Completion
+from bat_gym.errors import BatGymError
+
+if TYPE_CHECKING:
+    from bat_gym.benchmark import Benchmark
+    from bat_gym.policies.base import Policy
+    from bat_gym.spec import StageState
+
+__all__ = [
+    "Actor",
+    "Rollout",
+    "SandboxRestarted",
+    "Step",
+    "policy_actor",
+    "run_episode",
+    "sandbox_restarted",
+    "step",
+]
+
+Action = str | Completion
+"""An assistant message: its text, or a :class:`~bat_gym.completion.Completion` with tokens."""
+
+Actor = Callable[[dict[str, Any]], Action | None]
+"""Given the env's latest ``info`` (``messages``, ``tools``, ``turns``), the next message.
+
+None: the actor has nothing more to say (a recorded trajectory ran out) and the
+episode stops where it is, neither terminated nor truncated.
+"""
+
+
+class SandboxRestarted(BatGymError, RuntimeError):
+    """The sandbox crashed during a tool call and was restarted: infrastructure, not the policy.
+
+    Attributes:
+        turn: the 1-based assistant turn whose tool call crashed the sandbox.
+    """
+
+    def __init__(self, turn: int) -> None:
+        super().__init__(
+            f"the sandbox crashed during a tool call of turn {turn} and was restarted; "
+            "the episode is not the policy's doing: play it again"
+        )
+        self.turn = turn
+
+
+@dataclass(frozen=True)
+class Step:
+    """One turn of an episode, as the env answered it.
+
+    Attributes:
+        turn: the 1-based index of the turn in the episode.
+        action: the message the env was stepped with.
+        observation: the env's reply (tool results, or a ``[tool call error]``).
+        reward: the step's reward (0 until the last step under a rubric reward).
+        terminated: the policy called ``finish``.
+        truncated: a budget ran out, or the workspace was refused.
+        info: the env's ``info`` after the step.
+    """
+
+    turn: int
+    action: Action
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+    @property
+    def done(self) -> bool:
+        """Whether the episode ended with this step."""
+        return self.terminated or self.truncated
+
+    @property
+    def restarted(self) -> bool:
+        """Whether a tool call of this step crashed the sandbox (see :func:`sandbox_restarted`)."""
+        return sandbox_restarted(self.info)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """How an episode ended.
+
+    Attributes:
+        info: the env's ``info`` after the last step (after the reset, if none).
+        turns: the steps taken.
+        terminated: the policy called ``finish``.
+        truncated: a budget ran out, or the workspace was refused.
+        reward: the last step's reward (None: no step was taken).
+    """
+
+    info: dict[str, Any]
+    turns: int
+    terminated: bool
+    truncated: bool
+    reward: float | None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the policy ended the episode itself (``terminated``)."""
+        return self.terminated
+
+
+def sandbox_restarted(info: dict[str, Any]) -> bool:
+    """Whether the last step's execution record holds a call that restarted the sandbox."""
+    record = info.get("record")
+    return record is not None and any(c.restarted for c in record.calls)
+
+
+def step(env: Any, action: Action, *, turn: int = 0) -> Step:
+    """Step ``env`` once with the assistant message ``action``; the one call of ``env.step``.
+
+    Args:
+        env: a StageEnv or a wrapper stack over one.
+        action: the whole assistant message.
+        turn: the 1-based turn index to record in the step (0: not counted).
+
+    Returns:
+        The env's answer as a :class:`Step`.
+    """
+    observation, reward, terminated, truncated, info = env.step(action)
+    return Step(
+        turn=turn,
+        action=action,
+        observation=observation,
+        reward=float(reward),
+        terminated=bool(terminated),
+        truncated=bool(truncated),
+        info=info,
+    )
+
+
+def run_episode(
+    env: Any,
+    act: Actor,
+    *,
+    state_id: str | None = None,
+    info: dict[str, Any] | None = None,
+    on_step: Callable[[Step], None] | None = None,
+    on_restart: str = "raise",
+) -> Rollout:
+    """Play one episode: reset, then act and step until it ends or ``act`` returns None.
+
+    Args:
+        env: a StageEnv or a wrapper stack over one.
+        act: the actor (see :data:`Actor`): called with the latest ``info`` before
+            every turn.
+        state_id: the state to reset to (``reset(options={"state_id": ...})``); None
+            resets to what the env's state source picks.
+        info: the ``info`` of a reset already made; then the env is not reset again.
+        on_step: called with every step, after the restart check and before the end
+            check (so it also sees the last step).
+        on_restart: ``"raise"`` :class:`SandboxRestarted` when a step's tool call
+            crashed the sandbox, or ``"ignore"`` to carry on (the step still reports
+            it in :attr:`Step.restarted`).
+
+    Returns:
+        How the episode ended.
+
+    Raises:
+        SandboxRestarted: a tool call crashed the sandbox and ``on_restart="raise"``.
+    """
+    if on_restart not in ("raise", "ignore"):
+        raise ValueError(f"on_restart must be 'raise' or 'ignore', got {on_restart!r}")
+    if info is None:
+        options = None if state_id is None else {"state_id": state_id}
+        _, info = env.reset(options=options)
+    turns = 0
+    last: Step | None = None
+    while True:
+        action = act(info)
+        if action is None:
+            break
+        turns += 1
+        last = step(env, action, turn=turns)
+        info = last.info
+        if on_restart == "raise" and last.restarted:
+            raise SandboxRestarted(turns)
+        if on_step is not None:
+            on_step(last)
+        if last.done:
+            break
+    return Rollout(
+        info=info,
+        turns=turns,
+        terminated=last is not None and last.terminated,
+        truncated=last is not None and last.truncated,
+        reward=None if last is None else last.reward,
+    )
+
+
+def policy_actor(
+    policy: Policy, benchmark: Benchmark, state: StageState
+) -> Callable[[dict[str, Any]], Completion]:
+    """An actor asking ``policy`` for each turn, with the episode's privileged context.
+
+    Scripted policies read the context (the benchmark and the start state) to
+    regenerate the task; learned policies ignore it. A
+    :class:`~bat_gym.policies.PolicyError` from the backend propagates.
+    """
+    from bat_gym.policies.base import EpisodeContext, PolicyRequest
+
+    def act(info: dict[str, Any]) -> Completion:
+        request = PolicyRequest(
+            messages=info["messages"],
+            tools=info["tools"],
+            context=EpisodeContext(benchmark=benchmark, state=state, turn=info["turns"]),
+        )
+        return policy.act(request).action()
+
+    return act

@@ -1,0 +1,76 @@
+"""The metrics of one GRPO step: a line of ``metrics.jsonl``, checked when written and read.
+
+Each optimizer step writes one :class:`StepMetrics` as a JSON line (the keys it has
+always had) and hands the same record to ``on_step``. The fields here are the ones the
+trainer writes today; a metric added later travels with the record (``extra``) until it
+gets a field of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bat_gym.errors import BatGymError
+from bat_gym.spec import first_problem
+
+__all__ = ["StepMetrics", "read_metrics"]
+
+
+class StepMetrics(BaseModel):
+    """One GRPO step: its rollouts (means over every rank's), its update, its timing."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    step: int = Field(ge=1, description="The optimizer step, 1 first.")
+    # ---- rollouts
+    reward: float = Field(description="Mean rollout reward (a null verdict counts as 0).")
+    reward_by_pool: dict[str, float] = Field(description="Mean rollout reward per state pool.")
+    scored_rollouts: int = Field(ge=0, description="Rollouts with a verdict (in the loss).")
+    zero_advantage_groups: float = Field(
+        ge=0, le=1, description="Share of groups whose rewards are all equal (no gradient)."
+    )
+    response_tokens: float = Field(ge=0, description="Mean response tokens per rollout.")
+    turns: float = Field(ge=0, description="Mean assistant turns per rollout.")
+    finished: float = Field(ge=0, le=1, description="Share of rollouts that called finish.")
+    length_cut: float = Field(ge=0, le=1, description="Share of rollouts a token limit ended.")
+    rerendered_replies: float = Field(
+        ge=0, description="Mean replies after a turn the chat template re-renders."
+    )
+    # ---- update
+    lr: float = Field(ge=0, description="Learning rate of the step.")
+    sampler_logprob_gap: float = Field(
+        ge=0, description="Mean |sampler - trainer| log-prob of the sampled tokens, nats."
+    )
+    sampler_gap_alarm: float = Field(description="1.0 when the gap passed its alarm, else 0.0.")
+    tis_weight_mean: float = Field(description="Mean truncated importance weight (1: none).")
+    tis_truncated_fraction: float = Field(ge=0, le=1, description="Share of weights capped.")
+    loss: float = Field(description="Mean loss over the step's updates.")
+    kl: float = Field(description="Mean k3 KL to the reference per token.")
+    clip_fraction: float = Field(ge=0, le=1, description="Share of tokens the ratio clip hit.")
+    entropy: float = Field(description="Mean policy entropy per token, nats.")
+    grad_norm: float = Field(ge=0, description="Global gradient norm before clipping.")
+    # ---- timing
+    rollout_s: float = Field(ge=0, description="Seconds of the step's rollouts.")
+    update_s: float = Field(ge=0, description="Seconds of the step's update.")
+
+
+def read_metrics(path: str | Path) -> list[StepMetrics]:
+    """The steps of a GRPO run's ``metrics.jsonl``, in order.
+
+    Raises:
+        BatGymError: a line is not a step's metrics (naming the line and the field).
+    """
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            out.append(StepMetrics.model_validate(json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise BatGymError(f"{path}:{n}: not JSON ({exc.msg}); the line is torn") from exc
+        except ValidationError as exc:
+            raise BatGymError(
+                f"{path}:{n}: not a GRPO step's metrics: {first_problem(exc)}"
+            ) from exc
+    return out
