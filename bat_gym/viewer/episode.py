@@ -33,14 +33,28 @@ def file_anchor(path: str) -> str:
     return "file-" + re.sub(r"[^A-Za-z0-9_-]", "_", path)
 
 
-def stage_of_calls(verdict: dict[str, Any] | None) -> dict[int, str]:
-    """Call index -> the first stage (in verdict order) whose items cite it."""
+def stage_of_calls(
+    verdict: dict[str, Any] | None, record: dict[str, Any] | None = None
+) -> dict[int, str]:
+    """Call index -> the first stage (in verdict order) whose items cite it.
+
+    An item citing a file cites the last call that wrote it (when the record says).
+    """
+    last_writer: dict[str, int] = {}
+    for c in (record or {}).get("calls", []):
+        for path in c.get("writes") or ():
+            last_writer[path] = int(c["index"])
     out: dict[int, str] = {}
     for stage in (verdict or {}).get("stages", []):
         for item in stage.get("items", []):
             for e in item.get("evidence", []):
-                if e.get("call") is not None:
-                    out.setdefault(int(e["call"]), stage["stage"])
+                call = (
+                    e.get("call")
+                    if e.get("call") is not None
+                    else last_writer.get(e.get("path") or "")
+                )
+                if call is not None:
+                    out.setdefault(int(call), stage["stage"])
     return out
 
 
@@ -239,7 +253,7 @@ def render_episode(
         if writers:
             placed.setdefault(max(writers), []).append(f)
     unplaced = [f for p, f in files.items() if not any(f in v for v in placed.values())]
-    cited = stage_of_calls(trace.get("verdict"))
+    cited = stage_of_calls(trace.get("verdict"), record)
     focus = trace.get("focus") or "E2E"
     bounds = sorted(boundaries)
 

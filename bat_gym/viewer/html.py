@@ -55,7 +55,7 @@ def page(title: str, body: str, *, crumbs: Sequence[tuple[str, str]] = ()) -> st
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{h(title)} - bat-gym view</title>"
-        '<link rel="stylesheet" href="viewer.css"><script src="viewer.js" defer></script>'
+        '<link rel="icon" href="data:,"><link rel="stylesheet" href="viewer.css"><script src="viewer.js" defer></script>'
         f'</head><body><header class="top"><h1>{h(title)}</h1><nav>{nav}</nav></header>'
         f"<main>{body}</main></body></html>\n"
     )
