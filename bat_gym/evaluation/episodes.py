@@ -41,6 +41,7 @@ __all__ = [
     "EPISODES_DIR",
     "EPISODE_FORMAT",
     "IMAGE_SUFFIXES",
+    "VERDICT_KEY",
     "episode_trace",
     "file_kind",
     "prefix_length",
@@ -50,6 +51,8 @@ __all__ = [
 EPISODES_DIR = "episodes"
 BLOBS_DIR = "blobs"
 EPISODE_FORMAT = "bat_gym.episode/1"
+#: How the verdict's key is written; it precedes ``messages``, ``record`` and ``files``.
+VERDICT_KEY = '"verdict": '
 #: File names shown as pictures (NIfTI and DICOM rendered to PNG by the viewer).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".nii", ".nii.gz", ".dcm")
 _TEXT_SUFFIXES = (
@@ -118,14 +121,16 @@ def episode_trace(info: dict[str, Any], *, reward: float | None = None) -> dict[
         "focus": info.get("stage"),
         "benchmark": info.get("benchmark"),
         "contract": _dump(contract),
-        "prefix_messages": prefix_length(messages, turns),
-        "messages": messages,
+        "reward": reward if reward is not None else getattr(verdict, "reward", None),
         "turns": turns,
         "tool_calls": int(info.get("tool_calls") or 0),
         "response_tokens": int(info.get("response_tokens") or 0),
-        "record": _dump(info.get("record")),
+        # The verdict before the long fields, so a reader wanting only it (a comparison
+        # of two evaluations) parses the head of the file: see VERDICT_KEY.
         "verdict": _dump(verdict),
-        "reward": reward if reward is not None else getattr(verdict, "reward", None),
+        "prefix_messages": prefix_length(messages, turns),
+        "messages": messages,
+        "record": _dump(info.get("record")),
         "files": [],
     }
 

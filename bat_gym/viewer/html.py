@@ -9,6 +9,7 @@ work served and opened from disk.
 from __future__ import annotations
 
 import difflib
+import functools
 import html
 from collections.abc import Sequence
 from typing import Any
@@ -61,24 +62,37 @@ def page(title: str, body: str, *, crumbs: Sequence[tuple[str, str]] = ()) -> st
     )
 
 
+@functools.lru_cache(maxsize=32)
+def _highlighter(language: str) -> Any:
+    """(lexer, formatter) for a language, built once: a formatter builds its style table."""
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import get_lexer_by_name
+    from pygments.util import ClassNotFound
+
+    try:
+        lexer = get_lexer_by_name({"sh": "bash"}.get(language, language))
+    except ClassNotFound:
+        lexer = get_lexer_by_name("text")
+    return lexer, HtmlFormatter(nowrap=True)
+
+
+#: Code past this many characters is shown plain: highlighting is for reading, and a
+#: generated megabyte script would only slow the page.
+MAX_HIGHLIGHT_CHARS = 20_000
+
+
 def highlight(code: str, language: str | None) -> str:
     """Code as highlighted HTML (Pygments, when the language is known), in a ``<pre>``."""
-    try:
-        from pygments import highlight as pyg
-        from pygments.formatters import HtmlFormatter
-        from pygments.lexers import get_lexer_by_name
-        from pygments.util import ClassNotFound
-
+    inner = None
+    if len(code) <= MAX_HIGHLIGHT_CHARS:
         try:
-            lexer = get_lexer_by_name(
-                {"bash": "bash", "sh": "bash"}.get(language or "", language or "text")
-            )
-        except ClassNotFound:
-            lexer = get_lexer_by_name("text")
-        inner = pyg(code, lexer, HtmlFormatter(nowrap=True))
-    except ImportError:  # Pygments comes with rich; without it, plain text
-        inner = h(code)
-    return f'<pre class="hl">{inner}</pre>'
+            from pygments import highlight as pyg
+
+            lexer, formatter = _highlighter(language or "text")
+            inner = pyg(code, lexer, formatter)
+        except ImportError:  # Pygments comes with rich; without it, plain text
+            pass
+    return f'<pre class="hl">{h(code) if inner is None else inner}</pre>'
 
 
 def diff_html(before: str | None, after: str, name: str) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bat_gym.errors import BatGymError
+from bat_gym.evaluation.episodes import VERDICT_KEY
 
 __all__ = ["RunKind", "Run", "ViewerError", "detect_kind", "load_runs"]
 
@@ -112,6 +113,34 @@ class Run:
         if not re.fullmatch(r"[A-Za-z0-9_.:-]+", key):
             return None
         return _read_json(self.path / "episodes" / f"{key}.json")
+
+    def verdict(self, key: str) -> dict[str, Any] | None:
+        """The verdict of the cell ``key``'s trace, parsed from the head of the file.
+
+        Traces write the verdict before their long fields (messages, record, files), so
+        a comparison of 70 cells parses a few KiB each instead of whole traces; a trace
+        laid out otherwise is read whole.
+        """
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]+", key):
+            return None
+        path = self.path / "episodes" / f"{key}.json"
+        try:
+            with path.open(encoding="utf-8") as f:
+                head = f.read(1 << 16)
+                at = head.find(VERDICT_KEY)
+                if at < 0 or '"messages": ' in head[:at]:
+                    return (self.episode(key) or {}).get("verdict")
+                decoder = json.JSONDecoder()
+                while True:
+                    try:
+                        return decoder.raw_decode(head, at + len(VERDICT_KEY))[0]
+                    except json.JSONDecodeError:
+                        more = f.read(1 << 16)
+                        if not more:
+                            return (self.episode(key) or {}).get("verdict")
+                        head += more
+        except FileNotFoundError:
+            return None
 
     def blob(self, sha256: str) -> bytes | None:
         """A file content kept beside the traces, by sha256."""

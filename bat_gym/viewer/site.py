@@ -215,10 +215,10 @@ class Site:
         out: dict[str, dict[str, bool | None]] = {}
         for c in run.cells:
             key = pages._key(c)
-            trace = run.episode(key) or {}
+            verdict = run.verdict(key) or {}
             out[key] = {
                 f"{s['stage']}/{it['id']}": it.get("passed")
-                for s in (trace.get("verdict") or {}).get("stages", [])
+                for s in verdict.get("stages", [])
                 for it in s.get("items", [])
             }
         return out
