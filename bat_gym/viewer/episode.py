@@ -226,6 +226,7 @@ def render_episode(
     image_href: ImageHref,
     boundaries: Sequence[tuple[int, str, str]] = (),
     header: str = "",
+    side: str | None = None,
 ) -> str:
     """The body of an episode page (see the module docstring).
 
@@ -236,6 +237,7 @@ def render_episode(
         boundaries: ``(message index, stage, label)`` of Stage Bank rows: the stage
             starting at that message.
         header: HTML put above the timeline (the cell's scores, links).
+        side: HTML of the right-hand panel instead of the verdict.
     """
     messages = trace.get("messages") or []
     prefix = int(trace.get("prefix_messages") or 0)
@@ -295,7 +297,8 @@ def render_episode(
                 html_.append(f'<pre class="text">{h(_text(m.get("content")))}</pre>')
             for tc in m.get("tool_calls") or []:
                 rec = by_id.get(tc.get("id"))
-                index = int(rec["index"]) if rec else None
+                m_id = re.fullmatch(r"call_(\d+)", str(tc.get("id")))
+                index = int(rec["index"]) if rec else (int(m_id.group(1)) if m_id else None)
                 html_.append(
                     _call_block(
                         index,
@@ -353,4 +356,4 @@ def render_episode(
         blocks.append('<h2>Other files the verdict cites</h2>' + "".join(
             _file_block(f, blob, image_href) for f in unplaced))  # fmt: skip
     left = "".join(top) + "".join(blocks)
-    return f'<div class="layout"><div class="trace">{left}</div><aside class="side">{_verdict_panel(trace, set(files))}</aside></div>'
+    return f'<div class="layout"><div class="trace">{left}</div><aside class="side">{side if side is not None else _verdict_panel(trace, set(files))}</aside></div>'

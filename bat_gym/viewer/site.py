@@ -29,7 +29,7 @@ from typing import Any
 
 from bat_gym.viewer import pages
 from bat_gym.viewer.episode import render_episode
-from bat_gym.viewer.html import fmt, h, page, pill
+from bat_gym.viewer.html import fmt, h, page, pill, stage_pill
 from bat_gym.viewer.images import ImageError, to_png
 from bat_gym.viewer.runs import Run, load_runs
 
@@ -204,8 +204,24 @@ class Site:
         head = (pages.TRAIN_BANNER + f'<div class="card"><b>{h(name)}</b>: the teacher\'s turns up to the '
                 "last stage boundary; each dashed line is where a Stage Bank row starts (its prefix is "
                 "everything above it).</div>")  # fmt: skip
+        side = (
+            '<div class="card"><h2>Stage Bank rows</h2><p class="muted">Each row starts an episode '
+            "at its stage, with the messages above its line as the replayed prefix.</p><ul>"
+            + "".join(
+                f"<li>{stage_pill(r['focus'])} <a href='#boundary-{h(r['focus'])}'>{h(r['state_id'])}</a> "
+                f"<span class='muted'>{len(r['messages'])} messages</span></li>"
+                for r in rows
+                if r["focus"] != "E2E"
+            )
+            + "</ul></div>"
+        )
         body = render_episode(
-            trace, blob=lambda _: None, image_href=lambda _: None, boundaries=bounds, header=head
+            trace,
+            blob=lambda _: None,
+            image_href=lambda _: None,
+            boundaries=bounds,
+            header=head,
+            side=side,
         )
         return page(name, body, crumbs=crumbs)
 
