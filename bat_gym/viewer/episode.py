@@ -331,6 +331,11 @@ def render_episode(
             f'style="border-left-color:{colour}">{"".join(html_)}</div>'
         )
         (pre if in_prefix and prefix < len(messages) and not bounds else blocks).append(block)
+    for at, s, label in bounds:  # a row whose prefix is the whole trajectory shown
+        if at >= len(messages):
+            blocks.append(
+                f'<div class="boundary" id="boundary-{h(s)}">{stage_pill(s)} {h(label)}</div>'
+            )
     legend = sorted(
         {s for _, s, _ in bounds} | set(cited.values()) | ({focus} if focus != "E2E" else set())
     )

@@ -111,8 +111,10 @@ def test_a_failed_items_evidence_link_scrolls_to_its_call(browser, served, eval_
     assert not in_view(browser, target)
     link.click()
     assert in_view(browser, target)
-    call = target if target.get_attribute("id").startswith("call-") else target.find_element(
-        By.XPATH, "ancestor::div[contains(@class, 'call')]"
+    call = (
+        target
+        if target.get_attribute("id").startswith("call-")
+        else target.find_element(By.XPATH, "ancestor::div[contains(@class, 'call')]")
     )
     assert call.get_attribute("id").startswith("call-")  # the call that wrote the file
     assert browser.execute_script("return location.hash") == "#" + target.get_attribute("id")
@@ -130,7 +132,9 @@ def test_image_artifacts_render(browser, served, eval_images):
     assert len(images) == 2
     for img in images:
         browser.execute_script("arguments[0].scrollIntoView()", img)
-        loaded = browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img)
+        loaded = browser.execute_script(
+            "return arguments[0].complete && arguments[0].naturalWidth", img
+        )
         assert loaded > 0, img.get_attribute("src")
     assert errors(browser) == []
 

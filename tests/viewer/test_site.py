@@ -132,3 +132,83 @@ def test_server_answers_on_loopback(eval_ok):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_bank_shows_each_trajectory_with_its_row_boundaries(toy_bank):
+    site = Site([toy_bank.root])
+    html = page(site, "r0.html")
+    assert "r0-traj-0.html" in html and "Training side" in html
+    traj = page(site, "r0-traj-0.html")
+    for stage in ("S2", "S3", "S4", "S5"):
+        assert f'id="boundary-{stage}"' in traj
+    assert 'id="call-0"' in traj
+
+
+def grpo_run(tmp_path, steps=250, per_step=8):
+    from types import SimpleNamespace
+
+    from bat_gym.trainers.rollout_log import log_rollouts
+
+    run = tmp_path / "grpo"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "reward": s / steps, "loss": 0.1}) + "\n"
+            for s in range(1, steps + 1)
+        )
+    )
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "<b>turn</b>"}]  # fmt: skip
+    for s in range(1, steps + 1, 10):
+        rollouts = [
+            SimpleNamespace(
+                state_id=f"t.S3.success.{i // 2}",
+                reward=0.5,
+                reward_or_none=0.5,
+                stop_reason="terminated",
+                response_mask=[1],
+                messages=msgs,
+                info={"turns": 1, "stage": "S3", "verdict": None, "record": None},
+            )  # fmt: skip
+            for i in range(per_step)
+        ]
+        log_rollouts(run, s, rollouts, ["target"] * per_step)
+    return run
+
+
+def test_grpo_pages_through_its_steps_and_rollouts(tmp_path):
+    site = Site([grpo_run(tmp_path)])
+    html = page(site, "r0.html")
+    assert 'href="r0-step-11.html"' in html and 'href="r0-p3.html"' in html
+    assert "<td>101</td>" not in html  # page 1 lists steps 1-100 only
+    assert "<td>101</td>" in page(site, "r0-p2.html")
+    step = page(site, "r0-step-11.html")
+    assert "r0-step-11-7.html" in step and "r0-step-21.html" in step
+    rollout = page(site, "r0-step-11-7.html")
+    assert "&lt;b&gt;turn&lt;/b&gt;" in rollout and "step 11" in rollout
+    assert site.get("r0-step-12.html") is None  # no sample kept for that step
+
+
+def test_loop_links_its_rounds_to_their_runs(eval_ok, eval_fail, tmp_path):
+    import shutil
+
+    loop = tmp_path / "loop"
+    shutil.copytree(eval_ok, loop / "evals" / "start")
+    shutil.copytree(eval_fail, loop / "evals" / "round-00")
+    grpo = grpo_run(tmp_path, steps=2)
+    shutil.copytree(grpo, loop / "rounds" / "round-00" / "grpo")
+    state = {
+        "round": 1, "phase": "done", "incumbent": "tiny", "target": "S3",
+        "incumbent_eval": str(loop / "evals" / "start"),
+        "rounds": [{"round": 0, "target": "S3", "candidate": "c", "eval": str(loop / "evals" / "round-00"),
+                    "decision": "reject", "failed_checks": ["overall"], "candidate_overall": 0.7,
+                    "incumbent_overall": 1.0, "best_overall": 1.0, "next_target": "S3",
+                    "gate": {"checks": [{"name": "overall", "passed": False, "drop": 0.3, "threshold": 0.01}]}}],
+    }  # fmt: skip
+    (loop / "loop_state.json").write_text(json.dumps(state))
+    site = Site([loop])
+    assert [r.kind for r in site.runs] == ["loop", "eval", "grpo", "eval"]
+    html = page(site, "r0.html")
+    assert "reject" in html and "r2.html" in html and "r1-vs-r3.html" in html
+    assert "<svg" in html
+    page(site, "r1-vs-r3.html")
