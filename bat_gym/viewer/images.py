@@ -8,14 +8,14 @@ volume is still visible.
 
 from __future__ import annotations
 
-import gzip
 import io
+import zlib
 
 import numpy as np
 
 from bat_gym.errors import BatGymError
 
-__all__ = ["ImageError", "to_png", "slice_to_png"]
+__all__ = ["ImageError", "MAX_VOLUME_BYTES", "to_png", "slice_to_png"]
 
 
 class ImageError(BatGymError):
@@ -48,11 +48,27 @@ def slice_to_png(plane: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+#: The most a gzipped volume may expand to: an agent's file is untrusted, and a few MB of
+#: zeros gzip to a few KB (a decompression bomb would exhaust the viewer's memory).
+MAX_VOLUME_BYTES = 256 << 20
+
+
+def _gunzip(data: bytes) -> bytes:
+    d = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
+    try:
+        out = d.decompress(data, MAX_VOLUME_BYTES)
+    except zlib.error as exc:
+        raise ImageError(f"not a readable gzip stream ({exc})") from None
+    if d.unconsumed_tail:
+        raise ImageError(f"the volume expands past {MAX_VOLUME_BYTES >> 20} MiB; not drawn")
+    return out
+
+
 def _nifti(data: bytes) -> bytes:
     import nibabel as nib
 
     if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+        data = _gunzip(data)
     try:
         vol = np.asanyarray(nib.Nifti1Image.from_bytes(data).dataobj)
     except Exception as exc:  # noqa: BLE001 - nibabel raises several kinds

@@ -74,7 +74,8 @@ def eval_overview(run: Run, runs: list[Run]) -> str:
     comp = agg.get("completion") or {}
     out.append(
         f'<div class="card"><dl class="kv"><dt>benchmark</dt><dd>{h(bench.get("name"))} '
-        f"{h(bench.get('version'))}</dd><dt>policy</dt><dd>{h(policy)}</dd>"
+        f"{h(bench.get('version'))}</dd><dt>policy</dt><dd><b>{h(policy.get('name'))}</b> "
+        f"<span class='muted'>{h(', '.join(f'{k} {v}' for k, v in policy.items() if k != 'name'))}</span></dd>"
         f"<dt>cells</dt><dd>{len(cells)} ({h(comp.get('valid', '?'))} valid, "
         f"{h(comp.get('finished', '?'))} finished)</dd>"
         f"<dt>wall time</dt><dd>{fmt((man.get('timing') or {}).get('wall_s'), 1)} s</dd></dl>"

@@ -61,3 +61,14 @@ def test_episode_page_shows_image_artifacts(eval_images):
         name = src.split('"')[0]
         data, kind = site.get(name)
         assert kind == "image/png" and decode(data).size[0] > 0
+
+
+def test_a_gzip_bomb_is_refused(monkeypatch):
+    import gzip
+
+    from bat_gym.viewer import images
+
+    monkeypatch.setattr(images, "MAX_VOLUME_BYTES", 1 << 20)
+    bomb = gzip.compress(b"\0" * (4 << 20))
+    with pytest.raises(ImageError, match="expands past"):
+        to_png(bomb, "big.nii.gz")
