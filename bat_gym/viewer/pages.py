@@ -292,11 +292,7 @@ def loop_overview(run: Run, runs: list[Run]) -> str:
     for r in rounds:
         i = int(r.get("round", 0))
         grpo = by_path.get(str((run.path / "rounds" / f"round-{i:02d}" / "grpo").resolve()))
-        cand = (
-            by_path.get(str(__import__("pathlib").Path(r["eval"]).resolve()))
-            if r.get("eval")
-            else None
-        )
+        cand = by_path.get(str(run.round_eval(r).resolve()))
         links = []
         if grpo:
             links.append(f"<a href='{grpo.id}.html'>GRPO</a>")

@@ -207,6 +207,16 @@ class Run:
         """A BiCuRL run's ``loop_state.json``."""
         return _read_json(self.path / "loop_state.json") or {}
 
+    def round_eval(self, record: dict[str, Any]) -> Path:
+        """The candidate evaluation of a loop round (``evals/round-NN`` in the run).
+
+        The state records the path as the loop was given it (maybe relative to where it
+        ran), so the run's own layout is tried first.
+        """
+        own = self.path / "evals" / f"round-{int(record.get('round', 0)):02d}"
+        recorded = Path(record.get("eval") or own)
+        return own if own.is_dir() or not recorded.is_dir() else recorded.resolve()
+
 
 def _key(cell_result: dict[str, Any]) -> str:
     c = cell_result["cell"]
@@ -266,9 +276,5 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
         for r in state.get("rounds", []):
             i = int(r.get("round", 0))
             add(path / "rounds" / f"round-{i:02d}" / "grpo", run, f"round {i} GRPO")
-            add(
-                Path(r.get("eval") or path / "evals" / f"round-{i:02d}"),
-                run,
-                f"round {i} candidate evaluation",
-            )
+            add(run.round_eval(r), run, f"round {i} candidate evaluation")
     return runs
