@@ -90,7 +90,8 @@ def log_rollouts(
     lines = []
     for i in sample_indices([r.state_id for r in rollouts], keep):
         r = rollouts[i]
-        trace = episode_trace({**r.info, "messages": r.messages}, reward=r.reward_or_none)
+        info = {**r.info, "messages": r.messages, "verdict": r.verdict or r.info.get("verdict")}
+        trace = episode_trace(info, reward=r.reward_or_none)
         trace["state_id"] = r.state_id
         trace.update(
             step=step,

@@ -286,7 +286,13 @@ def render_episode(
         if role == "assistant":
             ids = [tc.get("id") for tc in m.get("tool_calls") or []]
             turn_calls = [int(by_id[x]["index"]) for x in ids if x in by_id]
-            stage = stage_at(i, turn_calls, stage)
+            # A stage episode's replayed turns belong to earlier stages, which the trace
+            # does not name: they stay uncoloured rather than take the focus's colour.
+            stage = (
+                None
+                if in_prefix and focus != "E2E" and not bounds
+                else stage_at(i, turn_calls, stage)
+            )
             colour = f"var(--{stage or 'E2E'}, #7f7f7f)"
             label = "replayed" if in_prefix else f"turn {turn}"
             anchor = f"turn-{turn}" if not in_prefix else f"prefix-{i}"

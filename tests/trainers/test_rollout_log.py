@@ -17,6 +17,7 @@ def rollout(state, reward):
         state_id=state,
         reward=reward,
         reward_or_none=reward,
+        verdict=None,
         stop_reason="terminated",
         response_mask=[1, 1, 0, 1],
         info=info,

@@ -165,6 +165,7 @@ def grpo_run(tmp_path, steps=250, per_step=8):
                 state_id=f"t.S3.success.{i // 2}",
                 reward=0.5,
                 reward_or_none=0.5,
+                verdict=None,
                 stop_reason="terminated",
                 response_mask=[1],
                 messages=msgs,
