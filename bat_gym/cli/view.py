@@ -47,8 +47,8 @@ def view(
         typer.echo(f"{n} files -> {out / 'index.html'}")
         return
     server = make_server(site, port)
-    typer.echo(f"bat-gym view: http://127.0.0.1:{server.server_address[1]}/  (Ctrl-C stops)")
     try:
+        typer.echo(f"bat-gym view: http://127.0.0.1:{server.server_address[1]}/  (Ctrl-C stops)")
         server.serve_forever()
     except KeyboardInterrupt:
         typer.echo("stopped")

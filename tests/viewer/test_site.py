@@ -213,3 +213,23 @@ def test_loop_links_its_rounds_to_their_runs(eval_ok, eval_fail, tmp_path):
     assert "reject" in html and "r2.html" in html and "r1-vs-r3.html" in html
     assert "<svg" in html
     page(site, "r1-vs-r3.html")
+
+
+def test_view_serves_until_interrupted(eval_ok):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cmd = [str(Path(sys.executable).parent / "bat-gym"), "view", str(eval_ok)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line).group(0)
+        with urllib.request.urlopen(url + "r0.html") as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "stopped" in out
+    finally:
+        proc.kill()
