@@ -9,6 +9,8 @@ import typer
 
 from bat_gym.errors import ConfigError
 
+__all__ = ["view"]
+
 
 def view(
     paths: Annotated[
