@@ -233,3 +233,23 @@ def test_view_serves_until_interrupted(eval_ok):
         assert proc.returncode == 0 and "stopped" in out
     finally:
         proc.kill()
+
+
+def test_verdicts_are_read_from_the_head_or_else_the_whole_trace(eval_fail, tmp_path):
+    import shutil
+
+    from bat_gym.viewer.runs import load_runs
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(eval_fail, run_dir)
+    key = sorted(p.stem for p in (run_dir / "episodes").glob("*.json"))[0]
+    path = run_dir / "episodes" / f"{key}.json"
+    trace = json.loads(path.read_text())
+    (run,) = load_runs([run_dir])
+    assert run.verdict(key) == trace["verdict"]
+    # A trace laid out with its verdict last (as an older writer might) is read whole.
+    reordered = {k: v for k, v in trace.items() if k != "verdict"} | {"verdict": trace["verdict"]}
+    path.write_text(json.dumps(reordered))
+    (run,) = load_runs([run_dir])
+    assert run.verdict(key) == trace["verdict"]
+    assert run.verdict("../../etc/passwd") is None
