@@ -277,4 +277,7 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
             i = int(r.get("round", 0))
             add(path / "rounds" / f"round-{i:02d}" / "grpo", run, f"round {i} GRPO")
             add(run.round_eval(r), run, f"round {i} candidate evaluation")
+        # A round still training is not in the state yet: its GRPO run is shown already.
+        for grpo in sorted((path / "rounds").glob("round-*/grpo")):
+            add(grpo, run, f"{grpo.parent.name.replace('-', ' ')} GRPO (training)")
     return runs
