@@ -307,11 +307,24 @@ def loop_overview(run: Run, runs: list[Run]) -> str:
             for c in checks
             if not c.get("passed")
         )
+        detail = ""
+        if checks:  # every check behind the decision, with its numbers
+            rows_ = "".join(
+                f"<tr><td>{pill(c.get('passed'), c.get('name'))}</td><td class='num'>{fmt(c.get('baseline'))}"
+                f"</td><td class='num'>{fmt(c.get('candidate'))}</td><td class='num'>{fmt(c.get('drop'))}</td>"
+                f"<td class='num'>{fmt(c.get('threshold'))}</td></tr>"
+                for c in checks
+            )
+            detail = (
+                f"<details><summary>{len(checks)} gate checks</summary><table><thead><tr><th>check</th>"
+                "<th class='num'>incumbent</th><th class='num'>candidate</th><th class='num'>drop</th>"
+                f"<th class='num'>bound</th></tr></thead><tbody>{rows_}</tbody></table></details>"
+            )
         decision = r.get("decision", "training")
         out.append(
             f"<tr><td>{i}</td><td>{stage_pill(r.get('target'))}</td><td>{pill(decision == 'promote', decision)}</td>"
             f"<td class='num'>{fmt(r.get('incumbent_overall'))}</td><td class='num'>{fmt(r.get('candidate_overall'))}</td>"
-            f"<td>{failed or '<span class=muted>none</span>'}</td>"
+            f"<td>{failed or '<span class=muted>none failed</span>'}{detail}</td>"
             f"<td>{stage_pill(r.get('next_target')) if r.get('next_target') else '-'}</td><td>{' · '.join(links)}</td></tr>"
         )
         if decision == "promote" and cand:
