@@ -24,6 +24,7 @@ __all__ = [
     "page",
     "pill",
     "stage_pill",
+    "warm_highlighter",
 ]
 
 
@@ -79,6 +80,12 @@ def _highlighter(language: str) -> Any:
 #: Code past this many characters is shown plain: highlighting is for reading, and a
 #: generated megabyte script would only slow the page.
 MAX_HIGHLIGHT_CHARS = 20_000
+
+
+def warm_highlighter() -> None:
+    """Load the highlighters of the languages tool calls use (bash, python)."""
+    for language in ("bash", "python"):
+        highlight("x = 1", language)
 
 
 def highlight(code: str, language: str | None) -> str:

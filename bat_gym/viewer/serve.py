@@ -7,10 +7,12 @@ are not offered to the network.
 
 from __future__ import annotations
 
+import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
+from bat_gym.viewer.html import warm_highlighter
 from bat_gym.viewer.site import Site
 
 __all__ = ["make_server"]
@@ -53,4 +55,8 @@ def make_server(site: Site, port: int = 0, host: str = "127.0.0.1") -> Threading
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             pass  # one line per page would bury the URL the command printed
 
-    return ThreadingHTTPServer((host, port), Handler)
+    server = ThreadingHTTPServer((host, port), Handler)
+    # Pygments loads its lexers on first use (about half a second): do it now, so the
+    # first episode a person opens comes as fast as the next.
+    threading.Thread(target=warm_highlighter, daemon=True).start()
+    return server
