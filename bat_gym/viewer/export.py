@@ -24,7 +24,7 @@ from typing import Any
 
 from bat_gym.viewer.runs import Run
 
-__all__ = ["INSPECT_LOG_VERSION", "inspect_log", "inspect_messages"]
+__all__ = ["INSPECT_LOG_VERSION", "inspect_log", "inspect_messages", "rollouts_log"]
 
 INSPECT_LOG_VERSION = 2
 
@@ -173,5 +173,89 @@ def inspect_log(run: Run, cells: list[dict[str, Any]]) -> dict[str, Any]:
             "scores": [{"name": "bat_gym", "scorer": "bat_gym_rubric", "metrics": metrics}],
         },
         "stats": {"started_at": created, "completed_at": created},
+        "samples": samples,
+    }
+
+
+def rollouts_log(run: Run, step: int, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+    """An Inspect eval log of a GRPO step's kept rollouts (training side: no held-out task).
+
+    Each rollout is a sample ``step{S}-{N}`` scored with its reward; its step, group,
+    pool, start state and ending are in the sample's metadata.
+    """
+    samples = []
+    for n, t in enumerate(rollouts):
+        messages = inspect_messages(t)
+        verdict = t.get("verdict") or {}
+        samples.append(
+            {
+                "id": f"step{step}-{n}",
+                "epoch": 1,
+                "input": next((m["content"] for m in messages if m["role"] == "user"), ""),
+                "target": "",
+                "messages": messages,
+                "scores": {
+                    "bat_gym": {
+                        "value": t.get("reward") if t.get("reward") is not None else 0.0,
+                        "metadata": {
+                            "verdict": verdict or None,
+                            "shaped_reward": t.get("shaped_reward"),
+                        },
+                    }
+                },
+                "metadata": {
+                    k: t.get(k)
+                    for k in (
+                        "step",
+                        "index",
+                        "group",
+                        "pool",
+                        "state_id",
+                        "stop_reason",
+                        "focus",
+                        "track",
+                    )
+                },  # fmt: skip
+            }
+        )
+    rewards = [s["scores"]["bat_gym"]["value"] for s in samples]
+    eval_id = uuid.uuid5(uuid.NAMESPACE_URL, f"bat-gym:{run.path}:{step}").hex[:22]
+    created = datetime.fromtimestamp(run.path.stat().st_mtime, UTC).isoformat()
+    return {
+        "version": INSPECT_LOG_VERSION,
+        "status": "success",
+        "eval": {
+            "eval_id": eval_id,
+            "run_id": eval_id,
+            "created": created,
+            "task": f"bat_gym/grpo-step-{step}",
+            "task_id": eval_id,
+            "task_version": 0,
+            "dataset": {
+                "name": "rollouts",
+                "samples": len(samples),
+                "sample_ids": [s["id"] for s in samples],
+                "shuffled": False,
+            },  # fmt: skip
+            "model": "policy",
+            "config": {},
+            "metadata": {"bat_gym": {"run": str(run.path), "step": step, "heldout": False}},
+        },
+        "results": {
+            "total_samples": len(samples),
+            "completed_samples": len(samples),
+            "scores": [
+                {
+                    "name": "bat_gym",
+                    "scorer": "bat_gym_rubric",
+                    "metrics": {
+                        "mean": {
+                            "name": "mean",
+                            "value": sum(rewards) / len(rewards) if rewards else 0.0,
+                        }
+                    },
+                }
+            ],
+        },  # fmt: skip
         "samples": samples,
     }

@@ -251,6 +251,9 @@ def grpo_step(run: Run, step: int, rollouts: list[dict[str, Any]]) -> str:
         nav.append(f"<a href='{run.id}-step-{steps[i - 1]}.html'>← step {steps[i - 1]}</a>")
     if 0 <= i < len(steps) - 1:
         nav.append(f"<a href='{run.id}-step-{steps[i + 1]}.html'>step {steps[i + 1]} →</a>")
+    nav.append(
+        f"<a href='{run.id}-step-{step}.eval.json' download>export as an Inspect eval log</a>"
+    )
     out = [TRAIN_BANNER, f'<div class="pager">{"".join(nav)}</div>', "<table class='sortable'><thead><tr>"
            "<th class='sortable'>rollout</th><th class='sortable num'>group</th><th class='sortable'>pool</th>"
            "<th>state</th><th class='sortable num'>reward</th><th class='sortable'>ended</th>"

@@ -110,7 +110,15 @@ class Site:
             data = run.blob(m["sha"])
             return None if data is None else to_png(data, _IMAGE_NAME[m["kind"]])
         if ext == ".eval.json":
-            from bat_gym.viewer.export import inspect_log
+            from bat_gym.viewer.export import inspect_log, rollouts_log
+
+            if m["step"] and m["n"] is None and run.kind == "grpo":
+                rollouts = run.rollouts(int(m["step"]))
+                return (
+                    json.dumps(rollouts_log(run, int(m["step"]), rollouts), indent=1)
+                    if rollouts
+                    else None
+                )
 
             if m["overview"] is not None and run.kind == "eval":
                 return json.dumps(inspect_log(run, [c for c in run.cells]), indent=1)
@@ -268,6 +276,7 @@ class Site:
                 yield from (f"{run.id}-p{p}.html" for p in range(2, pages_ + 1))
                 for s in run.rollout_steps():
                     yield f"{run.id}-step-{s}.html"
+                    yield f"{run.id}-step-{s}.eval.json"
                     yield from (f"{run.id}-step-{s}-{n}.html" for n in range(len(run.rollouts(s))))
 
     def export(self, out: str | Path) -> int:

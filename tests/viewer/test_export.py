@@ -31,3 +31,16 @@ def test_inspect_reads_the_export(eval_fail, tmp_path):
     tool_msgs = [m for m in log.samples[0].messages if m.role == "tool"]
     assert tool_msgs and tool_msgs[0].function == "execute_code"
     assert log.samples[0].scores["bat_gym"].value < 1  # the sloppy Validate stage cost reward
+
+
+def test_a_grpo_steps_rollouts_export_too(tmp_path):
+    from .test_site import grpo_run
+
+    site = Site([grpo_run(tmp_path, steps=12)])
+    log = json.loads(site.get("r0-step-11.eval.json")[0])
+    assert len(log["samples"]) == 8 and log["samples"][0]["metadata"]["step"] == 11
+    assert site.get("r0-step-12.eval.json") is None
+    log_mod = pytest.importorskip("inspect_ai.log", reason="inspect-ai is not installed")
+    path = tmp_path / "step.json"
+    path.write_bytes(site.get("r0-step-11.eval.json")[0])
+    assert len(log_mod.read_eval_log(str(path)).samples) == 8
