@@ -311,7 +311,6 @@ def run_cells(
                 try:
                     info, finished = play_episode(env_of_thread(), policy, state, bench)
                     scored = _score(info, finished, bench, budgets)
-                    write_episode(out, cell.key, info, env_of_thread())
                     result = CellResult(
                         cell=cell,
                         task_id=state.task_id,
@@ -320,6 +319,8 @@ def run_cells(
                         wall_s=time.perf_counter() - start,
                         **scored,
                     )
+                    # After wall_s: keeping the trace is not the episode's time.
+                    write_episode(out, cell.key, info, env_of_thread())
                     break
                 except _Infrastructure as exc:
                     error = str(exc)
