@@ -84,6 +84,7 @@ from bat_gym.trainers.grpo_loss import (
 )
 from bat_gym.trainers.grpo_metrics import StepMetrics
 from bat_gym.trainers.rollout import RolloutWorkers
+from bat_gym.trainers.rollout_log import log_rollouts
 from bat_gym.trainers.schedule import Schedule, lr_scheduler
 
 __all__ = [
@@ -115,7 +116,7 @@ class GRPOConfig:
     model: str
     """Directory of the starting Hugging Face causal LM (with its tokenizer)."""
     output_dir: str
-    """Checkpoints, ``metrics.jsonl`` and ``final/`` go here; rerunning resumes."""
+    """Checkpoints, ``metrics.jsonl``, ``rollouts/`` (a sample per step) and ``final/`` go here; rerunning resumes."""
     benchmark: str | None = None
     """Registered benchmark name (default: the installed default benchmark)."""
     bank: str | None = None
@@ -881,6 +882,7 @@ def train(
             if dist.rank == 0:
                 with metrics_path.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
+                log_rollouts(out, step, rollouts, [d.pool for d in episodes])  # for bat-gym view
             if on_step is not None:
                 on_step(record)
             steps_task.advance()

@@ -17,7 +17,7 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from bat_gym.cli import bank, demo, envs, evaluate, gate
+    from bat_gym.cli import bank, demo, envs, evaluate, gate, view
     from bat_gym.cli.audit_reward import audit_reward
     from bat_gym.cli.new_benchmark import new_benchmark
 
@@ -28,6 +28,7 @@ def _register_commands() -> None:
     app.command("gate")(gate.gate)
     app.command("audit-reward")(audit_reward)
     app.command("new-benchmark")(new_benchmark)
+    app.command("view")(view.view)
     # Commands of other packages (the trainers among them) arrive as entry points, so
     # the core names none of them.
     for ep in entry_points(group="bat_gym.commands"):

@@ -7,7 +7,9 @@ finishes or a budget runs out, and keeps the verdict's scores.
 
 Runs are concurrent (one env per worker thread: tool calls and model calls release the
 GIL) and resumable: each finished cell is written to ``OUT/cells/<key>.json`` at once,
-and a rerun skips every cell already there. An infrastructure failure (a sandbox that
+and a rerun skips every cell already there. Each scored cell's episode (conversation,
+execution record, verdict, the files it wrote) goes to ``OUT/episodes/<key>.json``
+(:mod:`bat_gym.evaluation.episodes`) for ``bat-gym view``. An infrastructure failure (a sandbox that
 crashed, a policy backend that raised :class:`~bat_gym.policies.PolicyError`, an env
 error) is retried up to ``max_attempts`` times and, if it persists, recorded as an
 *invalid* cell: never scored as a model failure, and it keeps the run from the gate.
@@ -30,6 +32,7 @@ from bat_gym import progress
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import ConfigError
 from bat_gym.evaluation.cells import Cell, CellResult, FailureCategory
+from bat_gym.evaluation.episodes import write_episode
 from bat_gym.files import write_atomic
 from bat_gym.policies.base import Policy, PolicyError
 from bat_gym.progress import ProgressTask
@@ -313,6 +316,8 @@ def run_cells(
                         wall_s=time.perf_counter() - start,
                         **scored,
                     )
+                    # After wall_s: keeping the trace is not the episode's time.
+                    write_episode(out, cell.key, info, env_of_thread())
                     break
                 except _Infrastructure as exc:
                     error = str(exc)
