@@ -70,20 +70,25 @@ def finding(
     return amplitude * occ * (1.0 + modulation * np.cos(2 * np.pi * u / period + phase))
 
 
-def matched_kernel(theta: float, period: float, radius: float, dc: float) -> np.ndarray:
+def matched_kernel(
+    theta: float, period: float, radius: float, dc: float, taper: bool = False
+) -> np.ndarray:
     """The matched filter a model holds: stripes at ``theta`` in a disk, plus ``dc``.
 
     Shape ``(2R+1, 2R+1)`` with ``R = ceil(radius)``; the stripe part is zero-mean over
     the disk and normalised to unit energy, and ``dc`` (per disk pixel) weights the
     disk's mean brightness, so a bright textured blob of the right orientation responds
-    most and a dark (inverted) one least.
+    most and a dark (inverted) one least. ``taper``: the stripes are weighted by a
+    Gaussian of standard deviation ``radius / 2`` inside the disk, which makes the
+    filter answer less to a blob's edge and more to its texture.
     """
     r = int(np.ceil(radius))
     yy, xx = np.mgrid[-r : r + 1, -r : r + 1].astype(np.float64)
     disk = (np.hypot(yy, xx) <= radius).astype(np.float64)
     u = xx * np.cos(theta) + yy * np.sin(theta)
-    stripes = np.cos(2 * np.pi * u / period) * disk
-    stripes[disk > 0] -= stripes[disk > 0].mean()
+    window = disk * np.exp(-0.5 * (yy**2 + xx**2) / (radius / 2) ** 2) if taper else disk
+    stripes = np.cos(2 * np.pi * u / period) * window
+    stripes[disk > 0] -= window[disk > 0] * stripes.sum() / window.sum()
     stripes /= np.sqrt((stripes**2).sum())
     return stripes + dc * disk / disk.sum()
 
