@@ -36,6 +36,7 @@ import numpy as np
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import dicom_bytes
 from bat_gym.envs.medbench_lite.teacher import Recipe
+from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
     Split,
@@ -44,7 +45,6 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     difficulty,
     uniform,
 )
-from bat_gym.envs.medbench_lite.tracks import findings
 
 __all__ = ["Classification"]
 

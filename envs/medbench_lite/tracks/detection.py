@@ -30,6 +30,7 @@ import numpy as np
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import dicom_bytes, png_bytes
 from bat_gym.envs.medbench_lite.teacher import Recipe
+from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
     Split,
@@ -39,7 +40,6 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     resolve_output,
     uniform,
 )
-from bat_gym.envs.medbench_lite.tracks import findings
 
 __all__ = ["Detection"]
 

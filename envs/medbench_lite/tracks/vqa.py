@@ -39,6 +39,7 @@ import numpy as np
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import csv_text, png_bytes
 from bat_gym.envs.medbench_lite.teacher import Recipe
+from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
     Split,
@@ -47,7 +48,6 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     difficulty,
     uniform,
 )
-from bat_gym.envs.medbench_lite.tracks import findings
 
 __all__ = ["Vqa"]
 
