@@ -92,7 +92,9 @@ def _check(seeds):
             hits += int(np.sum(clf.predict(xs[test]) == ys[test]))
         n = int(sel.sum())
         p0 = base / n
-        p = scipy_stats.binomtest(hits, n, min(max(p0, 1e-9), 1 - 1e-9), alternative="greater").pvalue
+        p = scipy_stats.binomtest(
+            hits, n, min(max(p0, 1e-9), 1 - 1e-9), alternative="greater"
+        ).pvalue
         assert p >= ALPHA and hits / n <= p0 + 0.05, (QUESTIONS[kind], hits / n, p0, p)
 
 

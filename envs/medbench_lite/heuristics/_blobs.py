@@ -58,9 +58,7 @@ def components(mask: np.ndarray) -> np.ndarray:
             return lab
 
 
-def blobs(
-    x: np.ndarray, threshold: float, min_area: int = 12, max_area: int = 400
-) -> list[dict]:
+def blobs(x: np.ndarray, threshold: float, min_area: int = 12, max_area: int = 400) -> list[dict]:
     """Bright compact blobs: smoothed local contrast over ``threshold``, then components.
 
     Returns ``{"row", "col", "radius", "contrast", "box_rc"}`` per blob, brightest first;

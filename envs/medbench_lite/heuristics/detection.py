@@ -58,7 +58,9 @@ def _xy(b: dict, score: float) -> list[float]:
 def all_blobs(workspace: Path, ids: Sequence[str]) -> dict[str, dict[str, str]]:
     """Every blob a lesion, scored by contrast."""
     found = _found(workspace, ids)
-    return _write(workspace, {c: [_xy(b, b["contrast"]) for b in bs] for c, (_, bs) in found.items()})
+    return _write(
+        workspace, {c: [_xy(b, b["contrast"]) for b in bs] for c, (_, bs) in found.items()}
+    )
 
 
 def largest_blobs(workspace: Path, ids: Sequence[str]) -> dict[str, dict[str, str]]:

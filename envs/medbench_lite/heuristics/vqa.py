@@ -45,9 +45,7 @@ def _conventions(workspace: Path) -> dict[str, str]:
 
 def _lung_blobs(x: np.ndarray) -> list[dict]:
     around = box_mean(x, 21)
-    return [
-        b for b in blobs(x, _THRESHOLD) if around[int(b["row"]), int(b["col"])] < _LUNG
-    ]
+    return [b for b in blobs(x, _THRESHOLD) if around[int(b["row"]), int(b["col"])] < _LUNG]
 
 
 def _side(col: float, width: int, convention: str) -> str:
@@ -70,9 +68,7 @@ def _answer(question: str, nodules: list[dict], width: int, convention: str) -> 
     return _side(max(nodules, key=lambda b: b["radius"])["col"], width, convention)
 
 
-def _answer_all(
-    workspace: Path, ids: Sequence[str], pick
-) -> dict[str, dict[str, str]]:
+def _answer_all(workspace: Path, ids: Sequence[str], pick) -> dict[str, dict[str, str]]:
     """Rows from ``pick(image_id, x, blobs) -> nodules`` for every question in ``ids``."""
     conv = _conventions(workspace)
     rows = {}
@@ -117,7 +113,11 @@ def texture_cluster(workspace: Path, ids: Sequence[str]) -> dict[str, dict[str, 
         contrast = np.array([e[1]["contrast"] for e in entries])
         means = [contrast[sector == s].mean() if (sector == s).any() else -1.0 for s in range(6)]
         pick = int(np.argmax(means))
-        keep = {(e[0], e[1]["row"], e[1]["col"]) for e, s in zip(entries, sector, strict=True) if s == pick}
+        keep = {
+            (e[0], e[1]["row"], e[1]["col"])
+            for e, s in zip(entries, sector, strict=True)
+            if s == pick
+        }
     return _answer_all(
         workspace, set(ids), lambda i, _x, bs: [b for b in bs if (i, b["row"], b["col"]) in keep]
     )

@@ -206,6 +206,18 @@ for r in rows:
 """
 
 
+def _label(cell: object) -> int:
+    """A submitted label as 0 or 1, else -1 (a wrong answer for both classes).
+
+    Anything but 0 or 1 (text, ``nan``, ``inf``, ``1e400``, ``0.5``) is -1.
+    """
+    try:
+        v = float(str(cell))
+    except (TypeError, ValueError):
+        return -1
+    return int(v) if v in (0.0, 1.0) else -1
+
+
 class Classification(TrackBase):
     """Opacity classification on DICOM radiographs with rescale and MONOCHROME1."""
 
@@ -366,13 +378,8 @@ class Classification(TrackBase):
         rows: Mapping[str, Mapping[str, str]],
         ids: Sequence[str],
     ) -> float:
-        truth, pred = [], []
-        for cid in ids:
-            truth.append(draw.answers["labels"][cid])
-            try:
-                pred.append(int(float(rows[cid]["label"])))
-            except (TypeError, ValueError):
-                pred.append(-1)
+        truth = [draw.answers["labels"][cid] for cid in ids]
+        pred = [_label(rows[cid].get("label")) for cid in ids]
         return metrics.balanced_accuracy(truth, pred)
 
     def recipe(self) -> Recipe:  # noqa: D102

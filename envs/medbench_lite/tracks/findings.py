@@ -93,7 +93,9 @@ def matched_kernel(
     return stripes + dc * disk / disk.sum()
 
 
-def correlated_texture(rng: np.random.Generator, shape: tuple[int, int], scale: float) -> np.ndarray:
+def correlated_texture(
+    rng: np.random.Generator, shape: tuple[int, int], scale: float
+) -> np.ndarray:
     """Zero-mean, unit-variance anatomical texture: white noise low-passed at ``scale`` px."""
     f = np.fft.rfft2(rng.standard_normal(shape))
     ky = np.fft.fftfreq(shape[0])[:, None]

@@ -300,9 +300,7 @@ def _answers(nodules: list[dict]) -> dict[str, str]:
     }
 
 
-def _spots(
-    rng: np.random.Generator, kinds: Sequence[int]
-) -> list[tuple[int, float, str]]:
+def _spots(rng: np.random.Generator, kinds: Sequence[int]) -> list[tuple[int, float, str]]:
     """``(type, radius, lung)`` per spot: distinct radii 1 px apart, lungs at random."""
     radii = rng.permutation(_RADII)[: len(kinds)]
     return [
