@@ -155,3 +155,17 @@ def test_cli_builds_outcomes_and_verifies(tmp_path):
     assert runner.invoke(app, [*args, "--outcome", "nope"]).exit_code != 0
     result = runner.invoke(app, ["bank", "verify", str(out)])
     assert result.exit_code == 0 and "verify: OK" in result.output
+
+
+def test_the_success_bar_is_relative_to_what_a_correct_run_earns(toy, monkeypatch):
+    from bat_gym.bank import SUCCESS_MIN_REWARD
+    from bat_gym.bank.tasks import success_threshold
+
+    track = toy.spec.tracks[0].name
+    task = toy.make_task(track, 0, "train")
+    assert success_threshold(toy, task) == pytest.approx(SUCCESS_MIN_REWARD)
+    # An imperfect provided model: a correct run's task score is 0.8, so its E2E reward
+    # (task weight 0.5, full stage credit) is 0.9, and a success needs 0.95 of that.
+    monkeypatch.setattr(type(toy), "task_score", lambda self, task, ws: 0.8)
+    tw = toy.spec.task_weight
+    assert success_threshold(toy, task) == pytest.approx(SUCCESS_MIN_REWARD * (tw * 0.8 + (1 - tw)))
