@@ -390,8 +390,8 @@ class Detection(TrackBase):
                 "(apply_modality_lut, /4095) into float images in [0, 1], as the model card asks.",
                 "pipeline/infer.py calls infer_lib.detect(image, W). The model returns boxes in (row, col) "
                 "order; the submission wants [x0, y0, x1, y1] with x = column. Validate on the image with "
-                "the most conspicuous blob: each submitted box, read as [y0:y1, x0:x1], must cover a "
-                "bright lesion.",
+                "the most conspicuous blob: the top-scored submitted box, read as [y0:y1, x0:x1], must "
+                "cover a bright lesion.",
                 "Write outputs/detections/<id>.json ({id, boxes}) for every case, outputs/predictions.csv, "
                 "then outputs/submission.csv (id,detections_file,n_boxes) in task.json order, with receipts.",
             ),
@@ -411,8 +411,8 @@ class Detection(TrackBase):
                 "wants x = column, so the pipeline swaps them into [x0, y0, x1, y1].",
                 "pipeline_bug": "Writing the pipeline: load each image in [0, 1], detect, write the boxes "
                 "with their scores.",
-                "pilot": "Pilot on the image with the most conspicuous blob; the check reads each box the "
-                "way the scorer will and requires a bright lesion inside it.",
+                "pilot": "Pilot on the image with the most conspicuous blob; the check reads the top-scored "
+                "box the way the scorer will and requires a bright lesion inside it.",
                 "bug_seen": "The boxes, read as x = column, cover plain background: they are transposed. "
                 "The model returns (row, col) and the pipeline wrote them as (x, y).",
                 "fix": "Swapping to [col0, row0, col1, row1] in the pipeline, then rerunning the pilot.",
