@@ -60,6 +60,8 @@ def assert_bound(bench, track: str, seeds) -> dict[str, float]:
     """Fail when a heuristic of ``track`` scores more than half the teacher's gain."""
     scores = tier_scores(bench, track, seeds)
     t, n = scores["teacher"], scores["naive"]
-    over = {k: v for k, v in scores.items() if k not in ("teacher", "naive") and v - n > 0.5 * (t - n)}
+    over = {
+        k: v for k, v in scores.items() if k not in ("teacher", "naive") and v - n > 0.5 * (t - n)
+    }
     assert not over, (track, list(seeds), scores)
     return scores

@@ -185,12 +185,12 @@ smoke = {"input": "48x48, one disk at row 10, col 30", "detections": dets}
 PILOT = """
 import json
 import numpy as np
-# Pilot the image with the most conspicuous blob, so there is a box to check.
-def conspicuity(i):
-    x = infer.load_image(infer.image_path(i))
-    return float(infer_lib_box(x).max() - np.median(x))
-infer_lib_box = lambda x: infer.infer_lib.box_mean(x, 5)
-case_id = max(case_ids, key=conspicuity)
+# Pilot the image with the model's most confident detection, so there is a box to
+# check and a wrong box means a wrong pipeline rather than a hard case.
+def confidence(i):
+    found = infer.infer_lib.detect(infer.load_image(infer.image_path(i)), infer.W)
+    return found[0]["score"] if found else 0.0
+case_id = max(case_ids, key=confidence)
 rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
 x = infer.load_image(infer.image_path(case_id))
 found = sorted(json.load(open(rows[0]["detections_file"]))["boxes"], key=lambda b: -b[4])
@@ -200,7 +200,7 @@ inside = all(0 <= b[0] < b[2] <= w and 0 <= b[1] < b[3] <= h for b in found)
 contrast = [float(x[int(b[1]):int(np.ceil(b[3])), int(b[0]):int(np.ceil(b[2]))].mean() - np.median(x)) for b in found]
 print("pilot", case_id, "image", x.shape, "boxes", found)
 checks = {
-    "at least one box on the most conspicuous image": {"value": len(found), "expect": ">= 1", "ok": len(found) >= 1},
+    "at least one box on the pilot image": {"value": len(found), "expect": ">= 1", "ok": len(found) >= 1},
     "boxes inside the image": {"value": inside, "expect": True, "ok": bool(inside)},
     "top-scored box contrast over image median, read as [y0:y1, x0:x1]": {
         "value": round(contrast[0], 3) if contrast else None, "expect": ">= 0.1 (card)",
@@ -390,8 +390,8 @@ class Detection(TrackBase):
                 "(apply_modality_lut, /4095) into float images in [0, 1], as the model card asks.",
                 "pipeline/infer.py calls infer_lib.detect(image, W). The model returns boxes in (row, col) "
                 "order; the submission wants [x0, y0, x1, y1] with x = column. Validate on the image with "
-                "the most conspicuous blob: the top-scored submitted box, read as [y0:y1, x0:x1], must "
-                "cover a bright lesion.",
+                "the model's most confident detection: the top-scored submitted box, read as [y0:y1, "
+                "x0:x1], must cover a bright lesion.",
                 "Write outputs/detections/<id>.json ({id, boxes}) for every case, outputs/predictions.csv, "
                 "then outputs/submission.csv (id,detections_file,n_boxes) in task.json order, with receipts.",
             ),
@@ -411,8 +411,8 @@ class Detection(TrackBase):
                 "wants x = column, so the pipeline swaps them into [x0, y0, x1, y1].",
                 "pipeline_bug": "Writing the pipeline: load each image in [0, 1], detect, write the boxes "
                 "with their scores.",
-                "pilot": "Pilot on the image with the most conspicuous blob; the check reads the top-scored "
-                "box the way the scorer will and requires a bright lesion inside it.",
+                "pilot": "Pilot on the image with the model's most confident detection; the check reads "
+                "the top-scored box the way the scorer will and requires a bright lesion inside it.",
                 "bug_seen": "The boxes, read as x = column, cover plain background: they are transposed. "
                 "The model returns (row, col) and the pipeline wrote them as (x, y).",
                 "fix": "Swapping to [col0, row0, col1, row1] in the pipeline, then rerunning the pilot.",
