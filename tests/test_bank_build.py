@@ -59,7 +59,7 @@ def test_a_success_the_verifier_disagrees_with_is_rejected_and_counted(tmp_path)
     bench = toy_with(lambda turns, outcome: [t for i, t in enumerate(turns) if i != 4])
     bank = build_bank(bench, tmp_path / "b", outcomes=("success", "failure"))
     assert {s.outcome for s in bank} == {"failure"}
-    assert bank.manifest["rejected"] == {"success below reward 0.95": 2}
+    assert bank.manifest["rejected"] == {"success below 0.95 of the reward of a correct run": 2}
     assert bank.manifest["trajectories"] == {"planned": 4, "kept": 2}
 
 

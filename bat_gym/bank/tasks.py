@@ -38,6 +38,10 @@ run's task score, and so its E2E reward, is below 1; see :func:`success_threshol
 """
 
 
+# One reason for every task (the bar is per task), so the manifest counts them together.
+_BELOW = f"success below {SUCCESS_MIN_REWARD} of the reward of a correct run"
+
+
 def success_threshold(bench: Benchmark, task: Any, backend: str = "local") -> float:
     """The least E2E reward a trajectory on ``task`` needs to be admitted as a success.
 
@@ -248,16 +252,12 @@ def _build_task(builder: Builder, job: Job, admission: Admission) -> dict[str, A
     if reason is None:
         if scripted:
             if label == "success" and (reward or 0.0) < bar:
-                reason = f"success below reward {bar:.3f}"
+                reason = _BELOW
         else:
             label = "success" if (reward or 0.0) >= bar else "failure"
             # A surrogate stands in for a successful E2E episode: success only.
             if label not in (("success",) if reduction else builder.labels):
-                reason = (
-                    f"success below reward {bar:.3f}"
-                    if label == "failure"
-                    else "success not requested"
-                )
+                reason = _BELOW if label == "failure" else "success not requested"
     if reason is not None:
         return {"key": job.key, "rejected": reason, "reward": reward, "verdict": episode.verdict}
     if reduction and "validation_passes" in reduction:
