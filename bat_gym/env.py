@@ -33,6 +33,7 @@ from bat_gym.errors import (
     EnvNotCopyable,
     NotAnAction,
     ResetNeeded,
+    StateVersionMismatch,
     WorkspaceRejected,
 )
 from bat_gym.protocol import TOOLS, ToolProtocol, clean_text, get_protocol, validate_call
@@ -190,6 +191,13 @@ class StageEnv(gym.Env[str, str]):
                     "or another track"
                 )
             state = self.states.get(ids[int(self.np_random.integers(len(ids)))])
+        spec = self.benchmark.spec
+        if (state.benchmark, state.benchmark_version) != (spec.name, spec.version):
+            raise StateVersionMismatch(
+                state.state_id,
+                f"{state.benchmark} {state.benchmark_version}",
+                f"{spec.name} {spec.version}",
+            )
         snapshot = self.states.store.get_snapshot(state.snapshot)
         sandbox = self._sandbox()
         sandbox.restore(snapshot)

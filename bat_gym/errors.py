@@ -38,6 +38,7 @@ __all__ = [
     "EnvLost",
     "BankError",
     "ModelNotFound",
+    "StateVersionMismatch",
     "TrajectoryRejected",
     "UnsupportedPolicy",
     "RubricContractError",
@@ -364,6 +365,30 @@ class BankError(BatGymError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class StateVersionMismatch(BatGymError, ValueError):
+    """A stage state of another benchmark, or of another version of it, was given to an env.
+
+    A state's workspace, answers and scores belong to the generator version that made
+    it: a new version draws other tasks from the same seeds, so an old state would be
+    scored against tasks it never saw.
+
+    Attributes:
+        state_id: the state refused.
+        found: ``benchmark version`` the state was made by.
+        expected: ``benchmark version`` installed.
+    """
+
+    def __init__(self, state_id: str, found: str, expected: str) -> None:
+        self.state_id = state_id
+        self.found = found
+        self.expected = expected
+        super().__init__(
+            f"state {state_id} is of {found}, but the installed benchmark is {expected}; "
+            "states (and Stage Banks) are tied to the benchmark version that made them: "
+            f"rebuild the bank for {expected} (`bat-gym bank build`) or install {found}"
+        )
 
 
 class ModelNotFound(BatGymError):

@@ -257,3 +257,27 @@ def test_pickle_and_deepcopy_work_out_of_an_episode_and_say_why_not_in_one(env):
     env.close()
     restored = pickle.loads(pickle.dumps(env))
     assert restored.focus == env.focus and restored.sandbox is None
+
+
+class _OtherVersion:
+    """The toy bank's states, as if another version of the benchmark had made them."""
+
+    def __init__(self, bank, version):
+        self.bank, self.version, self.store = bank, version, bank.store
+
+    def select(self, focus=None, track=None):
+        return self.bank.select(focus=focus, track=track)
+
+    def get(self, state_id):
+        return self.bank.get(state_id).model_copy(update={"benchmark_version": self.version})
+
+
+def test_a_state_of_another_benchmark_version_is_refused(toy, toy_bank):
+    from bat_gym.errors import StateVersionMismatch
+
+    env = StageEnv("Validate", benchmark=toy, states=_OtherVersion(toy_bank, "0.0-old"))
+    try:
+        with pytest.raises(StateVersionMismatch, match="0.0-old.*rebuild the bank"):
+            env.reset(seed=0)
+    finally:
+        env.close()

@@ -133,12 +133,16 @@ def build_bank(
     actions are then replayed like the scripted teacher's, stored with the rows so
     :meth:`~bat_gym.bank.StageBank.verify` can replay them again. The verifier labels
     a policy's trajectory: ``success`` at an E2E reward of at least
-    :data:`~bat_gym.bank.SUCCESS_MIN_REWARD`, else ``failure``; a label not in
+    :func:`~bat_gym.bank.tasks.success_threshold` (:data:`~bat_gym.bank.SUCCESS_MIN_REWARD`
+    of what a correct run earns on the task), else ``failure``; a label not in
     ``outcomes`` rejects it (``recovery`` cannot be told from a free policy's
     trajectory and is unsupported).
 
     Only trajectories the verifier agrees with are kept: a success trajectory must
-    reach an E2E rubric reward of at least :data:`~bat_gym.bank.SUCCESS_MIN_REWARD`;
+    reach an E2E rubric reward of at least
+    :func:`~bat_gym.bank.tasks.success_threshold`: :data:`~bat_gym.bank.SUCCESS_MIN_REWARD`
+    times the E2E reward of a correct run on that task (the reference run's task score,
+    full stage credit), so a task whose provided model is imperfect can still be passed;
     recovery and failure trajectories of the scripted teacher are kept as labelled (and
     not scored, as their reward decides nothing; their journal records hold no verdict).
     Then every row passes the admission gates (:class:`~bat_gym.bank.Admission`).
@@ -369,6 +373,7 @@ def write_bank(
             "trajectories": {"planned": len(plan.jobs), "kept": main.kept},
             "rejected": dict(sorted(main.rejected.items())),
             "success_min_reward": SUCCESS_MIN_REWARD,
+            "success_threshold": "success_min_reward x the E2E reward of a correct run",
             "generator": {
                 "benchmark": bench.name,
                 "version": bench.spec.version,

@@ -2,8 +2,9 @@
 
 :func:`aggregate` turns cell results into :class:`Aggregates`, a type that can hold
 only aggregate stage and task scores, per-track aggregates (so the gate can compute
-track changes), completion counts and failure-category counts. Every string in it is a
-stage id, a track name or a member of a closed set, each held to a pattern; there is no
+track changes), completion counts, failure-category counts and the same aggregates per difficulty tier.
+Every string in it is a stage id, a track name, a tier name or a member of a closed
+set, each held to a pattern; there is no
 free-text field, so no task id, path, answer, message or log can be written into
 ``aggregates.json``, by mistake or otherwise. The type is ``extra="forbid"``: reading
 back a file with any other field fails.
@@ -26,10 +27,18 @@ from bat_gym.files import write_atomic
 from bat_gym.rubrics.scoring import aggregate as mean_of_tracks
 from bat_gym.spec import BenchmarkSpec
 
-__all__ = ["Aggregates", "TrackAggregate", "CompletionCounts", "aggregate", "cells_digest"]
+__all__ = [
+    "Aggregates",
+    "TrackAggregate",
+    "TierAggregate",
+    "CompletionCounts",
+    "aggregate",
+    "cells_digest",
+]
 
 StageId = Annotated[str, StringConstraints(pattern=r"^S[1-9][0-9]?$")]
 TrackName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
+TierName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,19}$")]
 Score = Annotated[float, Field(ge=0.0, le=1.0)]
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -57,8 +66,30 @@ class TrackAggregate(BaseModel):
     completion: CompletionCounts
 
 
+class TierAggregate(BaseModel):
+    """One difficulty tier's aggregates: the overall's formula over that tier's cells only.
+
+    ``overall = mean_t mean_r x_{t,r}`` over the tracks with cells of the tier and,
+    within a track, its repeats of that tier; ``tracks`` holds those track means.
+    """
+
+    model_config = _STRICT
+
+    overall: Score | None
+    task: Score | None
+    agentic: Score | None
+    stages: dict[StageId, Score | None]
+    tracks: dict[TrackName, TrackAggregate]
+    completion: CompletionCounts
+
+
 class Aggregates(BaseModel):
-    """Aggregate scores of one evaluation: tracks are the units (mean of track means)."""
+    """Aggregate scores of one evaluation: tracks are the units (mean of track means).
+
+    ``tiers`` repeats them per difficulty tier (empty when no task carries a tier); the
+    top-level figures pool every tier, as the paper aggregates: the mean over tracks of
+    the mean over each track's repeats.
+    """
 
     model_config = _STRICT
 
@@ -70,6 +101,7 @@ class Aggregates(BaseModel):
     tracks: dict[TrackName, TrackAggregate]
     completion: CompletionCounts
     failures: dict[FailureCategory, int]
+    tiers: dict[TierName, TierAggregate] = Field(default_factory=dict)
     cells_digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
     @property
@@ -111,14 +143,10 @@ def _counts(results: Sequence[CellResult]) -> CompletionCounts:
     )
 
 
-def aggregate(results: Sequence[CellResult], spec: BenchmarkSpec) -> Aggregates:
-    """The firewall function: cell results in, only aggregates out.
-
-    Means are over valid cells: within a track over its repeats, then over tracks
-    (tracks are the units, as in :func:`bat_gym.rubrics.scoring.aggregate`). Invalid
-    cells count in ``completion.invalid`` and nowhere else.
-    """
-    stage_ids = [s.id for s in spec.stages]
+def _tracks(
+    results: Sequence[CellResult], stage_ids: Sequence[str]
+) -> tuple[dict[str, TrackAggregate], Callable[..., Mapping[str, list[float | None]]]]:
+    """Per track, the means over its valid repeats; and the valid runs' scores by track."""
     by_track: dict[str, list[CellResult]] = {}
     for r in results:
         by_track.setdefault(r.cell.track, []).append(r)
@@ -135,10 +163,37 @@ def aggregate(results: Sequence[CellResult], spec: BenchmarkSpec) -> Aggregates:
         )
         for t, rs in sorted(by_track.items())
     }
+    return tracks, runs
+
+
+def _tier(results: Sequence[CellResult], stage_ids: Sequence[str]) -> TierAggregate:
+    tracks, runs = _tracks(results, stage_ids)
+    return TierAggregate(
+        overall=mean_of_tracks(runs(lambda r: r.overall)),
+        task=mean_of_tracks(runs(lambda r: r.task)),
+        agentic=mean_of_tracks(runs(lambda r: r.agentic)),
+        stages={s: mean_of_tracks(runs(lambda r, s=s: r.stages.get(s))) for s in stage_ids},
+        tracks=tracks,
+        completion=_counts(results),
+    )
+
+
+def aggregate(results: Sequence[CellResult], spec: BenchmarkSpec) -> Aggregates:
+    """The firewall function: cell results in, only aggregates out.
+
+    Means are over valid cells: within a track over its repeats, then over tracks
+    (tracks are the units, as in :func:`bat_gym.rubrics.scoring.aggregate`). Invalid
+    cells count in ``completion.invalid`` and nowhere else. Cells that carry a
+    :attr:`~bat_gym.evaluation.cells.CellResult.tier` are also aggregated per tier
+    (:class:`TierAggregate`), with the same formula over that tier's cells.
+    """
+    stage_ids = [s.id for s in spec.stages]
+    tracks, runs = _tracks(results, stage_ids)
     failures = {c: 0 for c in FAILURE_CATEGORIES}
     for r in results:
         for c in r.failures:
             failures[c] += 1
+    tier_names = sorted({r.tier for r in results if r.tier is not None})
     return Aggregates(
         overall=mean_of_tracks(runs(lambda r: r.overall)),
         task=mean_of_tracks(runs(lambda r: r.task)),
@@ -147,5 +202,6 @@ def aggregate(results: Sequence[CellResult], spec: BenchmarkSpec) -> Aggregates:
         tracks=tracks,
         completion=_counts(results),
         failures=failures,  # type: ignore[arg-type]
+        tiers={t: _tier([r for r in results if r.tier == t], stage_ids) for t in tier_names},
         cells_digest=cells_digest(results),
     )

@@ -53,6 +53,13 @@ class CellResult(BaseModel):
 
     cell: Cell
     task_id: str
+    tier: str | None = Field(
+        None,
+        description=(
+            'The task\'s difficulty tier: its params["difficulty"] where the benchmark '
+            "draws tiers (MedBench-Lite: easy, hard), else None. Aggregated per tier."
+        ),
+    )
     valid: bool = Field(
         description="False: infrastructure failed; never scored as a model failure."
     )

@@ -18,6 +18,7 @@ error) is retried up to ``max_attempts`` times and, if it persists, recorded as 
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import threading
 import time
@@ -172,6 +173,16 @@ def _failures(
     return out
 
 
+def _tier_of(bench: Any, state: Any) -> str | None:
+    """The difficulty tier of a cell's task: ``params["difficulty"]``, if it is a string.
+
+    Generic over benchmarks: one whose tasks carry no ``difficulty`` param has no tiers.
+    """
+    task = bench.task_of_state(state)
+    tier = task.params.get("difficulty") if task is not None else None
+    return tier if isinstance(tier, str) and re.fullmatch(r"[a-z][a-z0-9_]{0,19}", tier) else None
+
+
 def _score(
     info: dict[str, Any], finished: bool, bench: Benchmark, budgets: Budgets
 ) -> dict[str, Any]:
@@ -302,6 +313,7 @@ def run_cells(
 
         def run_one(cell: Cell) -> CellResult:
             state = states[(cell.track, cell.seed)]
+            tier = _tier_of(bench, state)
             error = ""
             for attempt in range(1, cfg.max_attempts + 1):
                 start = time.perf_counter()
@@ -311,6 +323,7 @@ def run_cells(
                     result = CellResult(
                         cell=cell,
                         task_id=state.task_id,
+                        tier=tier,
                         valid=True,
                         attempts=attempt,
                         wall_s=time.perf_counter() - start,
@@ -329,6 +342,7 @@ def run_cells(
                 result = CellResult(
                     cell=cell,
                     task_id=state.task_id,
+                    tier=tier,
                     valid=False,
                     error=error,
                     attempts=cfg.max_attempts,

@@ -87,7 +87,7 @@ def _fmt(x: float | None) -> str:
 
 
 def write_markdown(report: EvalReport, path: Path, *, chart: str | None) -> None:
-    """A human-readable report: headline with intervals, per-track table, invalid cells."""
+    """A human-readable report: headline with intervals, per-track and per-tier tables, invalid cells."""
     agg, man = report.aggregates, report.manifest
     stages = list(agg.stages)
     lines = [
@@ -118,6 +118,24 @@ def write_markdown(report: EvalReport, path: Path, *, chart: str | None) -> None
     lines.append(
         f"| **mean of tracks** | | {_fmt(agg.overall)} | {_fmt(agg.task)} | {cells_line} |"
     )
+    for tier, ta in agg.tiers.items():
+        lines += [
+            "",
+            f"## Tier {tier} (mean over its repeats per track, then over tracks)",
+            "",
+            "| track | runs | overall | task | " + " | ".join(stages) + " |",
+            "|---|---|---|---|" + "---|" * len(stages),
+        ]
+        for track, t in ta.tracks.items():
+            cells = " | ".join(_fmt(t.stages.get(s)) for s in stages)
+            lines.append(
+                f"| {track} | {t.completion.valid}/{t.completion.runs} | {_fmt(t.overall)} | "
+                f"{_fmt(t.task)} | {cells} |"
+            )
+        cells_line = " | ".join(_fmt(ta.stages.get(s)) for s in stages)
+        lines.append(
+            f"| **mean of tracks** | | {_fmt(ta.overall)} | {_fmt(ta.task)} | {cells_line} |"
+        )
     if chart:
         lines += ["", f"![stage scores]({chart})"]
     failures = {k: v for k, v in agg.failures.items() if v}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,7 @@ __all__ = [
     "balanced_accuracy",
     "box_iou",
     "average_precision",
+    "RECALL_POINTS",
     "ssim_map",
     "ssim",
     "normalized_mae",
@@ -43,31 +45,51 @@ def dice(pred: np.ndarray, truth: np.ndarray) -> float:
     return 2.0 * int(np.logical_and(p, t).sum()) / total
 
 
-def balanced_accuracy(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
-    """Mean recall over the classes present in ``y_true``.
+def balanced_accuracy(y_true: Sequence[Any], y_pred: Sequence[Any]) -> float:
+    """Mean recall over the classes present in ``y_true``: ``mean_c P(pred = c | true = c)``.
 
-    Unlike plain accuracy it is not inflated by always predicting the majority class.
-    Returns 0.0 for empty input.
+    The same as :func:`sklearn.metrics.balanced_accuracy_score` (without ``adjusted``):
+    a predicted class absent from ``y_true`` only costs recall, it adds no class.
+    Labels are compared by value, so any value works: a prediction that is no class of
+    ``y_true`` (``-1``, ``nan``, ``inf``) is simply wrong, never an error. Unlike plain
+    accuracy it is not inflated by always predicting the majority class. Returns 0.0
+    for empty input.
+
+    Raises:
+        ValueError: the two sequences differ in length.
     """
-    t = np.asarray(list(y_true))
-    p = np.asarray(list(y_pred))
-    if t.shape != p.shape:
-        raise ValueError(f"lengths differ: {t.shape} vs {p.shape}")
-    if t.size == 0:
+    t, p = list(y_true), list(y_pred)
+    if len(t) != len(p):
+        raise ValueError(f"lengths differ: {len(t)} vs {len(p)}")
+    if not t:
         return 0.0
-    recalls = [float(np.mean(p[t == c] == c)) for c in np.unique(t)]
+    recalls = []
+    for c in sorted(set(t), key=repr):
+        idx = [i for i, v in enumerate(t) if v == c]
+        recalls.append(sum(1 for i in idx if p[i] == c) / len(idx))
     return float(np.mean(recalls))
 
 
 def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
-    """Intersection over union of two ``[x0, y0, x1, y1]`` boxes (x1 > x0, y1 > y0)."""
+    """Intersection over union of two ``[x0, y0, x1, y1]`` boxes (x1 > x0, y1 > y0).
+
+    Areas are continuous (``(x1 - x0) * (y1 - y0)``, no +1 pixel convention, as in
+    COCO). A degenerate or non-finite box has IoU 0 with everything.
+    """
+    if not all(np.isfinite(v) for v in (*a[:4], *b[:4])):
+        return 0.0
     ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
     iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
     inter = ix * iy
     area_a = max(0.0, a[2] - a[0]) * max(0.0, a[3] - a[1])
     area_b = max(0.0, b[2] - b[0]) * max(0.0, b[3] - b[1])
     union = area_a + area_b - inter
-    return inter / union if union > 0 else 0.0
+    iou = inter / union if union > 0 else 0.0
+    return float(iou) if np.isfinite(iou) else 0.0
+
+
+RECALL_POINTS = np.linspace(0.0, 1.0, 101)
+"""The 101 recall thresholds of COCO's interpolated AP."""
 
 
 def average_precision(
@@ -75,45 +97,69 @@ def average_precision(
     truths: Mapping[str, Sequence[Sequence[float]]],
     iou_threshold: float = 0.5,
 ) -> float:
-    """Single-class average precision (mAP@``iou_threshold`` for one class).
+    """Single-class average precision at one IoU threshold, COCO style (AP@0.5 with 0.5).
 
     Args:
         predictions: ``(image_id, [x0, y0, x1, y1], score)`` for every predicted box.
         truths: ground-truth boxes per image id (images without lesions map to ``[]``).
         iou_threshold: the IoU a prediction needs to match an unmatched true box.
 
-    Predictions are ranked by score over all images; each true box matches at most one
-    prediction (greedy, highest IoU). AP is the area under the precision-recall curve
-    with precision made monotone (all-point interpolation, as in Pascal VOC 2010+).
-    With no true boxes at all, AP is 1.0 for no predictions and 0.0 otherwise.
+    What is computed, step by step (as ``pycocotools.COCOeval`` for one category, one
+    IoU threshold, area range "all", no crowd boxes, at most 100 boxes per image):
+
+    1. A prediction with a non-finite coordinate or score is dropped (as if never
+       submitted); so is one on an image id not in ``truths``.
+    2. Ranking: predictions are sorted by score, highest first; **ties** are broken by
+       image id, then by the box ``(x0, y0, x1, y1)``, all ascending, so the result
+       never depends on the order of submission.
+    3. Matching: in that order, each prediction takes the still unmatched true box of
+       its image with the highest IoU, if that IoU is at least ``iou_threshold``
+       (between equal IoUs the last true box in ``truths`` order); it is then a true
+       positive, else a false positive. Each true box matches at most once.
+    4. Precision and recall after each prediction; precision is made monotone
+       (the running maximum from the right), then read at the 101 recall points
+       ``0, 0.01, ..., 1`` (the first prediction reaching each recall; 0 past the
+       highest recall reached). AP is their mean.
+
+    Deliberate deviations from COCO: with no true boxes at all, AP is 1.0 for no
+    predictions and 0.0 otherwise (COCO leaves it undefined); there is no cap of 100
+    boxes per image (COCO keeps each image's 100 best); ties are ranked as in step 2
+    (COCO keeps submission order); a degenerate box (``x1 <= x0`` or ``y1 <= y0``) is
+    a false positive (COCO ignores a negative-area box, which would let malformed
+    output hide false positives). Duplicate boxes are false positives, so an output of many
+    guesses earns only what its ranking earns.
     """
-    preds = sorted(predictions, key=lambda p: -float(p[2]))
+    preds = []
+    for image_id, box, score in predictions:
+        vals = [float(v) for v in box[:4]] + [float(score)]
+        if len(vals) == 5 and all(np.isfinite(vals)) and image_id in truths:
+            preds.append((str(image_id), vals[:4], vals[4]))
+    preds.sort(key=lambda p: (-p[2], p[0], *p[1]))
     n_true = sum(len(v) for v in truths.values())
     if n_true == 0:
         return 1.0 if not preds else 0.0
+    if not preds:
+        return 0.0
     used = {k: np.zeros(len(v), dtype=bool) for k, v in truths.items()}
     tp = np.zeros(len(preds))
     for i, (image_id, box, _) in enumerate(preds):
-        gts = truths.get(image_id, [])
-        best, best_j = 0.0, -1
-        for j, gt in enumerate(gts):
+        best, best_j = iou_threshold, -1
+        for j, gt in enumerate(truths[image_id]):
             if used[image_id][j]:
                 continue
             iou = box_iou(box, gt)
-            if iou > best:
+            if iou >= best:  # ">=": the last of equal IoUs, as pycocotools does
                 best, best_j = iou, j
-        if best_j >= 0 and best >= iou_threshold:
+        if best_j >= 0:
             used[image_id][best_j] = True
             tp[i] = 1.0
-    if not preds:
-        return 0.0
     ctp = np.cumsum(tp)
     recall = ctp / n_true
     precision = ctp / np.arange(1, len(preds) + 1)
-    # Monotone precision envelope, then sum precision over each recall step.
     envelope = np.maximum.accumulate(precision[::-1])[::-1]
-    steps = np.diff(np.concatenate([[0.0], recall]))
-    return float(np.sum(steps * envelope))
+    at = np.searchsorted(recall, RECALL_POINTS, side="left")
+    sampled = np.where(at < len(preds), envelope[np.minimum(at, len(preds) - 1)], 0.0)
+    return float(sampled.mean())
 
 
 def _box_filter(a: np.ndarray, size: int) -> np.ndarray:
@@ -213,7 +259,12 @@ def normalize_answer(text: str) -> str:
 
 
 def exact_match(pred: str, truth: str) -> float:
-    """1.0 when the normalized answers are equal, else 0.0."""
+    """1.0 when the normalized answers are equal (:func:`normalize_answer`), else 0.0.
+
+    Any value is accepted and compared as text (``nan``, ``inf`` and ``1e400`` are
+    just wrong answers). ``"none"`` and ``"no nodules"`` normalize to ``"0"``, so a
+    VQA answer of ``0`` to "which lung holds the largest nodule" means "none".
+    """
     return 1.0 if normalize_answer(pred) == normalize_answer(truth) else 0.0
 
 

@@ -64,7 +64,7 @@ _WEIGHTS = {"S1": 0.25, "S2": 0.15, "S3": 0.35, "S4": 0.15, "S5": 0.10}
 
 SPEC = BenchmarkSpec(
     name="medbench_lite",
-    version="1.0",
+    version="2.0",
     description=(
         "Seven synthetic medical-imaging tracks (NIfTI, DICOM, PNG) with five-stage workflows, "
         "a small numpy model per task, and a trap per track that only a real validation catches."

@@ -59,7 +59,7 @@ def test_a_success_the_verifier_disagrees_with_is_rejected_and_counted(tmp_path)
     bench = toy_with(lambda turns, outcome: [t for i, t in enumerate(turns) if i != 4])
     bank = build_bank(bench, tmp_path / "b", outcomes=("success", "failure"))
     assert {s.outcome for s in bank} == {"failure"}
-    assert bank.manifest["rejected"] == {"success below reward 0.95": 2}
+    assert bank.manifest["rejected"] == {"success below 0.95 of the reward of a correct run": 2}
     assert bank.manifest["trajectories"] == {"planned": 4, "kept": 2}
 
 
@@ -155,3 +155,17 @@ def test_cli_builds_outcomes_and_verifies(tmp_path):
     assert runner.invoke(app, [*args, "--outcome", "nope"]).exit_code != 0
     result = runner.invoke(app, ["bank", "verify", str(out)])
     assert result.exit_code == 0 and "verify: OK" in result.output
+
+
+def test_the_success_bar_is_relative_to_what_a_correct_run_earns(toy, monkeypatch):
+    from bat_gym.bank import SUCCESS_MIN_REWARD
+    from bat_gym.bank.tasks import success_threshold
+
+    track = toy.spec.tracks[0].name
+    task = toy.make_task(track, 0, "train")
+    assert success_threshold(toy, task) == pytest.approx(SUCCESS_MIN_REWARD)
+    # An imperfect provided model: a correct run's task score is 0.8, so its E2E reward
+    # (task weight 0.5, full stage credit) is 0.9, and a success needs 0.95 of that.
+    monkeypatch.setattr(type(toy), "task_score", lambda self, task, ws: 0.8)
+    tw = toy.spec.task_weight
+    assert success_threshold(toy, task) == pytest.approx(SUCCESS_MIN_REWARD * (tw * 0.8 + (1 - tw)))

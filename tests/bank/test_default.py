@@ -58,7 +58,9 @@ def test_a_first_reset_builds_only_the_trajectory_it_needs(toy, cache, full_toy_
     try:
         _, info = env.reset(seed=3)
         lazy_ids.append(info["state_id"])
-        assert built(env.unwrapped.states) == [f"{info['track']}-{toy.seeds('train')[0]}-success.json"]
+        assert built(env.unwrapped.states) == [
+            f"{info['track']}-{toy.seeds('train')[0]}-success.json"
+        ]
         _, info = env.reset(seed=4)
         lazy_ids.append(info["state_id"])
     finally:
@@ -149,9 +151,12 @@ def test_a_rejected_teacher_fails_the_reset_with_its_verdict(cache):
     finally:
         env.close()
     msg = str(exc.value)
-    assert "success below reward 0.95" in msg and "eta" in msg
+    assert "success below 0.95 of the reward of a correct run" in msg and "eta" in msg
     # The items that fell short, failures first, with their detail.
-    assert "verdict: reward 0.450; eta 1.00; S5.submission_schema failed: outputs/submission.csv" in msg
+    assert (
+        "verdict: reward 0.450; eta 1.00; S5.submission_schema failed: outputs/submission.csv"
+        in msg
+    )
     assert "bat-gym bank explain --default" in msg
     source = env.unwrapped.states
     assert built(source) == []  # never cached as a good trajectory

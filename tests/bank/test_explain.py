@@ -45,7 +45,10 @@ def test_a_build_that_leaves_a_track_empty_exits_1_with_each_verdict(bench_named
     assert result.exit_code == 1, result.output
     text = result.output
     for track in ("threshold", "lookup"):
-        assert f"{track}/0/success: rejected: success below reward 0.95" in text
+        assert (
+            f"{track}/0/success: rejected: success below 0.95 of the reward of a correct run"
+            in text
+        )
     assert "evidence completeness (eta) 1.00" in text
     assert "S5.submission_schema (csv_schema) failed: outputs/submission.csv" in text
     assert "error: no states for 12 focus/track cell(s): S1/threshold" in text
@@ -60,11 +63,14 @@ def test_a_build_with_every_cell_filled_exits_0_though_some_tasks_were_rejected(
     args = ["bank", "build", "--out", str(out), "--benchmark", name]
     result = runner.invoke(app, [*args, "--outcome", "success", "--outcome", "failure"])
     assert result.exit_code == 0, result.output
-    assert "rejected: {'success below reward 0.95': 2}" in result.output
+    assert "rejected: {'success below 0.95 of the reward of a correct run': 2}" in result.output
     # explain shows any task's verdict: the rejected ones by default, a kept one on request.
     shown = runner.invoke(app, ["bank", "explain", str(out)])
     assert shown.exit_code == 0, shown.output
-    assert "lookup/0/success: rejected: success below reward 0.95" in shown.output
+    assert (
+        "lookup/0/success: rejected: success below 0.95 of the reward of a correct run"
+        in shown.output
+    )
     assert "lookup/0/failure" not in shown.output
     kept = runner.invoke(app, ["bank", "explain", str(out), "--task", "lookup/0/failure"])
     assert "lookup/0/failure: kept 6 state(s)" in kept.output
@@ -98,7 +104,10 @@ def test_the_default_grid_builds_with_one_command_and_explains_its_rejections(
     name = bench_named("toy_nosubmit2", drop_submit=True)
     result = runner.invoke(app, ["bank", "build", "--default", "--benchmark", name])
     assert result.exit_code != 0
-    assert "success below reward 0.95" in str(result.exception)
+    assert "success below 0.95 of the reward of a correct run" in str(result.exception)
     shown = runner.invoke(app, ["bank", "explain", "--default", "--benchmark", name])
-    assert "threshold/0/success: rejected: success below reward 0.95" in shown.output
+    assert (
+        "threshold/0/success: rejected: success below 0.95 of the reward of a correct run"
+        in shown.output
+    )
     assert "(1 of 2 trajectories built)" in shown.output

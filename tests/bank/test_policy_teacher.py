@@ -71,7 +71,9 @@ def test_a_failing_policy_is_rejected_for_success_and_labelled_failure_when_aske
     track = "threshold"
     only_success = build_bank(toy, tmp_path / "a", tracks=[track], teacher=policy)
     assert len(only_success) == 0
-    assert only_success.manifest["rejected"] == {"success below reward 0.95": 1}
+    assert only_success.manifest["rejected"] == {
+        "success below 0.95 of the reward of a correct run": 1
+    }
     assert only_success.manifest["trajectories"] == {"planned": 1, "kept": 0}
 
     bank = build_bank(

@@ -127,3 +127,48 @@ def test_the_constraint_check_catches_a_free_text_field():
     schema = Leaky.model_json_schema()
     leaves = dict(_string_leaves(schema, schema.get("$defs", {})))
     assert not {"pattern", "enum", "const"} & set(leaves["$.note"])
+
+
+def test_tiers_are_aggregated_like_the_overall_over_their_own_cells(toy):
+    # Repeat r of every track is on tier "easy" when r is even, "hard" when odd.
+    results = [
+        r.model_copy(update={"tier": "hard" if r.cell.repeat % 2 else "easy"})
+        for r in leaky_results(toy)
+    ]
+    agg = aggregate(results, toy.spec)
+    first, n = toy.spec.tracks[0].name, len(toy.spec.tracks)
+    assert set(agg.tiers) == {"easy", "hard"}
+    # easy: repeats 0 and 2 (0.5, 0.7), but the first track's repeat 2 is invalid.
+    assert agg.tiers["easy"].tracks[first].overall == pytest.approx(0.5)
+    assert agg.tiers["easy"].overall == pytest.approx((0.5 + 0.6 * (n - 1)) / n)
+    assert agg.tiers["hard"].overall == pytest.approx(0.6)
+    assert agg.tiers["hard"].completion.runs == n
+    # The overall still pools both tiers: mean over tracks of mean over repeats.
+    assert agg.overall == pytest.approx((0.55 + 0.6 * (n - 1)) / n)
+    assert CANARY not in agg.model_dump_json()
+    data = json.loads(agg.model_dump_json())
+    data["tiers"]["the answer is 42"] = data["tiers"].pop("easy")
+    with pytest.raises(ValidationError):
+        Aggregates.model_validate(data)
+
+
+def test_results_without_tiers_have_no_tier_table(toy):
+    assert aggregate(leaky_results(toy), toy.spec).tiers == {}
+
+
+def test_the_report_has_a_table_per_tier(toy, tmp_path):
+    from bat_gym.evaluation.report import EvalReport, write_markdown
+
+    results = [
+        r.model_copy(update={"tier": "hard" if r.cell.repeat % 2 else "easy"})
+        for r in leaky_results(toy)
+    ]
+    report = EvalReport(
+        manifest={"benchmark": {"name": "toy"}, "policy": {"name": "p"}, "timing": {"wall_s": 1}},
+        aggregates=aggregate(results, toy.spec),
+        intervals={},
+        cells=tuple(results),
+    )
+    write_markdown(report, tmp_path / "r.md", chart=None)
+    text = (tmp_path / "r.md").read_text()
+    assert "## Tier easy" in text and "## Tier hard" in text

@@ -33,6 +33,9 @@ TEACHER_MIN = {
     "vqa": 0.95,
     "report": 0.9,
 }
+# On the hard tier (odd seeds) the teacher is good but below ceiling (a task's score
+# varies around a tier mean of 0.75-0.9); one task's correct run scores at least this.
+TEACHER_MIN_HARD = 0.6
 NAIVE_MAX = {
     "segmentation": 0.6,
     "classification": 0.8,

@@ -1,14 +1,18 @@
-"""Bright focal lesion detector for 2D images: local contrast, threshold, components.
+"""Focal lesion detector for 2D images: blob proposals scored by a matched filter.
 
-MedBench-Lite model ``blob-detector``; numpy only. Boxes come out in numpy index
-order, ``(row_min, col_min, row_max, col_max)``; see MODEL_CARD.md.
+MedBench-Lite model ``lesion-matched``; numpy only. Bright compact blobs are proposed
+by local contrast and connected components; each is scored by the strongest response
+inside it of the matched filter ``weights["kernel"]``, which holds the texture of the
+lesions this model was trained on (look-alikes of the same size and brightness score
+low). Boxes come out in numpy index order, ``(row_min, col_min, row_max, col_max)``;
+see MODEL_CARD.md.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["load", "box_mean", "label_components", "detect"]
+__all__ = ["load", "box_mean", "label_components", "response", "detect"]
 
 
 def load(path: str) -> dict[str, np.ndarray]:
@@ -47,8 +51,18 @@ def label_components(mask: np.ndarray) -> np.ndarray:
             return lab
 
 
+def response(x: np.ndarray, weights: dict) -> np.ndarray:
+    """Matched-filter response per pixel of a [0, 1] image (local background removed)."""
+    x = x - box_mean(x, int(weights["outer"]))
+    k = np.asarray(weights["kernel"], dtype=np.float64)
+    r = k.shape[0] // 2
+    xp = np.pad(x, r, mode="reflect")
+    spec = np.fft.rfft2(xp) * np.conj(np.fft.rfft2(k, s=xp.shape))
+    return np.fft.irfft2(spec, s=xp.shape)[: x.shape[0], : x.shape[1]]
+
+
 def detect(image: np.ndarray, weights: dict) -> list[dict]:
-    """Find bright focal lesions.
+    """Find the lesions.
 
     Args:
         image: 2D grayscale image, float in [0, 1]. Integer-range input is scaled
@@ -57,20 +71,25 @@ def detect(image: np.ndarray, weights: dict) -> list[dict]:
 
     Returns:
         One dict per lesion: ``box_rc`` = ``[row_min, col_min, row_max, col_max]``
-        (pixel edges, half-open, **row/column order**) and ``score`` in (0, 1].
+        (pixel edges, half-open, **row/column order**) and ``score`` in (0, 1),
+        highest first.
     """
     x = np.asarray(image, dtype=np.float64)
     if x.max() > 1.5:
         x = x / (255.0 if x.max() <= 255 else 4095.0)
-    resp = box_mean(x, int(weights["inner"])) - box_mean(x, int(weights["outer"]))
-    lab = label_components(resp > float(weights["threshold"]))
+    contrast = box_mean(x, int(weights["inner"])) - box_mean(x, int(weights["outer"]))
+    lab = label_components(contrast > float(weights["threshold"]))
+    resp = response(x, weights)
     out = []
     pad = float(weights["pad"])
     for k in np.unique(lab[lab > 0]):
         rows, cols = np.nonzero(lab == k)
-        if rows.size < int(weights["min_area"]):
+        if not int(weights["min_area"]) <= rows.size <= int(weights["max_area"]):
             continue
-        score = float(min(1.0, resp[rows, cols].max() / float(weights["score_scale"])))
+        peak = float(resp[rows, cols].max())
+        score = 1.0 / (1.0 + np.exp(-float(weights["gain"]) * (peak - float(weights["bias"]))))
+        if score < float(weights["min_score"]):
+            continue
         box = [rows.min() - pad, cols.min() - pad, rows.max() + 1 + pad, cols.max() + 1 + pad]
         out.append({"box_rc": [round(float(v), 2) for v in box], "score": round(score, 4)})
     return sorted(out, key=lambda d: -d["score"])

@@ -1,15 +1,17 @@
 """Rule-based visual question answering on axial chest CT slices (lung window PNGs).
 
-MedBench-Lite model ``chest-vqa-rules``; numpy only. It finds nodules (bright blobs
-enclosed by lung) and answers templated questions; see MODEL_CARD.md for the display
-convention its side answers assume.
+MedBench-Lite model ``chest-vqa-matched``; numpy only. It proposes bright blobs
+enclosed by lung, keeps those whose internal texture matches the nodules it was trained
+on (the matched filter ``weights["kernel"]``; vessels seen end-on look alike in size and
+brightness but not in texture) and answers templated questions; see MODEL_CARD.md for
+the display convention its side answers assume.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["load", "find_nodules", "answer"]
+__all__ = ["load", "response", "find_nodules", "answer"]
 
 
 def load(path: str) -> dict[str, np.ndarray]:
@@ -53,13 +55,27 @@ def _smooth(x: np.ndarray) -> np.ndarray:
     return sum(p[i : i + h, j : j + w] for i in range(3) for j in range(3)) / 9.0
 
 
+def response(x: np.ndarray, weights: dict) -> np.ndarray:
+    """Matched-filter response per pixel of a [0, 1] image (edges reflected)."""
+    k = np.asarray(weights["kernel"], dtype=np.float64)
+    r = k.shape[0] // 2
+    xp = np.pad(np.asarray(x, dtype=np.float64), r, mode="reflect")
+    spec = np.fft.rfft2(xp) * np.conj(np.fft.rfft2(k, s=xp.shape))
+    return np.fft.irfft2(spec, s=xp.shape)[: x.shape[0], : x.shape[1]]
+
+
 def find_nodules(image: np.ndarray, weights: dict) -> list[dict]:
-    """Nodules in a lung-window slice (float in [0, 1]): bright blobs enclosed by lung.
+    """Nodules in a lung-window slice (float in [0, 1]).
+
+    Bright blobs enclosed by lung are proposed; a blob is a nodule when the matched
+    filter's strongest response inside it reaches ``weights["bias"]``.
 
     Returns:
-        ``{"row", "col", "diameter_px"}`` per nodule (centroid in image pixels).
+        ``{"row", "col", "diameter_px", "score"}`` per nodule (centroid in image pixels,
+        diameter from the blob's area, score the matched-filter peak).
     """
-    x = _smooth(np.asarray(image, dtype=np.float64))
+    raw = np.asarray(image, dtype=np.float64)
+    x = _smooth(_smooth(raw))
     dark = x < float(weights["lung_below"])
     # Air outside the body is dark too; it is the dark region touching the border.
     lab = _label(dark)
@@ -72,16 +88,21 @@ def find_nodules(image: np.ndarray, weights: dict) -> list[dict]:
         for sign in (1, -1):
             enclosed &= _ahead(lung, axis, sign, reach)
     lab = _label(enclosed)
+    resp = response(raw, weights)
     out = []
     for k in np.unique(lab[lab > 0]):
         rows, cols = np.nonzero(lab == k)
         if not int(weights["min_area"]) <= rows.size <= int(weights["max_area"]):
+            continue
+        peak = float(resp[rows, cols].max())
+        if peak < float(weights["bias"]):
             continue
         out.append(
             {
                 "row": round(float(rows.mean()), 2),
                 "col": round(float(cols.mean()), 2),
                 "diameter_px": round(float(2 * np.sqrt(rows.size / np.pi)), 2),
+                "score": round(peak, 4),
             }
         )
     return out
@@ -106,6 +127,9 @@ def answer(question: str, nodules: list[dict], width: int, convention: str = "ne
             right on the image left). Side answers are given in patient terms.
     """
     q = question.lower()
+    if "how many" in q and ("left lung" in q or "right lung" in q):
+        side = "left" if "left lung" in q else "right"
+        return str(sum(_side(n["col"], width, convention) == side for n in nodules))
     if "how many" in q:
         return str(len(nodules))
     if q.startswith("is there"):

@@ -1,14 +1,29 @@
 """Classification track: focal lung opacity on chest radiographs (DICOM).
 
 Each case is a DICOM radiograph with a per-file RescaleSlope/RescaleIntercept, and
-about half are stored MONOCHROME1 (high stored value = dark).
+about half are stored MONOCHROME1 (high stored value = dark). Every image holds three
+bright, equally sized textured spots inside the lungs among vessels and lung texture:
+a positive image has the task's opacity and two look-alikes, a negative image three
+look-alikes (:mod:`~bat_gym.envs.medbench_lite.tracks.findings`). Only the texture's
+orientation tells them apart, and only the provided model's matched filter knows the
+opacity's orientation, so a model-free shortcut is at chance.
+
+Difficulty (:func:`~bat_gym.envs.medbench_lite.tracks.base.difficulty`): on the hard
+tier the texture is fainter (``_MODULATION``), and the model, run correctly, confuses
+some opacities with look-alikes (balanced accuracy about 0.8-0.9 instead of about 1).
 
 TRAP (photometric inversion and rescale): the model wants modality values in the
-MONOCHROME2 sense. Fed ``pixel_array`` as stored, rescaled files and MONOCHROME1 files
-give the wrong features; MONOCHROME1 opacities, which the model sees as dark spots, are
-all missed. A pilot on a MONOCHROME1 file that checks the lungs come out darker than
-the mediastinum and the values stay in 0..4095 catches it.
-Metric: balanced accuracy of the submitted labels.
+MONOCHROME2 sense. Fed a MONOCHROME1 file without the ``4095 - value`` inversion, the
+model sees dark lungs as bright and the spots as dark: the spots' matched-filter
+response goes negative while the bright lung edges respond, so labels on those files
+no longer follow the opacity (measured on training seeds 0-7: 35% of the
+MONOCHROME1 files called positive, against 57% truly positive). Fed
+``pixel_array`` as stored, every file is off: the slopes (0.25, 0.5, 4) scale every
+response by 4, 2 or 1/4, which pushes images across the decision threshold. A pilot on a MONOCHROME1 file that checks
+the lungs come out darker than the mediastinum and the values stay in 0..4095 catches
+it.
+Metric: balanced accuracy of the submitted labels
+(:func:`~bat_gym.envs.medbench_lite.metrics.balanced_accuracy`).
 """
 
 from __future__ import annotations
@@ -21,23 +36,34 @@ import numpy as np
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import dicom_bytes
 from bat_gym.envs.medbench_lite.teacher import Recipe
+from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
     Split,
     TrackBase,
     case_ids,
+    difficulty,
     uniform,
 )
 
 __all__ = ["Classification"]
 
-_RESCALES = ((1.0, 0.0), (1.0, -1024.0), (0.5, 0.0), (2.0, -1024.0))
+_RESCALES = ((1.0, -1024.0), (0.25, 0.0), (4.0, -1024.0), (0.5, -1024.0))
 FULL_SCALE = 4095.0
+KERNEL_RADIUS = 4.0
+KERNEL_DC = 0.5
+DECISION = 0.34  # peak response (full-scale units) at p = 0.5
+# Texture contrast of a finding (fraction of its brightness) per tier: on the hard
+# tier the opacity's texture is faint, so the model confuses it with look-alikes.
+_MODULATION = {"easy": (0.6, 0.8), "hard": (0.38, 0.52)}
 
-MODEL_CARD = """# Model card: opacity-linear v2.0
+MODEL_CARD = """# Model card: opacity-matched v3.0
 
 Frontal chest radiograph -> focal lung opacity present (1) or not (0).
 Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
+The model was trained on this site's opacities: it tells them from look-alikes
+(vessels seen end-on, overlapping shadows) of the same size and brightness by their
+internal texture, which its matched filter (`kernel`) holds.
 
 ## Input convention
 - `values`: 2D array of **modality values**: stored pixels after RescaleSlope and
@@ -141,11 +167,16 @@ smoke = {"input": "flat 64x64 image at 800", "label": label, "p_opacity": round(
 PILOT = """
 import numpy as np
 import pydicom
-# Pilot the riskiest file: MONOCHROME1 with a non-trivial rescale if there is one.
+# Pilot the riskiest file: MONOCHROME1 with a non-trivial rescale if there is one;
+# among those, the one the model is surest about, so that a wrong label means a wrong
+# pipeline rather than a hard case.
 def risk(i):
     ds = pydicom.dcmread(f"data/images/{i}.dcm")
     return (ds.PhotometricInterpretation == "MONOCHROME1") * 2 + ((float(ds.RescaleSlope), float(ds.RescaleIntercept)) != (1.0, 0.0))
-case_id = max(case_ids, key=risk)
+def sure(i):
+    _, p = infer.infer_lib.classify(infer.model_input(f"data/images/{i}.dcm"), infer.W)
+    return abs(p - 0.5)
+case_id = max(case_ids, key=lambda i: (risk(i), sure(i)))
 rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
 v = infer.model_input(f"data/images/{case_id}.dcm")
 roi = infer.infer_lib.lung_roi(v.shape, infer.W)
@@ -180,6 +211,18 @@ for r in rows:
 """
 
 
+def _label(cell: object) -> int:
+    """A submitted label as 0 or 1, else -1 (a wrong answer for both classes).
+
+    Anything but 0 or 1 (text, ``nan``, ``inf``, ``1e400``, ``0.5``) is -1.
+    """
+    try:
+        v = float(str(cell))
+    except (TypeError, ValueError):
+        return -1
+    return int(v) if v in (0.0, 1.0) else -1
+
+
 class Classification(TrackBase):
     """Opacity classification on DICOM radiographs with rescale and MONOCHROME1."""
 
@@ -188,52 +231,86 @@ class Classification(TrackBase):
     description = "Classify chest radiographs (DICOM) for a focal lung opacity."
     index = 1
     ranges = {
-        "train": {"noise": (40.0, 80.0), "image_px": (60.0, 68.0)},
-        "heldout": {"noise": (90.0, 130.0), "image_px": (76.0, 84.0)},
+        "train": {"noise": (40.0, 80.0), "image_px": (96.0, 104.0)},
+        "heldout": {"noise": (90.0, 130.0), "image_px": (112.0, 120.0)},
     }
 
-    def weights(self) -> dict[str, np.ndarray]:
-        """The model's parameters (the same for every task)."""
+    def weights(self, theta: float = 0.0, period: float = 4.2) -> dict[str, np.ndarray]:
+        """The task's model: the lung template, its matched filter and the decision rule."""
         return {
             "full_scale": np.array(FULL_SCALE),
-            "roi_ellipses": np.array([[0.45, 0.30, 0.21, 0.09], [0.45, 0.70, 0.21, 0.09]]),
-            "coef": np.array([40.0, 20.0]),
-            "bias": np.array(-9.8),
+            "roi_ellipses": np.array([[0.45, 0.30, 0.24, 0.11], [0.45, 0.70, 0.24, 0.11]]),
+            "background_px": np.array(15),
+            "kernel": findings.matched_kernel(theta, period, KERNEL_RADIUS, KERNEL_DC),
+            "bias": np.array(DECISION),
+            "gain": np.array(40.0),
         }
 
     def _image(
-        self, rng: np.random.Generator, size: int, noise: float, opacity: bool
+        self,
+        rng: np.random.Generator,
+        size: int,
+        noise: float,
+        kinds: Sequence[int],
+        thetas: np.ndarray,
+        period: float,
+        modulation: tuple[float, float],
     ) -> np.ndarray:
-        """Modality values (MONOCHROME2 sense) of one synthetic radiograph."""
+        """Modality values (MONOCHROME2 sense) of one synthetic radiograph.
+
+        Anatomy (torso, two lungs of varying size and position), lung texture and
+        vessels, softened by a 3-pixel blur (partial volume at organ edges); then one
+        textured disk per entry of ``kinds`` (a :mod:`findings` type) inside a lung,
+        then quantum noise.
+        """
+        shape = (size, size)
         r = (np.arange(size) + 0.5) / size
         rr, cc = np.meshgrid(r, r, indexing="ij")
-        m = np.full((size, size), 150.0)
+        m = np.full(shape, 150.0)
         m[:, int(0.06 * size) : int(np.ceil(0.94 * size))] = rng.uniform(2200, 2400)
         lungs = []
+        lung_mask = np.zeros(shape, dtype=bool)
         for side in (0.30, 0.70):
             c = (0.45 + rng.uniform(-0.02, 0.02), side + rng.uniform(-0.015, 0.015))
             a = (rng.uniform(0.25, 0.29), rng.uniform(0.12, 0.14))
             inside = ((rr - c[0]) / a[0]) ** 2 + ((cc - c[1]) / a[1]) ** 2 <= 1.0
             m[inside] = rng.uniform(720, 880)
+            lung_mask |= inside
             lungs.append((c, a))
-        if opacity:
-            (c, a) = lungs[int(rng.integers(0, 2))]
-            t = rng.uniform(0, 2 * np.pi)
-            rho = rng.uniform(0, 0.5)
-            oc = (c[0] + rho * a[0] * 0.8 * np.sin(t), c[1] + rho * a[1] * 0.8 * np.cos(t))
-            sigma = rng.uniform(0.045, 0.07)
-            m += rng.uniform(900, 1300) * np.exp(
-                -((rr - oc[0]) ** 2 + (cc - oc[1]) ** 2) / (2 * sigma**2)
-            )
-        # Soft anatomical edges, then quantum noise.
+        m += lung_mask * (
+            70.0 * findings.correlated_texture(rng, shape, 1.5)
+            + findings.vessels(rng, shape, int(rng.integers(4, 8)), 2.0, 420.0)
+        )
         k = np.ones(3) / 3
         m = np.apply_along_axis(lambda v: np.convolve(v, k, mode="same"), 0, m)
         m = np.apply_along_axis(lambda v: np.convolve(v, k, mode="same"), 1, m)
+
+        def spot(radius: float) -> tuple[float, float] | None:
+            (cy, cx), (ay, ax) = lungs[int(rng.integers(0, 2))]
+            t, rho = rng.uniform(0, 2 * np.pi), np.sqrt(rng.uniform(0, 1))
+            ey, ex = ay * size - radius - 2, ax * size - radius - 2
+            if ey <= 0 or ex <= 0:
+                return None
+            return (cy * size + rho * ey * np.sin(t), cx * size + rho * ex * np.cos(t))
+
+        radii = [float(rng.uniform(4.0, 5.5)) for _ in kinds]
+        for (cy, cx, rad), kind in zip(findings.place(rng, radii, spot, 2.0), kinds, strict=False):
+            m += findings.finding(
+                shape,
+                (cy, cx),
+                rad,
+                float(thetas[kind]),
+                period,
+                float(rng.uniform(550, 750)),
+                float(rng.uniform(*modulation)),
+                float(rng.uniform(0, 2 * np.pi)),
+            )
         return np.clip(m + rng.normal(0, noise, m.shape), 0, FULL_SCALE)
 
     def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
         rng = self.rng(seed, split)
         rg = self.ranges[split]
+        tier = difficulty(seed)
         noise = uniform(rng, rg["noise"])
         size = int(rng.integers(int(rg["image_px"][0]), int(rg["image_px"][1]) + 1))
         n = int(rng.integers(12, 17)) if split == "train" else int(rng.integers(16, 21))
@@ -241,6 +318,9 @@ class Classification(TrackBase):
         pos = int(rng.integers(n // 2 - 1, n // 2 + 2))
         labels = np.array([1] * pos + [0] * (n - pos))
         rng.shuffle(labels)
+        thetas = findings.orientations(rng)
+        period = uniform(rng, (3.8, 4.6))
+        modulation = _MODULATION[tier]
         mono1 = rng.random(n) < 0.5
         # Keep the trap live in both classes: MONOCHROME1 normals and opacities.
         for cls, least in ((0, 2), (1, 1)):
@@ -249,9 +329,12 @@ class Classification(TrackBase):
             if short > 0:
                 mono1[rng.choice(members[~mono1[members]], size=short, replace=False)] = True
         files = {}
-        meta = {}
         for k, cid in enumerate(ids):
-            m = self._image(rng, size, noise, bool(labels[k]))
+            # Three findings of distinct types per image: the opacity and two look-alikes,
+            # or three look-alikes. Every type is then present in half the images.
+            looks = rng.permutation(np.arange(1, findings.TYPES))
+            kinds = [0, *looks[:2]] if labels[k] else list(looks[:3])
+            m = self._image(rng, size, noise, rng.permutation(kinds), thetas, period, modulation)
             slope, inter = _RESCALES[int(rng.integers(0, len(_RESCALES)))]
             value = FULL_SCALE - m if mono1[k] else m
             stored = np.rint((value - inter) / slope)
@@ -267,10 +350,6 @@ class Classification(TrackBase):
                 study_date=f"2024{1 + k % 12:02d}{1 + (seed + k) % 28:02d}",
                 extra={"BodyPartExamined": "CHEST", "ViewPosition": "PA"},
             )
-            meta[cid] = {
-                "photometric": "MONOCHROME1" if mono1[k] else "MONOCHROME2",
-                "slope": slope,
-            }
         task_json = {
             "inputs": {"format": "DICOM", "dir": "data/images", "pattern": "{id}.dcm"},
             "output": {
@@ -282,9 +361,15 @@ class Classification(TrackBase):
         }
         return Draw(
             case_ids=ids,
-            params={"cases": n, "noise": noise, "image_px": size, "monochrome1": int(mono1.sum())},
+            params={
+                "cases": n,
+                "noise": noise,
+                "image_px": size,
+                "monochrome1": int(mono1.sum()),
+                "difficulty": tier,
+            },
             files=files,
-            weights=self.weights(),
+            weights=self.weights(float(thetas[0]), period),
             model_card=MODEL_CARD,
             task_md=TASK_MD,
             task_json=task_json,
@@ -298,13 +383,8 @@ class Classification(TrackBase):
         rows: Mapping[str, Mapping[str, str]],
         ids: Sequence[str],
     ) -> float:
-        truth, pred = [], []
-        for cid in ids:
-            truth.append(draw.answers["labels"][cid])
-            try:
-                pred.append(int(float(rows[cid]["label"])))
-            except (TypeError, ValueError):
-                pred.append(-1)
+        truth = [draw.answers["labels"][cid] for cid in ids]
+        pred = [_label(rows[cid].get("label")) for cid in ids]
         return metrics.balanced_accuracy(truth, pred)
 
     def recipe(self) -> Recipe:  # noqa: D102

@@ -1,13 +1,22 @@
-"""Detection track: bright focal lesions on 2D images stored as PNG or DICOM.
+"""Detection track: focal lesions among look-alikes on 2D images stored as PNG or DICOM.
 
-Each case is one grayscale image (8-bit PNG or 16-bit DICOM) with 0-3 round lesions on
-a textured background with noise.
+Each case is one grayscale image (8-bit PNG or 16-bit DICOM) on a textured background
+with vessels and noise, holding bright textured disks: the task's lesions and
+look-alikes of the same size and brightness whose texture runs at other orientations
+(:mod:`~bat_gym.envs.medbench_lite.tracks.findings`). Every type occurs equally often
+in a task, so only the provided model, whose matched filter holds the lesion texture,
+tells lesions from look-alikes; a blob detector finds all of them (precision about 1/6).
+
+Difficulty (:func:`~bat_gym.envs.medbench_lite.tracks.base.difficulty`): on the hard
+tier the texture is faint (``_MODULATION``) and the model ranks some look-alikes above
+lesions (mAP@0.5 about 0.8 instead of about 0.95).
 
 TRAP (row/column versus x/y): the model returns boxes in numpy order ``(row_min,
 col_min, row_max, col_max)``; the submission wants ``[x0, y0, x1, y1]`` with x the
 column. Submitted as the model gives them, boxes are transposed and miss. A pilot that
-checks the submitted box actually covers a bright blob catches it.
-Metric: single-class average precision at IoU 0.5 over all images (mAP@0.5).
+checks the top-scored box, read as the scorer reads it, covers a bright blob catches it.
+Metric: single-class average precision at IoU 0.5 over all images, COCO style
+(:func:`~bat_gym.envs.medbench_lite.metrics.average_precision`).
 """
 
 from __future__ import annotations
@@ -21,20 +30,29 @@ import numpy as np
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import dicom_bytes, png_bytes
 from bat_gym.envs.medbench_lite.teacher import Recipe
+from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
     Split,
     TrackBase,
     case_ids,
+    difficulty,
     resolve_output,
     uniform,
 )
 
 __all__ = ["Detection"]
 
-MODEL_CARD = """# Model card: blob-detector v0.9
+DECISION = 0.3  # matched-filter peak (image units) at score 0.5
+# Texture contrast of a finding per tier: faint on the hard tier, where the model
+# ranks some look-alikes above lesions.
+_MODULATION = {"easy": (0.6, 0.8), "hard": (0.15, 0.3)}
 
-Finds bright focal lesions (4-10 px radius) on 2D grayscale images.
+MODEL_CARD = """# Model card: lesion-matched v2.0
+
+Finds this site's focal lesions (4-7 px radius) on 2D grayscale images. Blobs are
+proposed by local contrast and scored by a matched filter (`kernel`) that holds the
+lesions' internal texture, so look-alikes of the same size and brightness score low.
 Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
 
 ## Input convention
@@ -167,26 +185,26 @@ smoke = {"input": "48x48, one disk at row 10, col 30", "detections": dets}
 PILOT = """
 import json
 import numpy as np
-# Pilot the image with the most conspicuous blob, so there is a box to check.
-def conspicuity(i):
-    x = infer.load_image(infer.image_path(i))
-    return float(infer_lib_box(x).max() - np.median(x))
-infer_lib_box = lambda x: infer.infer_lib.box_mean(x, 5)
-case_id = max(case_ids, key=conspicuity)
+# Pilot the image with the model's most confident detection, so there is a box to
+# check and a wrong box means a wrong pipeline rather than a hard case.
+def confidence(i):
+    found = infer.infer_lib.detect(infer.load_image(infer.image_path(i)), infer.W)
+    return found[0]["score"] if found else 0.0
+case_id = max(case_ids, key=confidence)
 rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
 x = infer.load_image(infer.image_path(case_id))
-found = json.load(open(rows[0]["detections_file"]))["boxes"]
+found = sorted(json.load(open(rows[0]["detections_file"]))["boxes"], key=lambda b: -b[4])
 h, w = x.shape
 inside = all(0 <= b[0] < b[2] <= w and 0 <= b[1] < b[3] <= h for b in found)
 # Read each box the way the scorer will: x = column, y = row.
 contrast = [float(x[int(b[1]):int(np.ceil(b[3])), int(b[0]):int(np.ceil(b[2]))].mean() - np.median(x)) for b in found]
 print("pilot", case_id, "image", x.shape, "boxes", found)
 checks = {
-    "at least one box on the most conspicuous image": {"value": len(found), "expect": ">= 1", "ok": len(found) >= 1},
+    "at least one box on the pilot image": {"value": len(found), "expect": ">= 1", "ok": len(found) >= 1},
     "boxes inside the image": {"value": inside, "expect": True, "ok": bool(inside)},
-    "box contrast over image median, read as [y0:y1, x0:x1] (weakest box)": {
-        "value": round(min(contrast), 3) if contrast else None, "expect": ">= 0.1 (card)",
-        "ok": bool(contrast) and min(contrast) >= 0.1},
+    "top-scored box contrast over image median, read as [y0:y1, x0:x1]": {
+        "value": round(contrast[0], 3) if contrast else None, "expect": ">= 0.1 (card)",
+        "ok": bool(contrast) and contrast[0] >= 0.1},
 }
 """
 
@@ -220,56 +238,89 @@ class Detection(TrackBase):
         "heldout": {"noise": (0.04, 0.055), "image_px": (112.0, 128.0)},
     }
 
-    def weights(self) -> dict[str, np.ndarray]:
-        """The model's parameters (the same for every task)."""
+    def weights(self, theta: float = 0.0, period: float = 4.2) -> dict[str, np.ndarray]:
+        """The task's model: blob proposals and the matched filter that scores them."""
         return {
-            "inner": np.array(3),
-            "outer": np.array(31),
+            "inner": np.array(5),
+            "outer": np.array(21),
             "threshold": np.array(0.08),
-            "min_area": np.array(8),
+            "min_area": np.array(12),
+            "max_area": np.array(260),
             "pad": np.array(0.5),
-            "score_scale": np.array(0.5),
+            "kernel": findings.matched_kernel(theta, period, 4.0, 0.5),
+            "bias": np.array(DECISION),
+            "gain": np.array(25.0),
+            "min_score": np.array(0.01),
         }
 
     def _image(
-        self, rng: np.random.Generator, size: int, noise: float, n_lesions: int
+        self,
+        rng: np.random.Generator,
+        size: int,
+        noise: float,
+        kinds: Sequence[int],
+        thetas: np.ndarray,
+        period: float,
+        modulation: tuple[float, float],
     ) -> tuple[np.ndarray, list]:
+        """One image in [0, 1] and the boxes ``[x0, y0, x1, y1]`` of its lesions (type 0).
+
+        A smooth background with anatomical texture and vessels, then one textured disk
+        per entry of ``kinds`` (:mod:`findings` types; 0 is the lesion), then noise.
+        """
+        shape = (size, size)
         rr, cc = np.mgrid[:size, :size] + 0.5
-        x = np.full((size, size), rng.uniform(0.25, 0.35))
+        x = np.full(shape, rng.uniform(0.25, 0.35))
         for _ in range(3):
             k = rng.uniform(0.5, 2.0, size=2) * 2 * np.pi / size
             x += rng.uniform(0.015, 0.04) * np.cos(
                 k[0] * rr + k[1] * cc + rng.uniform(0, 2 * np.pi)
             )
+        x += 0.02 * findings.correlated_texture(rng, shape, 1.5)
+        x += findings.vessels(rng, shape, int(rng.integers(3, 6)), 2.0, 0.16)
+
+        def spot(radius: float) -> tuple[float, float]:
+            return tuple(rng.uniform(radius + 3, size - radius - 3, size=2))
+
+        radii = [float(rng.uniform(4.0, 7.0)) for _ in kinds]
         boxes: list[list[float]] = []
-        centers: list[tuple[float, float, float]] = []
-        for _ in range(n_lesions):
-            for _try in range(100):
-                r = float(rng.uniform(4, 9))
-                cy, cx = rng.uniform(r + 3, size - r - 3, size=2)
-                if all((cy - y) ** 2 + (cx - xx) ** 2 > (r + r2 + 4) ** 2 for y, xx, r2 in centers):
-                    centers.append((float(cy), float(cx), r))
-                    break
-        for cy, cx, r in centers:
-            occ = np.clip(r + 0.5 - np.hypot(rr - cy, cc - cx), 0.0, 1.0)
-            x += rng.uniform(0.3, 0.5) * occ
-            boxes.append([round(cx - r, 2), round(cy - r, 2), round(cx + r, 2), round(cy + r, 2)])
+        for (cy, cx, r), kind in zip(findings.place(rng, radii, spot, 4.0), kinds, strict=False):
+            x += findings.finding(
+                shape,
+                (cy, cx),
+                r,
+                float(thetas[kind]),
+                period,
+                float(rng.uniform(0.3, 0.45)),
+                float(rng.uniform(*modulation)),
+                float(rng.uniform(0, 2 * np.pi)),
+            )
+            if kind == 0:
+                boxes.append(
+                    [round(cx - r, 2), round(cy - r, 2), round(cx + r, 2), round(cy + r, 2)]
+                )
         x = np.clip(x + rng.normal(0, noise, x.shape), 0.0, 1.0)
         return x, boxes
 
     def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
         rng = self.rng(seed, split)
         rg = self.ranges[split]
+        tier = difficulty(seed)
         noise = uniform(rng, rg["noise"])
         size = int(rng.integers(int(rg["image_px"][0]), int(rg["image_px"][1]) + 1))
-        n = int(rng.integers(5, 8))
+        n = int(rng.integers(6, 9))
         ids = case_ids(rng, "img", n)
-        counts = rng.integers(0, 4, size=n)
-        if counts.sum() < 3:
-            counts[int(rng.integers(0, n))] = 3
+        thetas = findings.orientations(rng)
+        period = uniform(rng, (3.8, 4.6))
+        # Every type equally often in the task (the lesion among them), spread over the
+        # images at random: a count, a size or a brightness says nothing of the type.
+        kinds = findings.balanced_types(rng, int(rng.integers(5, 7)))
+        where = np.sort(rng.integers(0, n, size=kinds.size))
         files, truths = {}, {}
         for k, cid in enumerate(ids):
-            img, boxes = self._image(rng, size, noise, int(counts[k]))
+            img, boxes = self._image(
+                rng, size, noise, list(kinds[where == k]), thetas, period, _MODULATION[tier]
+            )
             truths[cid] = boxes
             if rng.random() < 0.5:
                 files[f"data/images/{cid}.png"] = png_bytes(np.rint(img * 255).astype(np.uint8))
@@ -298,9 +349,15 @@ class Detection(TrackBase):
         }
         return Draw(
             case_ids=ids,
-            params={"cases": n, "noise": noise, "image_px": size, "lesions": int(counts.sum())},
+            params={
+                "cases": n,
+                "noise": noise,
+                "image_px": size,
+                "lesions": sum(len(b) for b in truths.values()),
+                "difficulty": tier,
+            },
             files=files,
-            weights=self.weights(),
+            weights=self.weights(float(thetas[0]), period),
             model_card=MODEL_CARD,
             task_md=TASK_MD,
             task_json=task_json,
@@ -333,8 +390,8 @@ class Detection(TrackBase):
                 "(apply_modality_lut, /4095) into float images in [0, 1], as the model card asks.",
                 "pipeline/infer.py calls infer_lib.detect(image, W). The model returns boxes in (row, col) "
                 "order; the submission wants [x0, y0, x1, y1] with x = column. Validate on the image with "
-                "the most conspicuous blob: each submitted box, read as [y0:y1, x0:x1], must cover a "
-                "bright lesion.",
+                "the model's most confident detection: the top-scored submitted box, read as [y0:y1, "
+                "x0:x1], must cover a bright lesion.",
                 "Write outputs/detections/<id>.json ({id, boxes}) for every case, outputs/predictions.csv, "
                 "then outputs/submission.csv (id,detections_file,n_boxes) in task.json order, with receipts.",
             ),
@@ -354,8 +411,8 @@ class Detection(TrackBase):
                 "wants x = column, so the pipeline swaps them into [x0, y0, x1, y1].",
                 "pipeline_bug": "Writing the pipeline: load each image in [0, 1], detect, write the boxes "
                 "with their scores.",
-                "pilot": "Pilot on the image with the most conspicuous blob; the check reads each box the "
-                "way the scorer will and requires a bright lesion inside it.",
+                "pilot": "Pilot on the image with the model's most confident detection; the check reads "
+                "the top-scored box the way the scorer will and requires a bright lesion inside it.",
                 "bug_seen": "The boxes, read as x = column, cover plain background: they are transposed. "
                 "The model returns (row, col) and the pipeline wrote them as (x, y).",
                 "fix": "Swapping to [col0, row0, col1, row1] in the pipeline, then rerunning the pilot.",
