@@ -9,7 +9,9 @@ out in voxel units, about a third of the true size in mm. A pilot that measures 
 nodule's extent along x in mm straight from the image and compares it with the report
 catches it.
 Metric: per case, 0.5 x F1 of the reported findings (matched by lobe) + 0.5 x the
-fraction of true nodules reported with a size within max(2 mm, 15%).
+fraction of true nodules reported with a size within max(2 mm, 15%)
+(:func:`~bat_gym.envs.medbench_lite.metrics.finding_f1`). A report that neither lists a
+finding nor says ``- No pulmonary nodules.`` scores 0, on a normal study too.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ per nodule, exactly `- Nodule: <side> <upper|middle|lower> lobe, <diameter> mm.`
 left/right, diameter in mm), or `- No pulmonary nodules.` Submission:
 `outputs/submission.csv` with columns `id,report_file,n_findings`, one row per case id.
 Metric: 0.5 x F1 of the findings (matched by lobe) + 0.5 x the fraction of nodules
-whose size is within max(2 mm, 15%). A missing case scores the task 0.
+whose size is within max(2 mm, 15%). A report that lists no nodule and does not say
+`- No pulmonary nodules.` scores 0. A missing case scores the task 0.
 """
 
 PIPELINE = '''
@@ -222,13 +225,27 @@ for r in rows:
 """
 
 
-def parse_report(text: str) -> list[tuple[str, float]]:
-    """The ``(lobe, diameter_mm)`` findings in a report's text."""
+_NO_FINDINGS = re.compile(r"^\s*-\s*no pulmonary nodules\b", re.I)
+
+
+def parse_report(text: str) -> list[tuple[str, float]] | None:
+    """The ``(lobe, diameter_mm)`` findings in a report's text, or None if it states none.
+
+    A report states its findings with ``- Nodule: ...`` lines or says
+    ``- No pulmonary nodules.``; one that does neither (empty, truncated, another
+    format) is unparseable and returns None, so it cannot pass for a normal study.
+    A diameter too large for a float reads as ``inf`` and is never right.
+    """
     out = []
+    negative = False
     for line in text.splitlines():
         m = _FINDING.match(line)
         if m:
             out.append((f"{m.group(1).lower()} {m.group(2).lower()} lobe", float(m.group(3))))
+        elif _NO_FINDINGS.match(line):
+            negative = True
+    if not out and not negative:
+        return None
     return out
 
 

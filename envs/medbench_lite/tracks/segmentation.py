@@ -359,23 +359,24 @@ class Segmentation(TrackBase):
         ids: Sequence[str],
     ) -> float:
 
-        per_case = []
+        liver_dice = []
+        inter = total = 0
         for cid in ids:
             truth = draw.answers["labels"][cid]
             path = resolve_output(workspace, rows[cid].get("mask_file", ""))
             out = read_output_volume(path, truth.shape, draw.answers["affines"][cid])
-            pred = (
-                None
-                if out is None or not np.all(np.isfinite(out))
-                else np.rint(out).astype(np.int64)
-            )
-            if pred is None:
-                per_case.append(0.0)
-                continue
-            liver = metrics.dice(pred > 0, truth > 0)
-            lesion = metrics.dice(pred == 2, truth == 2)
-            per_case.append((liver + lesion) / 2)
-        return float(np.mean(per_case))
+            with np.errstate(invalid="ignore"):
+                # Labels round to {0, 1, 2} or the mask is unusable (nan, inf, 1e300 ...).
+                lab = None if out is None else np.rint(out)
+                usable = lab is not None and bool(np.all(np.isin(lab, (0.0, 1.0, 2.0))))
+            pred = lab.astype(np.int64) if usable else np.zeros(truth.shape, dtype=np.int64)
+            liver_dice.append(metrics.dice(pred > 0, truth > 0) if usable else 0.0)
+            inter += int(np.logical_and(pred == 2, truth == 2).sum())
+            total += int((pred == 2).sum()) + int((truth == 2).sum())
+        liver = float(np.mean(liver_dice))
+        if total == 0:
+            return liver  # no lesion in these cases and none predicted: liver only
+        return 0.5 * liver + 0.5 * (2.0 * inter / total)
 
     def recipe(self) -> Recipe:  # noqa: D102
         return Recipe(
