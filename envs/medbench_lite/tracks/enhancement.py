@@ -26,6 +26,7 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
+    difficulty,
     read_output_volume,
     resolve_output,
     uniform,
@@ -244,7 +245,9 @@ class Enhancement(TrackBase):
     def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
         rng = self.rng(seed, split)
         rg = self.ranges[split]
-        noise = uniform(rng, rg["noise_hu"])
+        tier = difficulty(seed)
+        # Easy tier: a lighter dose reduction (less noise) than the split's range.
+        noise = round(uniform(rng, rg["noise_hu"]) * (0.6 if tier == "easy" else 1.0), 4)
         size = int(rng.integers(int(rg["image_px"][0]), int(rg["image_px"][1]) + 1))
         n = int(rng.integers(3, 5))
         ids = case_ids(rng, "ldct", n)
@@ -285,7 +288,7 @@ class Enhancement(TrackBase):
         }
         return Draw(
             case_ids=ids,
-            params={"cases": n, "noise_hu": noise, "image_px": size},
+            params={"difficulty": tier, "cases": n, "noise_hu": noise, "image_px": size},
             files=files,
             weights=w,
             model_card=MODEL_CARD,

@@ -31,6 +31,7 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
+    difficulty,
     resolve_output,
     uniform,
 )
@@ -298,7 +299,13 @@ class Report(TrackBase):
         }
 
     def _case(
-        self, rng: np.random.Generator, sxy: float, sz: float, noise: float, count: int
+        self,
+        rng: np.random.Generator,
+        sxy: float,
+        sz: float,
+        noise: float,
+        count: int,
+        density_hu: tuple[float, float] = (30.0, 30.0),
     ) -> dict:
         n, nz = int(np.ceil(_FOV_XY_MM / sxy)), int(np.ceil(_FOV_Z_MM / sz))
         ax = (np.arange(n) - (n - 1) / 2) * sxy
@@ -329,7 +336,9 @@ class Report(TrackBase):
                 if margin < 0.07:
                     continue  # keep clear of lobe boundaries so the lobe is unambiguous
                 if all(np.linalg.norm(c - m["c"]) > r + m["d"] / 2 + 10 for m in nodules):
-                    nodules.append({"c": c, "d": d, "lobe": lobe})
+                    nodules.append(
+                        {"c": c, "d": d, "lobe": lobe, "hu": float(rng.uniform(*density_hu))}
+                    )
                     break
         for m in nodules:
             # Partial volume: nodule fraction per voxel from 3 x 3 x 3 sub-samples.
@@ -354,7 +363,7 @@ class Report(TrackBase):
                         ) <= r * r
             frac /= 27
             block = hu[np.ix_(*sel)]
-            hu[np.ix_(*sel)] = block * (1 - frac) + 30.0 * frac
+            hu[np.ix_(*sel)] = block * (1 - frac) + m["hu"] * frac
         hu += rng.normal(0, noise, hu.shape) * (hu > -990)
         affine = np.diag([sxy, sxy, sz, 1.0])
         affine[:3, 3] = -np.array(
@@ -369,7 +378,10 @@ class Report(TrackBase):
     def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
         rng = self.rng(seed, split)
         rg = self.ranges[split]
+        tier = difficulty(seed)
         noise = uniform(rng, rg["noise_hu"])
+        # Hard tier: part-solid nodules, less dense than soft tissue (a low-contrast case).
+        density = (-350.0, 0.0) if tier == "hard" else (30.0, 30.0)
         sxy = uniform(rng, rg["spacing_xy_mm"])
         sz = uniform(rng, rg["thickness_mm"])
         n = int(rng.integers(3, 5))
@@ -378,7 +390,7 @@ class Report(TrackBase):
         counts = rng.choice([1, 1, 2, 2, 3], size=n)
         if rng.random() < 0.5:
             counts[int(rng.integers(0, n))] = 0
-        cases = [self._case(rng, sxy, sz, noise, int(k)) for k in counts]
+        cases = [self._case(rng, sxy, sz, noise, int(k), density) for k in counts]
         files = {
             f"data/images/{cid}.nii.gz": nifti_bytes(
                 c["stored"], c["affine"], descrip="MedBench-Lite chest CT"
@@ -415,7 +427,13 @@ class Report(TrackBase):
         }
         return Draw(
             case_ids=ids,
-            params={"cases": n, "noise_hu": noise, "spacing_xy_mm": sxy, "thickness_mm": sz},
+            params={
+                "difficulty": tier,
+                "cases": n,
+                "noise_hu": noise,
+                "spacing_xy_mm": sxy,
+                "thickness_mm": sz,
+            },
             files=files,
             weights=self.weights(),
             model_card=MODEL_CARD,

@@ -27,6 +27,7 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
+    difficulty,
     read_output_volume,
     resolve_output,
     uniform,
@@ -239,7 +240,14 @@ class Segmentation(TrackBase):
         }
 
     def _case(
-        self, rng: np.random.Generator, sxy: float, sz: float, noise: float, code: str
+        self,
+        rng: np.random.Generator,
+        sxy: float,
+        sz: float,
+        noise: float,
+        code: str,
+        contrast: tuple[float, float],
+        force_lesion: bool = False,
     ) -> dict:
         from nibabel.orientations import (
             apply_orientation,
@@ -263,10 +271,12 @@ class Segmentation(TrackBase):
         liver_c = np.array([rng.uniform(52, 68), rng.uniform(-3, 13), rng.uniform(-10, 10)])
         liver_r = np.array([rng.uniform(49, 61), rng.uniform(62, 78), rng.uniform(52, 68)])
         liver = _ellipsoid(x, y, z, liver_c, liver_r)
-        hu[liver] = rng.uniform(57, 67)
+        liver_hu = rng.uniform(57, 67)
+        hu[liver] = liver_hu
         lesion = np.zeros(x.shape, dtype=bool)
         placed: list[tuple[np.ndarray, float]] = []
-        for _ in range(int(rng.choice([0, 1, 1, 2, 2, 3]))):
+        count = int(rng.choice([0, 1, 1, 2, 2, 3]))
+        for _ in range(max(count, 1) if force_lesion else count):
             for _try in range(50):
                 r = float(rng.uniform(13, 22))
                 # Sample inside a shrunken liver so the sphere stays inside it.
@@ -278,7 +288,7 @@ class Segmentation(TrackBase):
                     break
         for c, r in placed:
             lesion |= ((x - c[0]) ** 2 + (y - c[1]) ** 2 + (z - c[2]) ** 2) <= r * r
-        hu[lesion] = rng.uniform(2, 16)
+        hu[lesion] = liver_hu - rng.uniform(*contrast)
         hu = hu + rng.normal(0, noise, size=hu.shape) * body
         labels = np.zeros(x.shape, dtype=np.uint8)
         labels[liver] = 1
@@ -302,7 +312,10 @@ class Segmentation(TrackBase):
     def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
         rng = self.rng(seed, split)
         rg = self.ranges[split]
+        tier = difficulty(seed)
         noise = uniform(rng, rg["noise_hu"])
+        # Hard tier: lesions closer to the parenchyma's density (low-contrast cases).
+        contrast = (15.0, 25.0) if tier == "hard" else (45.0, 60.0)
         sxy = uniform(rng, rg["spacing_xy_mm"])
         sz = uniform(rng, rg["thickness_mm"])
         n = int(rng.integers(3, 5))
@@ -310,7 +323,11 @@ class Segmentation(TrackBase):
         codes = [str(c) for c in rng.choice(_ORIENTS, size=n, p=_ORIENT_P)]
         if all(c[0] == "R" for c in codes):
             codes[0] = "LPS"  # keep the trap live: at least one volume not in RAS+ order
-        cases = [self._case(rng, sxy, sz, noise, code) for code in codes]
+        cases: list[dict] = []
+        for k, code in enumerate(codes):
+            # At least one lesion per task: the lesion Dice is pooled over the cases.
+            force = k == n - 1 and not any(c["lesions"] for c in cases)
+            cases.append(self._case(rng, sxy, sz, noise, code, contrast, force))
         files = {
             f"data/images/{cid}.nii.gz": nifti_bytes(
                 c["stored"], c["affine"], descrip="MedBench-Lite abdominal CT"
@@ -339,7 +356,13 @@ class Segmentation(TrackBase):
         }
         return Draw(
             case_ids=ids,
-            params={"cases": n, "noise_hu": noise, "spacing_xy_mm": sxy, "thickness_mm": sz},
+            params={
+                "difficulty": tier,
+                "cases": n,
+                "noise_hu": noise,
+                "spacing_xy_mm": sxy,
+                "thickness_mm": sz,
+            },
             files=files,
             weights=self.weights(),
             model_card=MODEL_CARD,
