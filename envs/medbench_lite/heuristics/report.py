@@ -25,7 +25,9 @@ def _findings(hu: np.ndarray, zooms: Sequence[float], min_voxels: int) -> list[t
     cand = (hu > -450) & enclosed(lung, axes=(0, 1))
     lab = components(cand)
     lung_hu = float(np.median(hu[lung]))
-    tissue_hu = float(np.median(hu[(sm > -200) & (sm < 200)])) if ((sm > -200) & (sm < 200)).any() else 40.0
+    tissue_hu = (
+        float(np.median(hu[(sm > -200) & (sm < 200)])) if ((sm > -200) & (sm < 200)).any() else 40.0
+    )
     voxel_ml = float(np.prod(zooms))
     mid = hu.shape[0] / 2
     out = []
@@ -70,7 +72,9 @@ def threshold_components(
     for cid in ids:
         img = nib.as_closest_canonical(nib.load(str(ws / "data" / "images" / f"{cid}.nii.gz")))
         found = _findings(img.get_fdata(), img.header.get_zooms()[:3], min_voxels)
-        lines = [f"- Nodule: {lobe}, {d:.1f} mm." for lobe, d in found] or ["- No pulmonary nodules."]
+        lines = [f"- Nodule: {lobe}, {d:.1f} mm." for lobe, d in found] or [
+            "- No pulmonary nodules."
+        ]
         rel = f"outputs/reports/{cid}.txt"
         (ws / rel).write_text("FINDINGS:\n" + "\n".join(lines) + "\n", encoding="utf-8")
         rows[cid] = {"report_file": rel, "n_findings": str(len(found))}

@@ -7,8 +7,13 @@ TRAP (intensity convention): the denoiser's range kernel is tuned for intensitie
 normalized from the HU window [-1000, 1000] to [0, 1]. Given HU, every neighbour looks
 like an edge and the filter returns its input unchanged: a do-nothing result. A pilot
 that measures the noise before and after (and that the mean HU is preserved) catches it.
-Metric: per case, SSIM to the clean slice scaled so that returning the noisy input
-scores 0 and the model used as documented scores 1 (clipped to [0, 1]).
+Tiers: the easy tier draws the noise from the lower half of the split's range, the hard
+tier from the upper half.
+Metric: per case, ``(s - s_in) / (1 - s_in)`` clipped to [0, 1], where ``s`` is the SSIM
+of the output to the clean slices and ``s_in`` that of the noisy input (both in the
+soft-tissue window [-160, 240] HU, over the body: :func:`_ssim`): the share of the
+input's gap to a perfect image that the output closes. The model does not score 1,
+and a better denoiser scores more.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     difficulty,
     read_output_volume,
     resolve_output,
+    tier_bounds,
     uniform,
 )
 
@@ -67,9 +73,10 @@ slices along the last axis; case ids in task.json).
 Output per case: `outputs/denoised/<id>.nii.gz`, float32 **in Hounsfield units**, same
 shape and affine as the input. Submission: `outputs/submission.csv` with columns
 `id,output_file`, one row per case id.
-Metric: SSIM to the clean reference (HU clipped to [-1000, 1000]), scaled so the
-unchanged input scores 0 and the documented model scores 1. A missing case scores the
-task 0.
+Metric: SSIM to the clean reference in the soft-tissue window (HU clipped to
+[-160, 240]) over the body, as the share of the noisy input's gap to a perfect image
+that the output closes: (SSIM(output) - SSIM(input)) / (1 - SSIM(input)), clipped to
+[0, 1]. A missing case scores the task 0.
 """
 
 PIPELINE = '''
@@ -228,8 +235,8 @@ class Enhancement(TrackBase):
     description = "Denoise low-dose CT slices (NIfTI) and return them in HU."
     index = 3
     ranges = {
-        "train": {"noise_hu": (25.0, 45.0), "image_px": (88.0, 96.0)},
-        "heldout": {"noise_hu": (50.0, 70.0), "image_px": (104.0, 112.0)},
+        "train": {"noise_hu": (15.0, 35.0), "image_px": (88.0, 96.0)},
+        "heldout": {"noise_hu": (40.0, 60.0), "image_px": (104.0, 112.0)},
     }
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -246,8 +253,8 @@ class Enhancement(TrackBase):
         rng = self.rng(seed, split)
         rg = self.ranges[split]
         tier = difficulty(seed)
-        # Easy tier: a lighter dose reduction (less noise) than the split's range.
-        noise = round(uniform(rng, rg["noise_hu"]) * (0.6 if tier == "easy" else 1.0), 4)
+        # Easy tier: the lighter half of the split's dose reductions, hard the heavier.
+        noise = uniform(rng, tier_bounds(rg["noise_hu"], tier))
         size = int(rng.integers(int(rg["image_px"][0]), int(rg["image_px"][1]) + 1))
         n = int(rng.integers(3, 5))
         ids = case_ids(rng, "ldct", n)

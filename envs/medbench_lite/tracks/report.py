@@ -1,7 +1,11 @@
 """Report track: structured CT chest reports of pulmonary nodules (NIfTI + metadata).
 
 Each case is a chest CT volume (RAS+ order, anisotropic voxels of about 3 x 3 x 5 mm)
-with 0-3 solid nodules of known diameter and lobe, plus patient metadata.
+with 0-3 nodules of known diameter and lobe, plus patient metadata. Lobes follow
+oblique fissures (high at the back, low at the front) and the right horizontal fissure,
+invisible on the images; the model's weights place them. Tiers: nodules are solid
+(30 HU) on the easy tier and part-solid (-400 to -100 HU) on the hard one, where the
+model's fixed calibration misjudges some sizes.
 
 TRAP (voxel spacing): the model reports sizes in the units of the ``spacing`` argument,
 whose default is the 1 mm grid it was tuned on. Left at the default, every size comes
@@ -76,8 +80,12 @@ Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
 per nodule (equivalent-sphere diameter). `format_report(case_id, findings,
 metadata)` -> the report text in the format task.json asks for.
 
+## Lobes
+The oblique fissures (weights `right_fissures`, `left_fissure`) are planes in the lung's
+normalized height and depth; the right horizontal fissure splits upper from middle.
+
 ## Expected behaviour
-Solid nodules 6-30 mm. A nodule's extent across its centre along x, in mm, is close
+Solid nodules 10-30 mm. A nodule's extent across its centre along x, in mm, is close
 to its reported diameter.
 
 ## Usage
@@ -250,20 +258,27 @@ def parse_report(text: str) -> list[tuple[str, float]] | None:
     return out
 
 
+# Fissures in lung-normalized coordinates: zf (0 at the lung's base, 1 at its apex) and
+# yf (-1 posterior, +1 anterior). The oblique fissures run from high at the back to low
+# at the front; the right lung's horizontal fissure splits upper from middle lobe.
+_OBLIQUE = {"right": (0.42, -0.5), "left": (0.5, -0.5)}
+_HORIZONTAL = 0.64
+
+
 def _lobe_of(c: np.ndarray, side: str) -> tuple[str, float]:
-    """A point's lobe under the model's rules, and its distance to the nearest boundary."""
+    """A point's lobe under the model's fissures, and its distance to the nearest one."""
     cx, cy, cz = _LUNG[side]
     zf = (c[2] - (cz - _LUNG_R[2])) / (2 * _LUNG_R[2])
-    if side == "right":
-        dy = abs(c[1] - cy) / _LUNG_R[1]
-        if zf > 0.62:
-            return "right upper lobe", zf - 0.62
-        if zf >= 0.35:  # the middle band: anterior is middle lobe, posterior lower lobe
-            return ("right middle lobe" if c[1] > cy else "right lower lobe"), min(
-                zf - 0.35, 0.62 - zf, dy
-            )
-        return "right lower lobe", 0.35 - zf
-    return ("left upper lobe", zf - 0.48) if zf > 0.48 else ("left lower lobe", 0.48 - zf)
+    yf = (c[1] - cy) / _LUNG_R[1]
+    a, b = _OBLIQUE[side]
+    oblique = zf - (a + b * yf)  # above the oblique fissure: upper (or middle) lobe
+    if side == "left":
+        return ("left upper lobe" if oblique > 0 else "left lower lobe"), abs(oblique)
+    if oblique <= 0:
+        return "right lower lobe", -oblique
+    if zf > _HORIZONTAL:
+        return "right upper lobe", min(oblique, zf - _HORIZONTAL)
+    return "right middle lobe", min(oblique, _HORIZONTAL - zf)
 
 
 class Report(TrackBase):
@@ -294,8 +309,8 @@ class Report(TrackBase):
             "reach_vox": np.array(15),
             "min_voxels": np.array(2),
             "calibration_hu": np.array([-850.0, 30.0]),
-            "right_bands": np.array([0.35, 0.62]),
-            "left_band": np.array(0.48),
+            "right_fissures": np.array([*_OBLIQUE["right"], _HORIZONTAL]),
+            "left_fissure": np.array(_OBLIQUE["left"]),
         }
 
     def _case(
@@ -316,18 +331,17 @@ class Report(TrackBase):
         hu2d[x**2 + (y + 80.0) ** 2 <= 15.0**2] = 400.0
         hu = np.repeat(hu2d[:, :, None], nz, axis=2)
         X, Y, Z = np.meshgrid(ax, ax, az, indexing="ij")
+        lungs = np.zeros(hu.shape, dtype=bool)
         for cx, cy, cz in _LUNG.values():
-            hu[
-                ((X - cx) / _LUNG_R[0]) ** 2
-                + ((Y - cy) / _LUNG_R[1]) ** 2
-                + ((Z - cz) / _LUNG_R[2]) ** 2
-                <= 1
-            ] = -850.0
+            lungs |= ((X - cx) / _LUNG_R[0]) ** 2 + ((Y - cy) / _LUNG_R[1]) ** 2 + (
+                (Z - cz) / _LUNG_R[2]
+            ) ** 2 <= 1
+        hu[lungs] = -850.0
         nodules: list[dict] = []
         for _ in range(count):
             for _try in range(300):
                 side = ("right", "left")[int(rng.integers(0, 2))]
-                d = float(rng.uniform(8, 24))
+                d = float(rng.uniform(10, 24))
                 r = d / 2
                 u = rng.normal(size=3)
                 u *= rng.uniform(0, 1) ** (1 / 3) / np.linalg.norm(u)
@@ -381,7 +395,7 @@ class Report(TrackBase):
         tier = difficulty(seed)
         noise = uniform(rng, rg["noise_hu"])
         # Hard tier: part-solid nodules, less dense than soft tissue (a low-contrast case).
-        density = (-350.0, 0.0) if tier == "hard" else (30.0, 30.0)
+        density = (-400.0, -100.0) if tier == "hard" else (30.0, 30.0)
         sxy = uniform(rng, rg["spacing_xy_mm"])
         sz = uniform(rng, rg["thickness_mm"])
         n = int(rng.integers(3, 5))

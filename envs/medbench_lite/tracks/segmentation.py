@@ -9,7 +9,15 @@ right only in RAS+ voxel order. Run on the stored array, it segments the spleen 
 half of each organ. ``nib.as_closest_canonical`` before the model, and mapping the
 labels back onto the input's grid and affine, fixes it. A pilot that checks the
 liver's side in world coordinates and its volume catches it.
-Metric: per case, mean of the liver Dice (labels 1+2) and the lesion Dice (label 2).
+Tiers (:func:`~bat_gym.envs.medbench_lite.tracks.base.difficulty`): lesions are 45-60 HU
+darker than the parenchyma on the easy tier, 18-28 HU on the hard one (low-contrast
+cases the model partly misses). Every task has at least one lesion.
+Metric: 0.5 x the mean over cases of the liver Dice (labels 1+2) + 0.5 x the lesion
+Dice (label 2) pooled over the cases' voxels (LiTS's "Dice global"): an empty lesion
+mask earns nothing, and a lesion predicted on a lesion-free case costs precision.
+When the scored cases hold no lesion and none is predicted (a one-case pilot), the
+score is the liver term alone. A mask that is missing, off the input grid, or holds a
+value that does not round to 0, 1 or 2 (nan, inf, 1e300) is empty for that case.
 """
 
 from __future__ import annotations
@@ -73,8 +81,9 @@ Output per case: `outputs/masks/<id>.nii.gz`, a uint8 label volume (0 background
 1 liver, 2 lesion) with **the same shape and affine as the input volume**.
 Submission: `outputs/submission.csv` with columns `id,mask_file,liver_ml,lesion_ml`,
 one row per case id; `mask_file` is the mask's path relative to the workspace.
-Metric: mean over cases of (liver Dice + lesion Dice) / 2 (an empty lesion mask where
-there is no lesion counts as perfect). A missing case scores the task 0.
+Metric: 0.5 x mean over cases of the liver Dice + 0.5 x the lesion Dice pooled over
+all cases' voxels (an empty lesion mask earns nothing; a lesion predicted where there
+is none costs precision). A missing case scores the task 0.
 """
 
 PIPELINE = '''
@@ -315,7 +324,7 @@ class Segmentation(TrackBase):
         tier = difficulty(seed)
         noise = uniform(rng, rg["noise_hu"])
         # Hard tier: lesions closer to the parenchyma's density (low-contrast cases).
-        contrast = (15.0, 25.0) if tier == "hard" else (45.0, 60.0)
+        contrast = (18.0, 28.0) if tier == "hard" else (45.0, 60.0)
         sxy = uniform(rng, rg["spacing_xy_mm"])
         sz = uniform(rng, rg["thickness_mm"])
         n = int(rng.integers(3, 5))

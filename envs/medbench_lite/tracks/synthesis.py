@@ -2,6 +2,12 @@
 
 Each task has paired training cases (A and B) and test cases (A only). Every scanner
 session has its own intensity gain, far from 1 (hundreds to thousands of units).
+Heads have scalp fat, skull, CSF, grey and white matter. Scalp fat and white matter are
+both bright in A while B keeps fat bright and makes white matter dark; bone and CSF are
+both dark in A while B makes CSF bright. A table on A's intensity alone (what one fits
+on the two training pairs) cannot tell them apart; the model's table has a row per
+depth below the head's surface. Tiers: the hard tier draws the noise from the upper
+half of the split's range.
 
 TRAP (intensity normalization): the model's lookup table was fitted on foreground-
 normalized intensities. Fed scanner units, every voxel falls off the end of the table
@@ -31,6 +37,7 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     difficulty,
     read_output_volume,
     resolve_output,
+    tier_bounds,
     uniform,
 )
 
@@ -43,10 +50,11 @@ _A = {"csf": 0.22, "gm": 0.55, "wm": 0.85, "bone": 0.12, "fat": 0.9}
 _B = {"csf": 1.0, "gm": 0.55, "wm": 0.35, "bone": 0.08, "fat": 0.95}
 _VOXEL_MM = (3.0, 3.0, 6.0)
 
-MODEL_CARD = """# Model card: mr-lut v1.1
+MODEL_CARD = """# Model card: mr-lut v2.0
 
 Translates contrast A (T1-like) head MR volumes to contrast B (T2-like).
-Parameters: model/weights.npz (a lookup table). Code: model/infer_lib.py (numpy).
+Parameters: model/weights.npz (a lookup table with a row per depth below the head's
+surface). Code: model/infer_lib.py (numpy).
 
 ## Input convention
 - `a_norm`: contrast A **normalized**: divided by the 95th percentile of the
@@ -54,7 +62,9 @@ Parameters: model/weights.npz (a lookup table). Code: model/infer_lib.py (numpy)
   `a_norm, scale = infer_lib.normalize(a, W)`. The table covers a_norm in 0-1.6;
   raw scanner units (hundreds to thousands) fall off its end.
 - `predict` smooths each slice in-plane (a 5-tap Gaussian-like kernel) before the
-  table, which was fitted on noisy inputs against noise-free B.
+  table, which was fitted on noisy inputs against noise-free B. Each voxel's depth
+  below the head's surface (`infer_lib.depth`) picks the table's row: scalp fat and
+  white matter look alike in A, and so do bone and CSF, but not in B.
 
 ## Output
 Contrast B in the same normalized units (white matter about 0.35, CSF about 1.0).
@@ -331,8 +341,8 @@ class Synthesis(TrackBase):
         rng = self.rng(seed, split)
         rg = self.ranges[split]
         tier = difficulty(seed)
-        # Hard tier: noisier acquisitions than the split's range.
-        noise = uniform(rng, rg["noise"]) * (1.6 if tier == "hard" else 1.0)
+        # Hard tier: the noisier half of the split's acquisitions.
+        noise = uniform(rng, tier_bounds(rg["noise"], tier))
         shape = (int(rng.integers(58, 65)), int(rng.integers(68, 75)), int(rng.integers(16, 21)))
         n = int(rng.integers(3, 5))
         ids = case_ids(rng, "mr", n)
