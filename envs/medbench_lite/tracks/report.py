@@ -261,7 +261,7 @@ def parse_report(text: str) -> list[tuple[str, float]] | None:
 # Fissures in lung-normalized coordinates: zf (0 at the lung's base, 1 at its apex) and
 # yf (-1 posterior, +1 anterior). The oblique fissures run from high at the back to low
 # at the front; the right lung's horizontal fissure splits upper from middle lobe.
-_OBLIQUE = {"right": (0.42, -0.5), "left": (0.5, -0.5)}
+_OBLIQUE = {"right": (0.45, -0.8), "left": (0.52, -0.8)}
 _HORIZONTAL = 0.64
 
 
@@ -347,7 +347,7 @@ class Report(TrackBase):
                 u *= rng.uniform(0, 1) ** (1 / 3) / np.linalg.norm(u)
                 c = np.array(_LUNG[side]) + u * (np.array(_LUNG_R) - r - 8)
                 lobe, margin = _lobe_of(c, side)
-                if margin < 0.07:
+                if margin < 0.05:
                     continue  # keep clear of lobe boundaries so the lobe is unambiguous
                 if all(np.linalg.norm(c - m["c"]) > r + m["d"] / 2 + 10 for m in nodules):
                     nodules.append(
