@@ -24,9 +24,10 @@ TRACKS = (
     "report",
 )
 # A correct pipeline on training seeds scores at least this much; the naive one at most NAIVE_MAX.
-# Segmentation and enhancement are lower since version 2: the hard tier's low-contrast
-# lesions cost the model lesion Dice, and the enhancement score is the share of the
-# input's SSIM gap to a perfect image closed, which the model's filter does not close.
+# Segmentation, enhancement and report are lower since version 2: the hard tier's
+# low-contrast lesions cost the model lesion Dice and its part-solid nodules some sizes,
+# and the enhancement score is the share of the input's SSIM gap to a perfect image
+# closed, which the model's filter does not close.
 TEACHER_MIN = {
     "segmentation": 0.7,
     "classification": 0.95,
@@ -34,7 +35,7 @@ TEACHER_MIN = {
     "enhancement": 0.6,
     "synthesis": 0.8,
     "vqa": 0.95,
-    "report": 0.9,
+    "report": 0.8,
 }
 NAIVE_MAX = {
     "segmentation": 0.6,
