@@ -21,6 +21,7 @@ __all__ = [
     "average_precision",
     "RECALL_POINTS",
     "ssim_map",
+    "interior",
     "ssim",
     "normalized_mae",
     "normalize_answer",
@@ -29,11 +30,22 @@ __all__ = [
 ]
 
 
-def dice(pred: np.ndarray, truth: np.ndarray) -> float:
-    """Dice overlap of two boolean masks of the same shape.
+def dice(pred: np.ndarray, truth: np.ndarray, empty: float = 0.0) -> float:
+    """Dice overlap ``2 |P & T| / (|P| + |T|)`` of two boolean masks of the same shape.
 
-    Returns 1.0 when both masks are empty: predicting no lesion where there is none is
-    a perfect answer, and counting it as 0 would punish the correct empty mask.
+    It equals the F1 score of the flattened masks (scikit-learn's ``f1_score`` with
+    ``zero_division=empty``). When both masks are empty the ratio is undefined and
+    ``empty`` is returned: 0.0 by default, so an empty prediction never earns credit
+    by itself; a scorer that wants a different convention (or none: leaving such a
+    case out) says so where it calls this.
+
+    Args:
+        pred: predicted mask, any shape; non-zero is foreground.
+        truth: true mask, the same shape.
+        empty: the value when both masks are empty.
+
+    Raises:
+        ValueError: the shapes differ.
     """
     p = np.asarray(pred, dtype=bool)
     t = np.asarray(truth, dtype=bool)
@@ -41,7 +53,7 @@ def dice(pred: np.ndarray, truth: np.ndarray) -> float:
         raise ValueError(f"shapes differ: {p.shape} vs {t.shape}")
     total = int(p.sum()) + int(t.sum())
     if total == 0:
-        return 1.0
+        return float(empty)
     return 2.0 * int(np.logical_and(p, t).sum()) / total
 
 
@@ -178,26 +190,57 @@ def _box_filter(a: np.ndarray, size: int) -> np.ndarray:
 
 
 def ssim_map(x: np.ndarray, y: np.ndarray, data_range: float, win: int = 7) -> np.ndarray:
-    """Local SSIM (uniform ``win`` x ``win`` window) of two 2D images, per pixel.
+    """Local SSIM of two 2D images (uniform ``win`` x ``win`` window), per pixel.
 
-    Arrays with a third axis are treated as a stack of 2D slices along that axis,
-    which is how volumes are compared slice by slice.
+    Per window: ``(2 mx my + C1)(2 cxy + C2) / ((mx^2 + my^2 + C1)(vx + vy + C2))`` with
+    ``C1 = (0.01 L)^2``, ``C2 = (0.03 L)^2``, ``L = data_range``, and sample
+    (``n - 1``) variances and covariance: scikit-image's ``structural_similarity``
+    with ``win_size=win``, ``gaussian_weights=False``, ``use_sample_covariance=True``.
+    Windows that reach past the image edge repeat the edge pixels; :func:`ssim`
+    leaves those pixels out, as scikit-image does. Arrays with a third axis are a
+    stack of 2D slices along that axis (each slice compared on its own).
+
+    Args:
+        x: an image of shape ``(H, W)`` or a stack ``(H, W, S)``.
+        y: the image to compare it with, the same shape.
+        data_range: the intensity range ``L`` (same units as the images), positive.
+        win: odd window side in pixels.
+
+    Returns:
+        The SSIM map, same shape as ``x``.
+
+    Raises:
+        ValueError: shapes differ, or ``data_range`` is not positive.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     if x.shape != y.shape:
         raise ValueError(f"shapes differ: {x.shape} vs {y.shape}")
-    if data_range <= 0:
+    if not data_range > 0:
         raise ValueError("data_range must be positive")
     c1 = (0.01 * data_range) ** 2
     c2 = (0.03 * data_range) ** 2
-    mx, my = _box_filter(x, win), _box_filter(y, win)
-    # Sample (co)variances, as the reference implementations default to.
-    k = win * win / (win * win - 1.0)
-    vx = k * (_box_filter(x * x, win) - mx * mx)
-    vy = k * (_box_filter(y * y, win) - my * my)
-    cxy = k * (_box_filter(x * y, win) - mx * my)
-    return ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
+    # A non-finite pixel makes its windows nan, silently: the caller scores nan as 0.
+    with np.errstate(invalid="ignore", over="ignore"):
+        mx, my = _box_filter(x, win), _box_filter(y, win)
+        # Sample (co)variances, as the reference implementations default to.
+        k = win * win / (win * win - 1.0)
+        vx = k * (_box_filter(x * x, win) - mx * mx)
+        vy = k * (_box_filter(y * y, win) - my * my)
+        cxy = k * (_box_filter(x * y, win) - mx * my)
+        return ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
+
+
+def interior(shape: tuple[int, ...], win: int = 7) -> np.ndarray:
+    """Pixels whose ``win`` x ``win`` window lies inside the image (first two axes).
+
+    These are the pixels scikit-image averages: it crops ``(win - 1) // 2`` pixels off
+    every edge of the SSIM map, where the window would read padding.
+    """
+    keep = np.zeros(shape, dtype=bool)
+    r = (win - 1) // 2
+    keep[r : shape[0] - r, r : shape[1] - r] = True
+    return keep
 
 
 def ssim(
@@ -207,14 +250,21 @@ def ssim(
     mask: np.ndarray | None = None,
     win: int = 7,
 ) -> float:
-    """Mean SSIM of two images (or slice stacks), optionally only over ``mask``.
+    """Mean SSIM of two images (or slice stacks) over interior pixels, optionally masked.
 
-    Returns a value in ``[-1, 1]``; 1.0 means identical. An empty mask gives 0.0.
+    The mean of :func:`ssim_map` over the pixels of :func:`interior` (and of ``mask``
+    when given): for a 2D image without a mask this is exactly scikit-image's
+    ``structural_similarity(x, y, data_range=data_range, win_size=win)``; for a stack
+    it is the mean of that over the slices. Non-finite inputs give ``nan`` (callers
+    score that as 0).
+
+    Returns:
+        A value in ``[-1, 1]``; 1.0 means identical. No interior pixel selected: 0.0.
     """
     m = ssim_map(x, y, data_range, win)
-    if mask is None:
-        return float(m.mean())
-    sel = np.asarray(mask, dtype=bool)
+    sel = interior(m.shape, win)
+    if mask is not None:
+        sel &= np.asarray(mask, dtype=bool)
     return float(m[sel].mean()) if sel.any() else 0.0
 
 
@@ -282,25 +332,37 @@ def finding_f1(
         abs_tol_mm: a size is right when within this many mm ...
         rel_tol: ... or within this fraction of the true size, whichever is larger.
 
-    Findings match one to one when their locations are equal; within a location the
-    closest sizes pair first. Returns ``(f1, size_accuracy)``: F1 of the matching, and
-    the fraction of true findings matched with a size within tolerance. With no true
-    and no reported findings both are 1.0.
+    Findings match one to one only when their locations are equal. Within a location
+    the pairs are formed closest first: over every (true, reported) pair, the one with
+    the smallest size difference is matched, both leave, and so on (ties: smaller true
+    size, then report order). The matched pairs are the true positives (``tp``).
+    Returns ``(f1, size_accuracy)``: ``f1 = 2 tp / (len(pred) + len(truth))`` and the
+    fraction of true findings matched with a size within tolerance. With no true and no
+    reported findings both are 1.0 (a correct "no findings" report; the report track
+    only calls this on a report that says so explicitly). A non-finite size is never
+    within tolerance.
     """
     if not truth and not pred:
         return 1.0, 1.0
     tp = 0
     sized = 0
     for loc in {loc for loc, _ in truth}:
-        t_sizes = sorted(s for lo, s in truth if lo == loc)
-        p_sizes = [s for lo, s in pred if lo == loc]
-        for ts in t_sizes:
-            if not p_sizes:
-                break
-            k = int(np.argmin([abs(ps - ts) for ps in p_sizes]))
-            ps = p_sizes.pop(k)
+        t_sizes = sorted(float(s) for lo, s in truth if lo == loc)
+        p_sizes = [float(s) for lo, s in pred if lo == loc]
+        pairs = sorted(
+            (abs(ps - ts) if np.isfinite(ps) else float("inf"), i, j)
+            for i, ts in enumerate(t_sizes)
+            for j, ps in enumerate(p_sizes)
+        )
+        used_t: set[int] = set()
+        used_p: set[int] = set()
+        for diff, i, j in pairs:
+            if i in used_t or j in used_p:
+                continue
+            used_t.add(i)
+            used_p.add(j)
             tp += 1
-            if abs(ps - ts) <= max(abs_tol_mm, rel_tol * ts):
+            if diff <= max(abs_tol_mm, rel_tol * t_sizes[i]):
                 sized += 1
     f1 = 2 * tp / (len(pred) + len(truth))
     return float(f1), float(sized / len(truth)) if truth else 1.0

@@ -24,14 +24,18 @@ TRACKS = (
     "report",
 )
 # A correct pipeline on training seeds scores at least this much; the naive one at most NAIVE_MAX.
+# Segmentation, enhancement and report are lower since version 2: the hard tier's
+# low-contrast lesions cost the model lesion Dice and its part-solid nodules some sizes,
+# and the enhancement score is the share of the input's SSIM gap to a perfect image
+# closed, which the model's filter does not close.
 TEACHER_MIN = {
-    "segmentation": 0.85,
+    "segmentation": 0.7,
     "classification": 0.95,
     "detection": 0.95,
-    "enhancement": 0.95,
+    "enhancement": 0.6,
     "synthesis": 0.8,
     "vqa": 0.95,
-    "report": 0.9,
+    "report": 0.8,
 }
 # On the hard tier (odd seeds) the teacher is good but below ceiling (a task's score
 # varies around a tier mean of 0.75-0.9); one task's correct run scores at least this.

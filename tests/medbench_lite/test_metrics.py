@@ -11,7 +11,9 @@ def test_dice_perfect_disjoint_and_empty():
     b[5:8, 5:8] = True
     assert metrics.dice(a, a) == 1.0
     assert metrics.dice(a, b) == 0.0
-    assert metrics.dice(np.zeros_like(a), np.zeros_like(a)) == 1.0  # no lesion, none predicted
+    empty = np.zeros_like(a)
+    assert metrics.dice(empty, empty) == 0.0  # an empty answer earns nothing by itself
+    assert metrics.dice(empty, empty, empty=1.0) == 1.0  # unless the caller says so
     half = a.copy()
     half[2:5, 2] = False
     assert metrics.dice(half, a) == pytest.approx(2 * 6 / (6 + 9))

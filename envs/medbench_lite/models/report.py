@@ -66,15 +66,15 @@ def _lobe(i: float, j: float, k: float, lung: np.ndarray, weights: dict) -> str:
     ks = np.nonzero(half.any(axis=(0, 1)))[0]
     js = np.nonzero(half.any(axis=(0, 2)))[0]
     zf = (k - ks.min()) / max(ks.max() - ks.min(), 1)
-    anterior = j > (js.min() + js.max()) / 2  # RAS+: axis 1 increases anteriorly
+    # RAS+: axis 1 increases anteriorly; yf runs from -1 (back) to +1 (front).
+    yf = (j - (js.min() + js.max()) / 2) / max((js.max() - js.min()) / 2, 1)
     if right:
-        lo, hi = (float(v) for v in weights["right_bands"])
-        if zf > hi:
-            return "right upper lobe"
-        if zf >= lo and anterior:
-            return "right middle lobe"
-        return "right lower lobe"
-    return "left upper lobe" if zf > float(weights["left_band"]) else "left lower lobe"
+        a, b, horizontal = (float(v) for v in weights["right_fissures"])
+        if zf <= a + b * yf:  # below the oblique fissure
+            return "right lower lobe"
+        return "right upper lobe" if zf > horizontal else "right middle lobe"
+    a, b = (float(v) for v in weights["left_fissure"])
+    return "left upper lobe" if zf > a + b * yf else "left lower lobe"
 
 
 def find_nodules(

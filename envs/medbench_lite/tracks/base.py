@@ -34,6 +34,7 @@ __all__ = [
     "STAGE_ARTIFACTS",
     "Difficulty",
     "difficulty",
+    "tier_bounds",
 ]
 
 Split = Literal["train", "heldout"]
@@ -341,3 +342,14 @@ def read_output_volume(
         return np.asarray(img.dataobj, dtype=np.float64)
     except Exception:  # any decoding error of agent output
         return None
+
+
+def tier_bounds(bounds: tuple[float, float], tier: Difficulty) -> tuple[float, float]:
+    """The half of a split's ``(low, high)`` range a tier draws from: easy low, hard high.
+
+    Tiers split each range rather than stretch it, so a held-out task of either tier
+    still never uses a training value.
+    """
+    low, high = bounds
+    mid = (low + high) / 2
+    return (low, mid) if tier == "easy" else (mid, high)

@@ -7,8 +7,13 @@ TRAP (intensity convention): the denoiser's range kernel is tuned for intensitie
 normalized from the HU window [-1000, 1000] to [0, 1]. Given HU, every neighbour looks
 like an edge and the filter returns its input unchanged: a do-nothing result. A pilot
 that measures the noise before and after (and that the mean HU is preserved) catches it.
-Metric: per case, SSIM to the clean slice scaled so that returning the noisy input
-scores 0 and the model used as documented scores 1 (clipped to [0, 1]).
+Tiers: the easy tier draws the noise from the lower half of the split's range, the hard
+tier from the upper half.
+Metric: per case, ``(s - s_in) / (1 - s_in)`` clipped to [0, 1], where ``s`` is the SSIM
+of the output to the clean slices and ``s_in`` that of the noisy input (both in the
+soft-tissue window [-160, 240] HU, over the body: :func:`_ssim`): the share of the
+input's gap to a perfect image that the output closes. The model does not score 1,
+and a better denoiser scores more.
 """
 
 from __future__ import annotations
@@ -20,21 +25,22 @@ import numpy as np
 
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import nifti_bytes
-from bat_gym.envs.medbench_lite.models import enhancement as model
 from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
     Split,
     TrackBase,
     case_ids,
+    difficulty,
     read_output_volume,
     resolve_output,
+    tier_bounds,
     uniform,
 )
 
 __all__ = ["Enhancement"]
 
-_DATA_RANGE = 2000.0
+_WINDOW_HU = (-160.0, 240.0)
 _FOV_MM = 350.0
 
 MODEL_CARD = """# Model card: ldct-bilateral v1.1
@@ -67,9 +73,10 @@ slices along the last axis; case ids in task.json).
 Output per case: `outputs/denoised/<id>.nii.gz`, float32 **in Hounsfield units**, same
 shape and affine as the input. Submission: `outputs/submission.csv` with columns
 `id,output_file`, one row per case id.
-Metric: SSIM to the clean reference (HU clipped to [-1000, 1000]), scaled so the
-unchanged input scores 0 and the documented model scores 1. A missing case scores the
-task 0.
+Metric: SSIM to the clean reference in the soft-tissue window (HU clipped to
+[-160, 240]) over the body, as the share of the noisy input's gap to a perfect image
+that the output closes: (SSIM(output) - SSIM(input)) / (1 - SSIM(input)), clipped to
+[0, 1]. A missing case scores the task 0.
 """
 
 PIPELINE = '''
@@ -228,8 +235,8 @@ class Enhancement(TrackBase):
     description = "Denoise low-dose CT slices (NIfTI) and return them in HU."
     index = 3
     ranges = {
-        "train": {"noise_hu": (25.0, 45.0), "image_px": (88.0, 96.0)},
-        "heldout": {"noise_hu": (50.0, 70.0), "image_px": (104.0, 112.0)},
+        "train": {"noise_hu": (15.0, 35.0), "image_px": (88.0, 96.0)},
+        "heldout": {"noise_hu": (40.0, 60.0), "image_px": (104.0, 112.0)},
     }
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -245,13 +252,15 @@ class Enhancement(TrackBase):
     def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
         rng = self.rng(seed, split)
         rg = self.ranges[split]
-        noise = uniform(rng, rg["noise_hu"])
+        tier = difficulty(seed)
+        # Easy tier: the lighter half of the split's dose reductions, hard the heavier.
+        noise = uniform(rng, tier_bounds(rg["noise_hu"], tier))
         size = int(rng.integers(int(rg["image_px"][0]), int(rg["image_px"][1]) + 1))
         n = int(rng.integers(3, 5))
         ids = case_ids(rng, "ldct", n)
         w = self.weights()
         files: dict[str, bytes] = {}
-        answers: dict[str, dict] = {"clean": {}, "affines": {}, "ssim_noisy": {}, "ssim_ref": {}}
+        answers: dict[str, dict] = {"clean": {}, "affines": {}, "ssim_noisy": {}}
         px = _FOV_MM / size
         for cid in ids:
             clean = _phantom(rng, size)
@@ -264,10 +273,8 @@ class Enhancement(TrackBase):
                 stored, affine, slope=1.0, inter=-1024.0, descrip="MedBench-Lite low-dose CT"
             )
             noisy = stored.astype(np.float64) - 1024.0
-            ref = model.from_unit(model.denoise(model.to_unit(noisy, w), w), w)
             answers["clean"][cid] = clean.astype(np.float32)
             answers["ssim_noisy"][cid] = _ssim(noisy, clean)
-            answers["ssim_ref"][cid] = _ssim(ref, clean)
             answers["affines"][cid] = affine
         task_json = {
             "inputs": {
@@ -288,7 +295,7 @@ class Enhancement(TrackBase):
         }
         return Draw(
             case_ids=ids,
-            params={"cases": n, "noise_hu": noise, "image_px": size},
+            params={"difficulty": tier, "cases": n, "noise_hu": noise, "image_px": size},
             files=files,
             weights=w,
             model_card=MODEL_CARD,
@@ -314,8 +321,10 @@ class Enhancement(TrackBase):
             if s is None or not np.isfinite(s):
                 per_case.append(0.0)
                 continue
-            lo, hi = draw.answers["ssim_noisy"][cid], draw.answers["ssim_ref"][cid]
-            per_case.append(float(np.clip((s - lo) / max(hi - lo, 1e-6), 0.0, 1.0)))
+            lo = draw.answers["ssim_noisy"][cid]
+            # The share of the gap between the input and a perfect image that the output
+            # closes: no ceiling below perfect, so a better denoiser than the model ranks.
+            per_case.append(float(np.clip((s - lo) / max(1.0 - lo, 1e-6), 0.0, 1.0)))
         return float(np.mean(per_case))
 
     def recipe(self) -> Recipe:  # noqa: D102
@@ -358,5 +367,12 @@ class Enhancement(TrackBase):
 
 
 def _ssim(pred: np.ndarray, clean: np.ndarray) -> float:
-    c = lambda a: np.clip(np.asarray(a, dtype=np.float64), -1000.0, 1000.0)  # noqa: E731
-    return metrics.ssim(c(pred), c(clean), _DATA_RANGE)
+    """SSIM in the soft-tissue display window over the body (slices compared in 2D).
+
+    Both images are clipped to ``_WINDOW_HU`` (the abdominal window a reader looks at)
+    and compared with :func:`~bat_gym.envs.medbench_lite.metrics.ssim` (data range: the
+    window's width) over the interior pixels of the body (clean HU above -500).
+    """
+    lo, hi = _WINDOW_HU
+    c = lambda a: np.clip(np.asarray(a, dtype=np.float64), lo, hi)  # noqa: E731
+    return metrics.ssim(c(pred), c(clean), hi - lo, mask=np.asarray(clean) > -500.0)

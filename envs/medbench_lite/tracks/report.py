@@ -1,7 +1,11 @@
 """Report track: structured CT chest reports of pulmonary nodules (NIfTI + metadata).
 
 Each case is a chest CT volume (RAS+ order, anisotropic voxels of about 3 x 3 x 5 mm)
-with 0-3 solid nodules of known diameter and lobe, plus patient metadata.
+with 0-3 nodules of known diameter and lobe, plus patient metadata. Lobes follow
+oblique fissures (high at the back, low at the front) and the right horizontal fissure,
+invisible on the images; the model's weights place them. Tiers: nodules are solid
+(30 HU) on the easy tier and part-solid (-400 to -100 HU) on the hard one, where the
+model's fixed calibration misjudges some sizes.
 
 TRAP (voxel spacing): the model reports sizes in the units of the ``spacing`` argument,
 whose default is the 1 mm grid it was tuned on. Left at the default, every size comes
@@ -9,7 +13,9 @@ out in voxel units, about a third of the true size in mm. A pilot that measures 
 nodule's extent along x in mm straight from the image and compares it with the report
 catches it.
 Metric: per case, 0.5 x F1 of the reported findings (matched by lobe) + 0.5 x the
-fraction of true nodules reported with a size within max(2 mm, 15%).
+fraction of true nodules reported with a size within max(2 mm, 15%)
+(:func:`~bat_gym.envs.medbench_lite.metrics.finding_f1`). A report that neither lists a
+finding nor says ``- No pulmonary nodules.`` scores 0, on a normal study too.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
+    difficulty,
     resolve_output,
     uniform,
 )
@@ -73,8 +80,12 @@ Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
 per nodule (equivalent-sphere diameter). `format_report(case_id, findings,
 metadata)` -> the report text in the format task.json asks for.
 
+## Lobes
+The oblique fissures (weights `right_fissures`, `left_fissure`) are planes in the lung's
+normalized height and depth; the right horizontal fissure splits upper from middle.
+
 ## Expected behaviour
-Solid nodules 6-30 mm. A nodule's extent across its centre along x, in mm, is close
+Solid nodules 10-30 mm. A nodule's extent across its centre along x, in mm, is close
 to its reported diameter.
 
 ## Usage
@@ -90,7 +101,8 @@ per nodule, exactly `- Nodule: <side> <upper|middle|lower> lobe, <diameter> mm.`
 left/right, diameter in mm), or `- No pulmonary nodules.` Submission:
 `outputs/submission.csv` with columns `id,report_file,n_findings`, one row per case id.
 Metric: 0.5 x F1 of the findings (matched by lobe) + 0.5 x the fraction of nodules
-whose size is within max(2 mm, 15%). A missing case scores the task 0.
+whose size is within max(2 mm, 15%). A report that lists no nodule and does not say
+`- No pulmonary nodules.` scores 0. A missing case scores the task 0.
 """
 
 PIPELINE = '''
@@ -222,30 +234,51 @@ for r in rows:
 """
 
 
-def parse_report(text: str) -> list[tuple[str, float]]:
-    """The ``(lobe, diameter_mm)`` findings in a report's text."""
+_NO_FINDINGS = re.compile(r"^\s*-\s*no pulmonary nodules\b", re.I)
+
+
+def parse_report(text: str) -> list[tuple[str, float]] | None:
+    """The ``(lobe, diameter_mm)`` findings in a report's text, or None if it states none.
+
+    A report states its findings with ``- Nodule: ...`` lines or says
+    ``- No pulmonary nodules.``; one that does neither (empty, truncated, another
+    format) is unparseable and returns None, so it cannot pass for a normal study.
+    A diameter too large for a float reads as ``inf`` and is never right.
+    """
     out = []
+    negative = False
     for line in text.splitlines():
         m = _FINDING.match(line)
         if m:
             out.append((f"{m.group(1).lower()} {m.group(2).lower()} lobe", float(m.group(3))))
+        elif _NO_FINDINGS.match(line):
+            negative = True
+    if not out and not negative:
+        return None
     return out
 
 
+# Fissures in lung-normalized coordinates: zf (0 at the lung's base, 1 at its apex) and
+# yf (-1 posterior, +1 anterior). The oblique fissures run from high at the back to low
+# at the front; the right lung's horizontal fissure splits upper from middle lobe.
+_OBLIQUE = {"right": (0.45, -0.8), "left": (0.52, -0.8)}
+_HORIZONTAL = 0.64
+
+
 def _lobe_of(c: np.ndarray, side: str) -> tuple[str, float]:
-    """A point's lobe under the model's rules, and its distance to the nearest boundary."""
+    """A point's lobe under the model's fissures, and its distance to the nearest one."""
     cx, cy, cz = _LUNG[side]
     zf = (c[2] - (cz - _LUNG_R[2])) / (2 * _LUNG_R[2])
-    if side == "right":
-        dy = abs(c[1] - cy) / _LUNG_R[1]
-        if zf > 0.62:
-            return "right upper lobe", zf - 0.62
-        if zf >= 0.35:  # the middle band: anterior is middle lobe, posterior lower lobe
-            return ("right middle lobe" if c[1] > cy else "right lower lobe"), min(
-                zf - 0.35, 0.62 - zf, dy
-            )
-        return "right lower lobe", 0.35 - zf
-    return ("left upper lobe", zf - 0.48) if zf > 0.48 else ("left lower lobe", 0.48 - zf)
+    yf = (c[1] - cy) / _LUNG_R[1]
+    a, b = _OBLIQUE[side]
+    oblique = zf - (a + b * yf)  # above the oblique fissure: upper (or middle) lobe
+    if side == "left":
+        return ("left upper lobe" if oblique > 0 else "left lower lobe"), abs(oblique)
+    if oblique <= 0:
+        return "right lower lobe", -oblique
+    if zf > _HORIZONTAL:
+        return "right upper lobe", min(oblique, zf - _HORIZONTAL)
+    return "right middle lobe", min(oblique, _HORIZONTAL - zf)
 
 
 class Report(TrackBase):
@@ -276,12 +309,18 @@ class Report(TrackBase):
             "reach_vox": np.array(15),
             "min_voxels": np.array(2),
             "calibration_hu": np.array([-850.0, 30.0]),
-            "right_bands": np.array([0.35, 0.62]),
-            "left_band": np.array(0.48),
+            "right_fissures": np.array([*_OBLIQUE["right"], _HORIZONTAL]),
+            "left_fissure": np.array(_OBLIQUE["left"]),
         }
 
     def _case(
-        self, rng: np.random.Generator, sxy: float, sz: float, noise: float, count: int
+        self,
+        rng: np.random.Generator,
+        sxy: float,
+        sz: float,
+        noise: float,
+        count: int,
+        density_hu: tuple[float, float] = (30.0, 30.0),
     ) -> dict:
         n, nz = int(np.ceil(_FOV_XY_MM / sxy)), int(np.ceil(_FOV_Z_MM / sz))
         ax = (np.arange(n) - (n - 1) / 2) * sxy
@@ -292,27 +331,28 @@ class Report(TrackBase):
         hu2d[x**2 + (y + 80.0) ** 2 <= 15.0**2] = 400.0
         hu = np.repeat(hu2d[:, :, None], nz, axis=2)
         X, Y, Z = np.meshgrid(ax, ax, az, indexing="ij")
+        lungs = np.zeros(hu.shape, dtype=bool)
         for cx, cy, cz in _LUNG.values():
-            hu[
-                ((X - cx) / _LUNG_R[0]) ** 2
-                + ((Y - cy) / _LUNG_R[1]) ** 2
-                + ((Z - cz) / _LUNG_R[2]) ** 2
-                <= 1
-            ] = -850.0
+            lungs |= ((X - cx) / _LUNG_R[0]) ** 2 + ((Y - cy) / _LUNG_R[1]) ** 2 + (
+                (Z - cz) / _LUNG_R[2]
+            ) ** 2 <= 1
+        hu[lungs] = -850.0
         nodules: list[dict] = []
         for _ in range(count):
             for _try in range(300):
                 side = ("right", "left")[int(rng.integers(0, 2))]
-                d = float(rng.uniform(8, 24))
+                d = float(rng.uniform(10, 24))
                 r = d / 2
                 u = rng.normal(size=3)
                 u *= rng.uniform(0, 1) ** (1 / 3) / np.linalg.norm(u)
                 c = np.array(_LUNG[side]) + u * (np.array(_LUNG_R) - r - 8)
                 lobe, margin = _lobe_of(c, side)
-                if margin < 0.07:
+                if margin < 0.05:
                     continue  # keep clear of lobe boundaries so the lobe is unambiguous
                 if all(np.linalg.norm(c - m["c"]) > r + m["d"] / 2 + 10 for m in nodules):
-                    nodules.append({"c": c, "d": d, "lobe": lobe})
+                    nodules.append(
+                        {"c": c, "d": d, "lobe": lobe, "hu": float(rng.uniform(*density_hu))}
+                    )
                     break
         for m in nodules:
             # Partial volume: nodule fraction per voxel from 3 x 3 x 3 sub-samples.
@@ -337,7 +377,7 @@ class Report(TrackBase):
                         ) <= r * r
             frac /= 27
             block = hu[np.ix_(*sel)]
-            hu[np.ix_(*sel)] = block * (1 - frac) + 30.0 * frac
+            hu[np.ix_(*sel)] = block * (1 - frac) + m["hu"] * frac
         hu += rng.normal(0, noise, hu.shape) * (hu > -990)
         affine = np.diag([sxy, sxy, sz, 1.0])
         affine[:3, 3] = -np.array(
@@ -352,7 +392,10 @@ class Report(TrackBase):
     def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
         rng = self.rng(seed, split)
         rg = self.ranges[split]
+        tier = difficulty(seed)
         noise = uniform(rng, rg["noise_hu"])
+        # Hard tier: part-solid nodules, less dense than soft tissue (a low-contrast case).
+        density = (-400.0, -100.0) if tier == "hard" else (30.0, 30.0)
         sxy = uniform(rng, rg["spacing_xy_mm"])
         sz = uniform(rng, rg["thickness_mm"])
         n = int(rng.integers(3, 5))
@@ -361,7 +404,7 @@ class Report(TrackBase):
         counts = rng.choice([1, 1, 2, 2, 3], size=n)
         if rng.random() < 0.5:
             counts[int(rng.integers(0, n))] = 0
-        cases = [self._case(rng, sxy, sz, noise, int(k)) for k in counts]
+        cases = [self._case(rng, sxy, sz, noise, int(k), density) for k in counts]
         files = {
             f"data/images/{cid}.nii.gz": nifti_bytes(
                 c["stored"], c["affine"], descrip="MedBench-Lite chest CT"
@@ -398,7 +441,13 @@ class Report(TrackBase):
         }
         return Draw(
             case_ids=ids,
-            params={"cases": n, "noise_hu": noise, "spacing_xy_mm": sxy, "thickness_mm": sz},
+            params={
+                "difficulty": tier,
+                "cases": n,
+                "noise_hu": noise,
+                "spacing_xy_mm": sxy,
+                "thickness_mm": sz,
+            },
             files=files,
             weights=self.weights(),
             model_card=MODEL_CARD,

@@ -9,7 +9,15 @@ right only in RAS+ voxel order. Run on the stored array, it segments the spleen 
 half of each organ. ``nib.as_closest_canonical`` before the model, and mapping the
 labels back onto the input's grid and affine, fixes it. A pilot that checks the
 liver's side in world coordinates and its volume catches it.
-Metric: per case, mean of the liver Dice (labels 1+2) and the lesion Dice (label 2).
+Tiers (:func:`~bat_gym.envs.medbench_lite.tracks.base.difficulty`): lesions are 45-60 HU
+darker than the parenchyma on the easy tier, 18-28 HU on the hard one (low-contrast
+cases the model partly misses). Every task has at least one lesion.
+Metric: 0.5 x the mean over cases of the liver Dice (labels 1+2) + 0.5 x the lesion
+Dice (label 2) pooled over the cases' voxels (LiTS's "Dice global"): an empty lesion
+mask earns nothing, and a lesion predicted on a lesion-free case costs precision.
+When the scored cases hold no lesion and none is predicted (a one-case pilot), the
+score is the liver term alone. A mask that is missing, off the input grid, or holds a
+value that does not round to 0, 1 or 2 (nan, inf, 1e300) is empty for that case.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
+    difficulty,
     read_output_volume,
     resolve_output,
     uniform,
@@ -72,8 +81,9 @@ Output per case: `outputs/masks/<id>.nii.gz`, a uint8 label volume (0 background
 1 liver, 2 lesion) with **the same shape and affine as the input volume**.
 Submission: `outputs/submission.csv` with columns `id,mask_file,liver_ml,lesion_ml`,
 one row per case id; `mask_file` is the mask's path relative to the workspace.
-Metric: mean over cases of (liver Dice + lesion Dice) / 2 (an empty lesion mask where
-there is no lesion counts as perfect). A missing case scores the task 0.
+Metric: 0.5 x mean over cases of the liver Dice + 0.5 x the lesion Dice pooled over
+all cases' voxels (an empty lesion mask earns nothing; a lesion predicted where there
+is none costs precision). A missing case scores the task 0.
 """
 
 PIPELINE = '''
@@ -239,7 +249,14 @@ class Segmentation(TrackBase):
         }
 
     def _case(
-        self, rng: np.random.Generator, sxy: float, sz: float, noise: float, code: str
+        self,
+        rng: np.random.Generator,
+        sxy: float,
+        sz: float,
+        noise: float,
+        code: str,
+        contrast: tuple[float, float],
+        force_lesion: bool = False,
     ) -> dict:
         from nibabel.orientations import (
             apply_orientation,
@@ -263,10 +280,12 @@ class Segmentation(TrackBase):
         liver_c = np.array([rng.uniform(52, 68), rng.uniform(-3, 13), rng.uniform(-10, 10)])
         liver_r = np.array([rng.uniform(49, 61), rng.uniform(62, 78), rng.uniform(52, 68)])
         liver = _ellipsoid(x, y, z, liver_c, liver_r)
-        hu[liver] = rng.uniform(57, 67)
+        liver_hu = rng.uniform(57, 67)
+        hu[liver] = liver_hu
         lesion = np.zeros(x.shape, dtype=bool)
         placed: list[tuple[np.ndarray, float]] = []
-        for _ in range(int(rng.choice([0, 1, 1, 2, 2, 3]))):
+        count = int(rng.choice([0, 1, 1, 2, 2, 3]))
+        for _ in range(max(count, 1) if force_lesion else count):
             for _try in range(50):
                 r = float(rng.uniform(13, 22))
                 # Sample inside a shrunken liver so the sphere stays inside it.
@@ -278,7 +297,7 @@ class Segmentation(TrackBase):
                     break
         for c, r in placed:
             lesion |= ((x - c[0]) ** 2 + (y - c[1]) ** 2 + (z - c[2]) ** 2) <= r * r
-        hu[lesion] = rng.uniform(2, 16)
+        hu[lesion] = liver_hu - rng.uniform(*contrast)
         hu = hu + rng.normal(0, noise, size=hu.shape) * body
         labels = np.zeros(x.shape, dtype=np.uint8)
         labels[liver] = 1
@@ -302,7 +321,10 @@ class Segmentation(TrackBase):
     def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
         rng = self.rng(seed, split)
         rg = self.ranges[split]
+        tier = difficulty(seed)
         noise = uniform(rng, rg["noise_hu"])
+        # Hard tier: lesions closer to the parenchyma's density (low-contrast cases).
+        contrast = (18.0, 28.0) if tier == "hard" else (45.0, 60.0)
         sxy = uniform(rng, rg["spacing_xy_mm"])
         sz = uniform(rng, rg["thickness_mm"])
         n = int(rng.integers(3, 5))
@@ -310,7 +332,11 @@ class Segmentation(TrackBase):
         codes = [str(c) for c in rng.choice(_ORIENTS, size=n, p=_ORIENT_P)]
         if all(c[0] == "R" for c in codes):
             codes[0] = "LPS"  # keep the trap live: at least one volume not in RAS+ order
-        cases = [self._case(rng, sxy, sz, noise, code) for code in codes]
+        cases: list[dict] = []
+        for k, code in enumerate(codes):
+            # At least one lesion per task: the lesion Dice is pooled over the cases.
+            force = k == n - 1 and not any(c["lesions"] for c in cases)
+            cases.append(self._case(rng, sxy, sz, noise, code, contrast, force))
         files = {
             f"data/images/{cid}.nii.gz": nifti_bytes(
                 c["stored"], c["affine"], descrip="MedBench-Lite abdominal CT"
@@ -339,7 +365,13 @@ class Segmentation(TrackBase):
         }
         return Draw(
             case_ids=ids,
-            params={"cases": n, "noise_hu": noise, "spacing_xy_mm": sxy, "thickness_mm": sz},
+            params={
+                "difficulty": tier,
+                "cases": n,
+                "noise_hu": noise,
+                "spacing_xy_mm": sxy,
+                "thickness_mm": sz,
+            },
             files=files,
             weights=self.weights(),
             model_card=MODEL_CARD,
@@ -359,23 +391,24 @@ class Segmentation(TrackBase):
         ids: Sequence[str],
     ) -> float:
 
-        per_case = []
+        liver_dice = []
+        inter = total = 0
         for cid in ids:
             truth = draw.answers["labels"][cid]
             path = resolve_output(workspace, rows[cid].get("mask_file", ""))
             out = read_output_volume(path, truth.shape, draw.answers["affines"][cid])
-            pred = (
-                None
-                if out is None or not np.all(np.isfinite(out))
-                else np.rint(out).astype(np.int64)
-            )
-            if pred is None:
-                per_case.append(0.0)
-                continue
-            liver = metrics.dice(pred > 0, truth > 0)
-            lesion = metrics.dice(pred == 2, truth == 2)
-            per_case.append((liver + lesion) / 2)
-        return float(np.mean(per_case))
+            with np.errstate(invalid="ignore"):
+                # Labels round to {0, 1, 2} or the mask is unusable (nan, inf, 1e300 ...).
+                lab = None if out is None else np.rint(out)
+                usable = lab is not None and bool(np.all(np.isin(lab, (0.0, 1.0, 2.0))))
+            pred = lab.astype(np.int64) if usable else np.zeros(truth.shape, dtype=np.int64)
+            liver_dice.append(metrics.dice(pred > 0, truth > 0) if usable else 0.0)
+            inter += int(np.logical_and(pred == 2, truth == 2).sum())
+            total += int((pred == 2).sum()) + int((truth == 2).sum())
+        liver = float(np.mean(liver_dice))
+        if total == 0:
+            return liver  # no lesion in these cases and none predicted: liver only
+        return 0.5 * liver + 0.5 * (2.0 * inter / total)
 
     def recipe(self) -> Recipe:  # noqa: D102
         return Recipe(

@@ -2,6 +2,12 @@
 
 Each task has paired training cases (A and B) and test cases (A only). Every scanner
 session has its own intensity gain, far from 1 (hundreds to thousands of units).
+Heads have scalp fat, skull, CSF, grey and white matter. Scalp fat and white matter are
+both bright in A while B keeps fat bright and makes white matter dark; bone and CSF are
+both dark in A while B makes CSF bright. A table on A's intensity alone (what one fits
+on the two training pairs) cannot tell them apart; the model's table has a row per
+depth below the head's surface. Tiers: the hard tier draws the noise from the upper
+half of the split's range.
 
 TRAP (intensity normalization): the model's lookup table was fitted on foreground-
 normalized intensities. Fed scanner units, every voxel falls off the end of the table
@@ -28,21 +34,27 @@ from bat_gym.envs.medbench_lite.tracks.base import (
     Split,
     TrackBase,
     case_ids,
+    difficulty,
     read_output_volume,
     resolve_output,
+    tier_bounds,
     uniform,
 )
 
 __all__ = ["Synthesis"]
 
-_A = {"csf": 0.25, "gm": 0.55, "wm": 0.85}
-_B = {"csf": 1.0, "gm": 0.55, "wm": 0.35}
-_VOXEL_MM = (4.0, 4.0, 6.0)
+# Relative intensities per tissue. Scalp fat and white matter are alike in A and far
+# apart in B, and so are cortical bone and CSF: only anatomy (depth below the scalp)
+# tells them apart.
+_A = {"csf": 0.22, "gm": 0.55, "wm": 0.85, "bone": 0.12, "fat": 0.9}
+_B = {"csf": 1.0, "gm": 0.55, "wm": 0.35, "bone": 0.08, "fat": 0.95}
+_VOXEL_MM = (3.0, 3.0, 6.0)
 
-MODEL_CARD = """# Model card: mr-lut v1.1
+MODEL_CARD = """# Model card: mr-lut v2.0
 
 Translates contrast A (T1-like) head MR volumes to contrast B (T2-like).
-Parameters: model/weights.npz (a lookup table). Code: model/infer_lib.py (numpy).
+Parameters: model/weights.npz (a lookup table with a row per depth below the head's
+surface). Code: model/infer_lib.py (numpy).
 
 ## Input convention
 - `a_norm`: contrast A **normalized**: divided by the 95th percentile of the
@@ -50,7 +62,9 @@ Parameters: model/weights.npz (a lookup table). Code: model/infer_lib.py (numpy)
   `a_norm, scale = infer_lib.normalize(a, W)`. The table covers a_norm in 0-1.6;
   raw scanner units (hundreds to thousands) fall off its end.
 - `predict` smooths each slice in-plane (a 5-tap Gaussian-like kernel) before the
-  table, which was fitted on noisy inputs against noise-free B.
+  table, which was fitted on noisy inputs against noise-free B. Each voxel's depth
+  below the head's surface (`infer_lib.depth`) picks the table's row: scalp fat and
+  white matter look alike in A, and so do bone and CSF, but not in B.
 
 ## Output
 Contrast B in the same normalized units (white matter about 0.35, CSF about 1.0).
@@ -213,12 +227,16 @@ def _head(
         * np.sin(rng.uniform(5, 9) * np.arctan2(y, x) + rng.uniform(0, 6))
         * np.cos(rng.uniform(3, 6) * z)
     )
-    wm = (rad <= rng.uniform(0.7, 0.76) + fold) & ~vent
-    gm = (rad <= 0.9) & ~wm & ~vent
-    csf = (rad <= 1.0) & ~wm & ~gm
+    scalp = rng.uniform(0.84, 0.88)  # inner edge of the scalp fat
+    skull = scalp - rng.uniform(0.07, 0.1)
+    wm = (rad <= skull - rng.uniform(0.2, 0.26) + fold) & ~vent
+    gm = (rad <= skull - 0.06) & ~wm & ~vent
+    csf = (rad <= skull) & ~wm & ~gm
+    bone = (rad <= scalp) & (rad > skull)
+    fat = (rad <= 1.0) & (rad > scalp)
     frac = {
         k: metrics._box_filter(m.astype(np.float64), 3)
-        for k, m in (("csf", csf), ("gm", gm), ("wm", wm))
+        for k, m in (("csf", csf), ("gm", gm), ("wm", wm), ("bone", bone), ("fat", fat))
     }
     a = sum(frac[k] * _A[k] for k in frac)
     b = sum(frac[k] * _B[k] for k in frac)
@@ -229,6 +247,8 @@ def _head(
 # range only, so held-out tasks (noisier) test generalization, not memorization.
 _FIT_NOISE = (0.015, 0.0225, 0.03)
 _FIT_REPEATS = 3
+# Rows of the lookup table: depth 0 (outside) to _DEPTHS - 1 voxels and deeper.
+_DEPTHS = 9
 
 
 @functools.lru_cache(maxsize=1)
@@ -244,25 +264,37 @@ def _weights() -> dict[str, np.ndarray]:
         "fg_fraction": np.array(0.1),
         "norm_percentile": np.array(95.0),
         "background_below": np.array(0.1),
+        "depth_z_every": np.array(2),
         # Binomial (1, 4, 6, 4, 1) / 16: a Gaussian of about one voxel; wider kernels
         # blur tissue boundaries more than they remove noise.
         "smooth_kernel": np.array([1.0, 4.0, 6.0, 4.0, 1.0]) / 16.0,
     }
-    xs, ys = [], []
+    xs, ys, ds = [], [], []
     for noise in _FIT_NOISE:
         for _ in range(_FIT_REPEATS):
-            a, b, _m = _head(rng, (40, 48, 18))
+            a, b, _m = _head(rng, (60, 72, 18))
             an = np.abs(a + rng.normal(0, noise, a.shape))
-            xs.append(model.smooth(model.normalize(an, w)[0], w).ravel())
+            sm = model.smooth(model.normalize(an, w)[0], w)
+            xs.append(sm.ravel())
             ys.append(model.normalize(b, w)[0].ravel())
-    x, y = np.concatenate(xs), np.concatenate(ys)
+            ds.append(model.depth(sm, {**w, "lut_y": np.zeros((_DEPTHS, 1))}).ravel())
+    x, y, d = np.concatenate(xs), np.concatenate(ys), np.concatenate(ds)
     edges = np.linspace(0.0, 1.6, 65)
     centers = (edges[:-1] + edges[1:]) / 2
     idx = np.digitize(x, edges) - 1
-    lut = np.array([y[idx == k].mean() if (idx == k).sum() > 20 else np.nan for k in range(64)])
-    ok = ~np.isnan(lut)
+    rows = []
+    for k in range(_DEPTHS):
+        at = d == k
+        lut = np.array(
+            [
+                y[at & (idx == j)].mean() if (at & (idx == j)).sum() > 20 else np.nan
+                for j in range(64)
+            ]
+        )
+        ok = ~np.isnan(lut)
+        rows.append(np.interp(centers, centers[ok], lut[ok]) if ok.any() else np.zeros(64))
     w["lut_x"] = np.round(centers, 6)
-    w["lut_y"] = np.round(np.interp(centers, centers[ok], lut[ok]), 6)
+    w["lut_y"] = np.round(np.stack(rows), 6)
     return w
 
 
@@ -308,8 +340,10 @@ class Synthesis(TrackBase):
     def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
         rng = self.rng(seed, split)
         rg = self.ranges[split]
-        noise = uniform(rng, rg["noise"])
-        shape = (int(rng.integers(38, 45)), int(rng.integers(46, 53)), int(rng.integers(16, 21)))
+        tier = difficulty(seed)
+        # Hard tier: the noisier half of the split's acquisitions.
+        noise = uniform(rng, tier_bounds(rg["noise"], tier))
+        shape = (int(rng.integers(58, 65)), int(rng.integers(68, 75)), int(rng.integers(16, 21)))
         n = int(rng.integers(3, 5))
         ids = case_ids(rng, "mr", n)
         pairs = tuple(p.replace("mr_", "pair_") for p in case_ids(rng, "mr", 2))
@@ -361,6 +395,7 @@ class Synthesis(TrackBase):
         return Draw(
             case_ids=ids,
             params={
+                "difficulty": tier,
                 "cases": n,
                 "pairs": len(pairs),
                 "noise": noise,
