@@ -214,14 +214,23 @@ def task_metric_at_least(
 
 @register_check("pilot_quality")
 def pilot_quality(
-    ctx: CheckContext, *, path: str, threshold: Annotated[float, Field(ge=0, le=1)]
+    ctx: CheckContext,
+    *,
+    path: str,
+    threshold: Annotated[float, Field(ge=0, le=1)],
+    relative: bool = False,
 ) -> CheckResult:
-    """The benchmark's task metric on the pilot's case(s) is at least ``threshold``.
+    """The benchmark's task metric on the pilot's case(s) is at least the bar.
 
     The benchmark scores the pilot file (:meth:`~bat_gym.benchmark.Benchmark.pilot_score`)
-    against the truth of the cases it names; this is S3's quality check. Null when
-    there is no task oracle or the benchmark has no pilot metric. The detail gives the
-    score, never the truth.
+    against the truth of the cases it names; this is S3's quality check. The bar is
+    ``threshold``; with ``relative``, it is ``threshold`` times the task metric of the
+    benchmark's reference run (a correct pipeline with the provided model, capped at 1),
+    so that where the provided model is imperfect by design (a hard tier) a correct
+    pilot is held to what a correct run achieves rather than to a perfect score.
+    Without a reference run, or one the metric cannot score, the bar is ``threshold``.
+    Null when there is no task oracle or the benchmark has no pilot metric. The detail
+    gives the score and the bar, never the truth.
     """
     if ctx.task is None:
         raise CheckUnscorable("no task oracle: the pilot cannot be scored")
@@ -230,10 +239,15 @@ def pilot_quality(
     score = ctx.task.pilot_score(ctx.workspace, path)
     if score is None:
         raise CheckUnscorable("the benchmark has no pilot metric for this task")
+    bar = threshold
+    if relative and ctx.task.reference is not None:
+        reference = ctx.task.score(ctx.task.reference)
+        if reference is not None:
+            bar = threshold * min(1.0, reference)
     evidence = ctx.artifact(path)
-    if score < threshold:
-        raise CheckFailed(f"{path}: task metric on the pilot {score:.3f} < {threshold}", evidence)
-    return CheckResult.ok(f"{path}: task metric on the pilot {score:.3f} >= {threshold}", evidence)
+    if score < bar:
+        raise CheckFailed(f"{path}: task metric on the pilot {score:.3f} < {bar:.3f}", evidence)
+    return CheckResult.ok(f"{path}: task metric on the pilot {score:.3f} >= {bar:.3f}", evidence)
 
 
 @register_check("matches_answers")

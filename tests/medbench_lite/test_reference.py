@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from bat_gym.bank import task_states
+from bat_gym.bank.tasks import success_threshold
 from bat_gym.env import StageEnv
 from bat_gym.envs.medbench_lite import agreement
 from bat_gym.envs.medbench_lite.formats import nifti_bytes
@@ -372,19 +373,10 @@ def test_the_reproduction_regenerates_the_teachers_predictions(bench, track, tmp
 # -- a teacher E2E episode still earns full credit ---------------------------------------
 
 
-# The enhancement score is the share of the input's SSIM gap closed, which the model
-# does not close to 0.9; S3's pilot check still asks an absolute 0.9 of every track.
-_PILOT_BELOW_S3 = pytest.mark.xfail(
-    strict=False,
-    reason="open: S3's pilot_quality threshold is absolute (0.9); the enhancement "
-    "teacher's pilot scores about 0.75 on the new metric",
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "track",
-    ["segmentation", pytest.param("enhancement", marks=_PILOT_BELOW_S3), "detection", "report"],
+    ["segmentation", "enhancement", "detection", "report"],
 )
 def test_a_heldout_teacher_e2e_episode_passes_every_reference_guard(bench, track, tmp_path):
     seed = bench.seeds("heldout")[0]
@@ -412,7 +404,10 @@ def test_a_heldout_teacher_e2e_episode_passes_every_reference_guard(bench, track
     ):
         assert items[key].passed is True, (key, items[key].detail)
     overall = overall_score(verdict.task_score, verdict.stage_score, bench.spec)
-    assert overall >= 0.95, [(k, i.detail) for k, i in items.items() if i.passed is False]
+    failed = [(k, i.detail) for k, i in items.items() if i.passed is False]
+    # Admitted as a success: at least 0.95 of what a correct run earns on this task.
+    assert verdict.stage_score == 1.0, failed
+    assert overall >= success_threshold(bench, task), failed
 
 
 def test_unreadable_inputs_never_raise():

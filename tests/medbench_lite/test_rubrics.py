@@ -8,6 +8,7 @@ baseline and random text do not.
 import pytest
 
 from bat_gym.bank import build_bank, task_states
+from bat_gym.bank.tasks import success_threshold
 from bat_gym.env import StageEnv
 from bat_gym.envs.medbench_lite.teacher import RECEIPT, bash_call, python_call
 from bat_gym.envs.medbench_lite.tracks import get_track
@@ -19,7 +20,7 @@ from bat_gym.rubrics.scoring import overall_score
 from bat_gym.sandbox import BlobStore
 from bat_gym.spec import E2E
 
-from .conftest import TRACKS
+from .conftest import TEACHER_MIN, TRACKS
 
 HERMES = get_protocol("hermes")
 TRACK = "classification"  # the quickest track to replay
@@ -180,16 +181,9 @@ def test_random_text_scores_zero_and_crashes_nothing(bench, heldout):
 
 
 # Since version 2 the enhancement and synthesis metrics leave the model headroom (its
-# task score is about 0.75-0.85), below S3's absolute pilot threshold of 0.9 and the
-# 0.95 asked here; open until that threshold is relative to the reference's score.
-_BELOW_ABSOLUTE_S3 = pytest.mark.xfail(
-    strict=False,
-    reason="open: S3's pilot_quality threshold is absolute (0.9); the model scores below it",
-)
-TRACKS_E2E = [
-    pytest.param(t, marks=_BELOW_ABSOLUTE_S3) if t in ("enhancement", "synthesis") else t
-    for t in TRACKS
-]
+# task score is about 0.75-0.85): S3's pilot check and the bank's admission bar are
+# relative to what the reference run (a correct pipeline) scores.
+TRACKS_E2E = list(TRACKS)
 
 
 @pytest.mark.parametrize("track", TRACKS_E2E)
@@ -204,7 +198,8 @@ def test_heldout_e2e_teacher_earns_full_credit_and_naive_does_not(bench, heldout
         env.close()
     spec = bench.spec
     overall = overall_score(verdict.task_score, verdict.stage_score, spec)
-    assert verdict.stage_score == 1.0 and verdict.task_score >= 0.95 and overall >= 0.95
+    assert verdict.stage_score == 1.0 and verdict.task_score >= TEACHER_MIN[track]
+    assert overall >= success_threshold(bench, task)  # what a bank admits as a success
     assert reward == pytest.approx(overall)
     naive_overall = overall_score(naive.task_score, naive.stage_score, spec)
     assert naive_overall < overall - 0.3
