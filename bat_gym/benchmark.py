@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from bat_gym.rubrics.contract import ContractLibrary
     from bat_gym.rubrics.workspace import FrozenWorkspace
     from bat_gym.sandbox.requirements import SandboxRequirements
+    from bat_gym.service import ServiceState
     from bat_gym.tools import Tool
 
 __all__ = ["Benchmark", "PlanFact", "TeacherTurn"]
@@ -241,6 +242,23 @@ class Benchmark(ABC):
         :mod:`bat_gym.tools`). Default: none.
         """
         return ()
+
+    def make_service(self) -> ServiceState | None:
+        """A fresh service for one env, or None (the default: the benchmark has none).
+
+        Its state is part of every start state (:mod:`bat_gym.service`): the env
+        restores it on reset, a Stage Bank captures it at every stage boundary, and
+        host tools reach it as :attr:`ToolContext.service <bat_gym.tools.ToolContext.service>`.
+        A benchmark with a service also defines :meth:`service_blobs`.
+        """
+        return None
+
+    def service_blobs(self, task: Task) -> dict[str, bytes] | None:
+        """The service's state at the start of ``task`` (named blobs), or None without a service.
+
+        Must be deterministic, like the public files. Default: None.
+        """
+        return None
 
     # -- reference outputs ------------------------------------------------------------
 

@@ -178,6 +178,15 @@ class StageEnv(gym.Env[str, str]):
             self.sandbox = make_sandbox(self.backend, store=self.states.store, **opts)
         return self.sandbox
 
+    def _restore_service(self, state: StageState) -> None:
+        """Make the benchmark's service (started on first use) hold ``state``'s service state."""
+        from bat_gym.service import restore_service
+
+        if self.service is None:
+            self.service = self.benchmark.make_service()
+        if self.service is not None:
+            restore_service(self.service, self.states.store, state.service)
+
     # -- Gymnasium API ------------------------------------------------------------------
 
     def reset(
@@ -211,6 +220,7 @@ class StageEnv(gym.Env[str, str]):
         snapshot = self.states.store.get_snapshot(state.snapshot)
         sandbox = self._sandbox()
         sandbox.restore(snapshot)
+        self._restore_service(state)
         self.state = state
         self.messages = [dict(m) for m in state.messages]
         self.record = ExecutionRecord(
@@ -295,10 +305,13 @@ class StageEnv(gym.Env[str, str]):
         return None
 
     def close(self) -> None:
-        """Release the sandbox."""
+        """Release the sandbox and the service."""
         if self.sandbox is not None:
             self.sandbox.close()
             self.sandbox = None
+        if self.service is not None:
+            self.service.close()
+            self.service = None
         super().close()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -307,7 +320,7 @@ class StageEnv(gym.Env[str, str]):
         Raises:
             EnvNotCopyable: the env holds a running sandbox.
         """
-        if self.sandbox is not None:
+        if self.sandbox is not None or self.service is not None:
             raise EnvNotCopyable(self.spec.id if self.spec is not None else "StageEnv")
         return self.__dict__.copy()
 
