@@ -11,7 +11,9 @@ findings on a study). As blobs:
 :meth:`OrthancService.restore` deletes what the target state lacks, uploads only the
 instances it does not hold (the digest of what was uploaded is remembered, and the
 server looked at again when its instances are not the ones remembered), and rewrites
-the records; the server starts on the first restore.
+the records that differ from the target's (the service remembers what it wrote, and
+tools write records only through :meth:`OrthancService.add_record`); the server starts
+on the first restore.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class OrthancService(ServiceState):
         self.server: _Server | None = None
         # blob name of each instance held -> (sha256 of what was uploaded, Orthanc id)
         self._held: dict[str, tuple[str, str]] = {}
+        # (level, UID) -> the records the server holds there, as canonical JSON bytes
+        self._records: dict[tuple[str, str], bytes] = {}
+        # Orthanc ids are hashes of the DICOM UIDs, so a found id stays right.
+        self._oids: dict[tuple[str, str], str] = {}
 
     @property
     def client(self) -> OrthancClient:
@@ -62,10 +68,15 @@ class OrthancService(ServiceState):
     # -- records ------------------------------------------------------------------------
 
     def _orthanc_id(self, level: str, uid: str) -> str | None:
+        if (level, uid) in self._oids:
+            return self._oids[(level, uid)]
         tag = {"studies": "StudyInstanceUID", "series": "SeriesInstanceUID"}[level]
         kind = {"studies": "Study", "series": "Series"}[level]
         found = self.client.post("/tools/find", {"Level": kind, "Query": {tag: uid}})
-        return str(found[0]) if found else None
+        if not found:
+            return None
+        self._oids[(level, uid)] = str(found[0])
+        return str(found[0])
 
     def read_records(self, level: str, uid: str) -> list[dict[str, Any]]:
         """The records (annotations of a series, findings of a study) stored on ``uid``."""
@@ -88,7 +99,9 @@ class OrthancService(ServiceState):
             raise KeyError(uid)
         records = [*self.read_records(level, uid), record]
         name = ANNOTATIONS if level == "series" else FINDINGS
-        self.client.request("PUT", f"/{level}/{oid}/metadata/{name}", canonical_json(records))
+        data = canonical_json(records)
+        self.client.request("PUT", f"/{level}/{oid}/metadata/{name}", data)
+        self._records[(level, uid)] = data
         return len(records)
 
     # -- ServiceState --------------------------------------------------------------------
@@ -116,27 +129,55 @@ class OrthancService(ServiceState):
     def restore(self, blobs: ServiceBlobs) -> None:  # noqa: D102
         client = self.client
         wanted = {n: blobs.digest(n) for n in blobs if n.startswith("dicom/")}
+        changed = False
         if set(client.get("/instances")) != {oid for _, oid in self._held.values()}:
             self._held = self._scan()  # changed behind this object's back: look again
+            changed = True
         for name, (digest, oid) in list(self._held.items()):
             if wanted.get(name) != digest:
                 client.delete(f"/instances/{oid}")
                 del self._held[name]
+                changed = True
         for name, digest in wanted.items():
             if name not in self._held:
                 self._held[name] = (digest, client.upload(blobs[name]))
-        # Records: every study and series gets exactly the target's (or none).
-        for level, meta in (("series", ANNOTATIONS), ("studies", FINDINGS)):
-            for oid in client.get(f"/{level}"):
-                if meta in (client.get(f"/{level}/{oid}/metadata") or []):
-                    client.delete(f"/{level}/{oid}/metadata/{meta}")
+                changed = True
+        if changed:
+            self._records = self._scan_records()
+        # Records: every study and series gets exactly the target's (or none), and
+        # only those that differ are written.
+        target = {}
         for name in blobs:
             if name.startswith("meta/"):
                 _, level, uid, _ = name.split("/", 3)
-                oid = self._orthanc_id(level, uid)
-                if oid is not None:
-                    meta = ANNOTATIONS if level == "series" else FINDINGS
-                    client.request("PUT", f"/{level}/{oid}/metadata/{meta}", blobs[name])
+                target[(level, uid)] = blobs[name]
+        for key in sorted(set(self._records) | set(target)):
+            if self._records.get(key) == target.get(key):
+                continue
+            level, uid = key
+            oid = self._orthanc_id(level, uid)
+            if oid is None:
+                continue
+            meta = ANNOTATIONS if level == "series" else FINDINGS
+            if key in target:
+                client.request("PUT", f"/{level}/{oid}/metadata/{meta}", target[key])
+            else:
+                client.delete(f"/{level}/{oid}/metadata/{meta}")
+        self._records = {k: v for k, v in target.items() if self._orthanc_id(*k) is not None}
+
+    def _scan_records(self) -> dict[tuple[str, str], bytes]:
+        """The records the server holds, looked up level by level."""
+        records = {}
+        for level, meta, tag in (
+            ("series", ANNOTATIONS, "SeriesInstanceUID"),
+            ("studies", FINDINGS, "StudyInstanceUID"),
+        ):
+            for oid in self.client.get(f"/{level}"):
+                if meta in (self.client.get(f"/{level}/{oid}/metadata") or []):
+                    uid = self.client.get(f"/{level}/{oid}")["MainDicomTags"][tag]
+                    data = self.client.get(f"/{level}/{oid}/metadata/{meta}", raw=True)
+                    records[(level, uid)] = data
+        return records
 
     def _scan(self) -> dict[str, tuple[str, str]]:
         """What the server holds: blob name -> (sha256, Orthanc id) of each instance."""
@@ -155,4 +196,4 @@ class OrthancService(ServiceState):
         if self.server is not None:
             self.server.stop()
             self.server = None
-        self._held = {}
+        self._held, self._records, self._oids = {}, {}, {}
