@@ -33,6 +33,7 @@ from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task,
 
 if TYPE_CHECKING:
     from bat_gym.envs.radiology.service import OrthancService
+    from bat_gym.rubrics.contract import ContractLibrary
     from bat_gym.rubrics.workspace import FrozenWorkspace
     from bat_gym.tools import Tool
 
@@ -343,6 +344,12 @@ class Radiology(Benchmark):
             PlanFact("the CT rescale to HU", (r"rescale", r"\bHU\b", r"hounsfield")),
             PlanFact("measuring MR on T2 by echo time", (r"echo time", r"\bTE\b")),
         )
+
+    def contract_library(self) -> ContractLibrary:
+        """The reference contracts, with S5 also asking for the findings on the server."""
+        from bat_gym.rubrics.contract import ContractLibrary
+
+        return ContractLibrary.from_dir(Path(__file__).parent / "contracts")
 
     # -- teacher --------------------------------------------------------------------------
 
