@@ -304,3 +304,26 @@ def _close_shared():
     for env in _ENVS.values():
         env.close()
     _ENVS.clear()
+
+
+def test_a_sandbox_tool_that_builds_no_program_is_not_run(states):
+    class Args(BaseModel):
+        pass
+
+    class Broken(ToolBench):
+        def tools(self):
+            return (
+                Tool(
+                    "broken", "returns no program", Args, lambda a, c: "rm -rf /", runs_in="sandbox"
+                ),
+            )
+
+    env = make_env(Broken(), states)
+    try:
+        obs, _, terminated, truncated, info = env.step(say("broken"))
+        assert obs == "[broken: not run: the tool failed with an internal error]"
+        assert not (terminated or truncated) and info["record"].calls == []
+        (use,) = info["record"].tool_uses
+        assert (use.status, use.call, info["tool_calls"]) == ("not_run", None, 1)
+    finally:
+        env.close()
