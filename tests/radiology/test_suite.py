@@ -6,6 +6,8 @@ import json
 
 import gymnasium as gym
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bat_gym.bank import build_bank
 from bat_gym.bank.states import MemoryStates, initial_state
@@ -114,3 +116,32 @@ def test_a_validate_state_starts_with_the_server_as_setup_left_it(orthanc, radio
         assert bank.get(s3).service is not None
     finally:
         env.close()
+
+
+_values = (
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats() | st.text(max_size=30)
+)
+_TOOLS = ["find_studies", "list_series", "series_metadata", "get_slice", "measure_roi",
+          "store_annotation", "submit_finding"]  # fmt: skip
+_KEYS = ["study_uid", "series_uid", "index", "row", "col", "radius_px", "window_center",
+         "window_width", "max_size", "diameter_mm", "label", "lesion_diameter_mm", "change",
+         "patient_id", "modality", "note"]  # fmt: skip
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    name=st.sampled_from(_TOOLS),
+    arguments=st.dictionaries(st.sampled_from(_KEYS), _values | st.just("1.2.3"), max_size=6),
+)
+def test_hostile_arguments_to_the_dicom_tools_never_make_step_raise(env, states, name, arguments):
+    base = env.unwrapped
+    if base._done or base.tool_calls >= base.budgets.max_tool_calls - 1:
+        env.reset(options={"state_id": states.select()[0]})
+    try:
+        text = say(name, **arguments)
+    except (TypeError, ValueError):  # not JSON-writable: nothing to send
+        return
+    obs, reward, *_ = env.step(text)
+    assert isinstance(obs, str) and "Traceback" not in obs
