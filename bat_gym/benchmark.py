@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from bat_gym.rubrics.contract import ContractLibrary
     from bat_gym.rubrics.workspace import FrozenWorkspace
     from bat_gym.sandbox.requirements import SandboxRequirements
+    from bat_gym.service import ServiceState
+    from bat_gym.tools import Tool
 
 __all__ = ["Benchmark", "PlanFact", "TeacherTurn"]
 
@@ -228,6 +230,36 @@ class Benchmark(ABC):
 
         return DEFAULT_REQUIREMENTS
 
+    # -- tools ------------------------------------------------------------------------
+
+    def tools(self) -> tuple[Tool, ...]:
+        """The benchmark's own tools, offered beside ``execute_code`` and ``finish``.
+
+        Each is a :class:`bat_gym.tools.Tool`: typed arguments (a pydantic model), a
+        handler run on the host (against :meth:`make_service`'s service) or a program
+        run in the sandbox, under the same budgets, timeout and output cap as
+        ``execute_code``; every call lands in the execution record (see
+        :mod:`bat_gym.tools`). Default: none.
+        """
+        return ()
+
+    def make_service(self) -> ServiceState | None:
+        """A fresh service for one env, or None (the default: the benchmark has none).
+
+        Its state is part of every start state (:mod:`bat_gym.service`): the env
+        restores it on reset, a Stage Bank captures it at every stage boundary, and
+        host tools reach it as :attr:`ToolContext.service <bat_gym.tools.ToolContext.service>`.
+        A benchmark with a service also defines :meth:`service_blobs`.
+        """
+        return None
+
+    def service_blobs(self, task: Task) -> dict[str, bytes] | None:
+        """The service's state at the start of ``task`` (named blobs), or None without a service.
+
+        Must be deterministic, like the public files. Default: None.
+        """
+        return None
+
     # -- reference outputs ------------------------------------------------------------
 
     def reference_script(self, task: Task) -> list[TeacherTurn] | None:
@@ -351,8 +383,25 @@ class Benchmark(ABC):
             f"You are an engineer working in a sandbox on a {self.spec.name} task. "
             "Your files are in /workspace. Use the execute_code tool to run python or bash; "
             "every call is a fresh process, files persist, there is no network. "
-            f"{work}\n\nCall a tool like this:\n{protocol.example}\n\n# Stage skills\n{skills}"
+            f"{work}\n\nCall a tool like this:\n{protocol.example}\n\n"
+            f"{self.tools_prompt()}# Stage skills\n{skills}"
         )
+
+    def tools_prompt(self) -> str:
+        """The prompt section on :meth:`tools`: each one's description and JSON Schema.
+
+        Empty for a benchmark without tools of its own (so its prompts are as before).
+        """
+        tools = self.tools()
+        if not tools:
+            return ""
+        import json
+
+        lines = ["# More tools", "Besides execute_code and finish you may call:"]
+        for t in tools:
+            params = json.dumps(t.schema()["function"]["parameters"], sort_keys=True)
+            lines.append(f"- {t.name}: {t.description.strip()} Arguments (JSON Schema): {params}")
+        return "\n".join(lines) + "\n\n"
 
     def user_prompt(self, task: Task, focus: str) -> str:
         """User text: the task card and which part of the workflow is asked for."""

@@ -216,6 +216,7 @@ def contracts_page() -> str:
     from bat_gym.rubrics import contract
     from bat_gym.rubrics.context import EvidenceKind
     from bat_gym.rubrics.reading import ColumnRef, JsonList
+    from bat_gym.rubrics.tool_checks import ArgumentTest
 
     kinds = ", ".join(f"`{k}`" for k in get_args(EvidenceKind))
     return (
@@ -240,6 +241,9 @@ def contracts_page() -> str:
         + "\n## Types of check arguments\n\nChecks whose arguments name data in the task's "
         "own files (in the start workspace, which the agent cannot change) take these.\n\n"
         + "\n".join(model_section(m, 3) for m in (JsonList, ColumnRef))
+        + "\nChecks on the calls of a benchmark's own tools (`tool_called`) test each "
+        "recorded argument with this.\n\n"
+        + model_section(ArgumentTest, 3)
     )
 
 

@@ -10,6 +10,11 @@ users need no re-parsing.
 * ``truncated``: a budget ran out (turns, tool calls, response tokens), or the
   workspace was refused (:attr:`StageEnv.rejection`).
 
+Besides ``execute_code`` and ``finish``, the benchmark may declare tools of its own
+(:meth:`Benchmark.tools <bat_gym.benchmark.Benchmark.tools>`, :mod:`bat_gym.tools`):
+their schemas join ``info["tools"]``, their calls are checked against their argument
+models, count against the same tool-call budget, and land in the execution record.
+
 Nothing a message or agent code does makes ``step`` raise. A workspace the host cannot
 take as the agent left it (past its quota, or holding what the host must not follow
 or store) ends the episode at once; :attr:`StageEnv.rejection` holds why, and the
@@ -20,8 +25,10 @@ The reward is always 0 here; the rubric verifier is a reward wrapper on top.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -36,12 +43,13 @@ from bat_gym.errors import (
     StateVersionMismatch,
     WorkspaceRejected,
 )
-from bat_gym.protocol import TOOLS, ToolProtocol, clean_text, get_protocol, validate_call
-from bat_gym.record import ExecutionRecord, ToolCallRecord
+from bat_gym.protocol import TOOLS, ToolCall, ToolProtocol, clean_text, get_protocol, validate_call
+from bat_gym.record import ExecutionRecord, ToolCallRecord, ToolUseRecord
 from bat_gym.sandbox import ExecResult, Sandbox, SandboxLimits, make_sandbox
 from bat_gym.sandbox.snapshot import Snapshot, changed_paths
 from bat_gym.spec import Budgets, StageState
 from bat_gym.textspace import UnicodeText
+from bat_gym.tools import SandboxProgram, Tool, ToolContext, check_tools, run_host_tool
 
 __all__ = ["StageEnv", "Completion", "format_result"]
 
@@ -117,6 +125,13 @@ class StageEnv(gym.Env[str, str]):
         self.track = spec.track(track).name if track is not None else None
         self.backend = backend
         self.protocol = get_protocol(protocol)
+        self.tools: dict[str, Tool] = {t.name: t for t in check_tools(self.benchmark.tools())}
+        """The benchmark's own tools, by name."""
+        self.tool_schemas: tuple[dict[str, Any], ...] = (
+            *TOOLS,
+            *(t.schema() for t in self.tools.values()),
+        )
+        """Every tool the agent may call, as OpenAI function schemas (``info["tools"]``)."""
         self.budgets = budgets or spec.budgets
         self._states_arg = states
         self._states: Any = None
@@ -137,6 +152,9 @@ class StageEnv(gym.Env[str, str]):
         self.rejection: WorkspaceRejected | None = None
         """Why the workspace was refused mid-episode, if it was; the episode ended there."""
         self._done = True
+        self._task: Any = None
+        self.service: Any = None
+        """The benchmark's service for this env (:meth:`Benchmark.make_service`), or None."""
         self.turns = self.tool_calls = self.response_tokens = 0
 
     # -- state source and sandbox -------------------------------------------------------
@@ -160,6 +178,15 @@ class StageEnv(gym.Env[str, str]):
             }
             self.sandbox = make_sandbox(self.backend, store=self.states.store, **opts)
         return self.sandbox
+
+    def _restore_service(self, state: StageState) -> None:
+        """Make the benchmark's service (started on first use) hold ``state``'s service state."""
+        from bat_gym.service import restore_service
+
+        if self.service is None:
+            self.service = self.benchmark.make_service()
+        if self.service is not None:
+            restore_service(self.service, self.states.store, state.service)
 
     # -- Gymnasium API ------------------------------------------------------------------
 
@@ -201,12 +228,14 @@ class StageEnv(gym.Env[str, str]):
         snapshot = self.states.store.get_snapshot(state.snapshot)
         sandbox = self._sandbox()
         sandbox.restore(snapshot)
+        self._restore_service(state)
         self.state = state
         self.messages = [dict(m) for m in state.messages]
         self.record = ExecutionRecord(
             start_digest=snapshot.digest, workspace_root=sandbox.agent_workspace
         )
         self._last_scan = snapshot  # the workspace as the last call (none yet) left it
+        self._task = None  # regenerated when a benchmark tool first asks for it
         self.rejection = None
         self.turns = self.tool_calls = self.response_tokens = 0
         self._done = False
@@ -225,8 +254,14 @@ class StageEnv(gym.Env[str, str]):
         action = clean_text(action)  # a lone surrogate reaches no process, file or log
         parsed = self.protocol.parse(action)
         error = parsed.error
+        arguments: list[Any] = []
         if error is None:
-            error = next((e for e in (validate_call(c) for c in parsed.calls) if e), None)
+            for c in parsed.calls:
+                checked = self._check_call(c)
+                if isinstance(checked, str):
+                    error = checked
+                    break
+                arguments.append(checked)
         new: list[dict[str, Any]] = []
         terminated = truncated = False
         if error is not None:
@@ -244,7 +279,7 @@ class StageEnv(gym.Env[str, str]):
                     "tool_calls": [c.to_openai() for c in calls],
                 }
             )
-            for call in calls:
+            for call, args in zip(calls, arguments, strict=True):
                 if call.name == "finish":
                     terminated = True
                     new.append(self._tool_message(call, "Finished."))
@@ -253,11 +288,11 @@ class StageEnv(gym.Env[str, str]):
                     truncated = True
                     new.append(self._tool_message(call, "[not run: the tool-call budget is spent]"))
                     break
-                new.append(
-                    self._tool_message(
-                        call, self._execute(call.arguments["language"], call.arguments["code"])
-                    )
-                )
+                if call.name in self.tools:
+                    content = self._use_tool(self.tools[call.name], args)
+                else:
+                    content = self._execute(call.arguments["language"], call.arguments["code"])
+                new.append(self._tool_message(call, content))
                 if self.rejection is not None:
                     truncated = True
                     break
@@ -278,10 +313,13 @@ class StageEnv(gym.Env[str, str]):
         return None
 
     def close(self) -> None:
-        """Release the sandbox."""
+        """Release the sandbox and the service."""
         if self.sandbox is not None:
             self.sandbox.close()
             self.sandbox = None
+        if self.service is not None:
+            self.service.close()
+            self.service = None
         super().close()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -290,7 +328,7 @@ class StageEnv(gym.Env[str, str]):
         Raises:
             EnvNotCopyable: the env holds a running sandbox.
         """
-        if self.sandbox is not None:
+        if self.sandbox is not None or self.service is not None:
             raise EnvNotCopyable(self.spec.id if self.spec is not None else "StageEnv")
         return self.__dict__.copy()
 
@@ -302,7 +340,110 @@ class StageEnv(gym.Env[str, str]):
             return int(n)
         return self.token_counter(action) if self.token_counter is not None else 0
 
-    def _execute(self, language: str, code: str) -> str:
+    def _check_call(self, call: ToolCall) -> Any:
+        """A call's arguments (the model, for a benchmark tool), or what is wrong with it."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return validate_call(call, self.tool_schemas) or call.arguments
+        return tool.parse(call.arguments)
+
+    def _tool_context(self, tool: Tool) -> ToolContext:
+        assert self.state is not None
+        if self._task is None:
+            self._task = self.benchmark.task_of_state(self.state)
+        task = self._task
+        private = None
+        if tool.sees_private and task is not None:
+            bench = self.benchmark
+
+            def private() -> dict[str, Any]:
+                return bench.private_answers(task)
+
+        return ToolContext(
+            tool=tool.name,
+            task=task,
+            service=self.service,
+            timeout_s=self.budgets.tool_timeout_s,
+            _private=private,
+        )
+
+    def _use_tool(self, tool: Tool, args: Any) -> str:
+        """Run one call of a benchmark tool; record it; return what the agent sees."""
+        assert self.record is not None
+        index, ctx = self.tool_calls, self._tool_context(tool)
+        if tool.runs_in == "sandbox":
+            return self._use_sandbox_tool(tool, args, ctx)
+        outcome = run_host_tool(tool, args, ctx)
+        self.tool_calls += 1
+        if outcome.status == "ok":
+            status = f"[{tool.name}: ok in {outcome.duration_s:.2f} s]"
+        elif outcome.status == "error":
+            status = f"[{tool.name}: error in {outcome.duration_s:.2f} s]"
+        elif outcome.status == "timed_out":
+            status = f"[{tool.name}: timed out after {outcome.duration_s:.1f} s]"
+        else:
+            status = (
+                f"[{tool.name}: the tool failed with an internal error ({outcome.text}); "
+                "this is not your call's fault, and its details are in the host's log]"
+            )
+        shown = "" if outcome.status == "crashed" else outcome.text
+        self._record_use(tool, args, index, outcome.status, outcome.duration_s, outcome.text)
+        return _clip(f"{status}\n{shown}".rstrip("\n"), self.budgets.max_observation_chars)
+
+    def _use_sandbox_tool(self, tool: Tool, args: Any, ctx: ToolContext) -> str:
+        assert self.record is not None
+        index = self.tool_calls
+        # Building the program is the benchmark's code: a fault there is a crash of the
+        # tool, never an exception out of step.
+        builder = Tool(tool.name, tool.description, tool.arguments, partial(_program, tool))
+        built = run_host_tool(builder, args, ctx)
+        if built.status != "ok":
+            self.tool_calls += 1
+            self._record_use(tool, args, index, "not_run", built.duration_s, "")
+            why = built.text if built.status == "error" else "the tool failed with an internal error"
+            return f"[{tool.name}: not run: {why}]"
+        program = json.loads(built.text)
+        before = len(self.record.calls)
+        text = self._execute(program["language"], program["code"], tool=tool.name)
+        if len(self.record.calls) == before:  # refused before it started
+            self.tool_calls += 1
+            self._record_use(tool, args, index, "not_run", built.duration_s, "")
+            return text
+        run = self.record.calls[-1]
+        status = "ok" if run.succeeded else ("timed_out" if run.timed_out else "error")
+        self._record_use(
+            tool, args, index, status, built.duration_s + run.duration_s, run.output, call=run.index
+        )
+        return text
+
+    def _record_use(
+        self,
+        tool: Tool,
+        args: Any,
+        index: int,
+        status: str,
+        duration_s: float,
+        text: str,
+        call: int | None = None,
+    ) -> None:
+        assert self.record is not None
+        cap = SandboxLimits().record_output_bytes
+        self.record.append_tool_use(
+            ToolUseRecord(
+                index=index,
+                turn=self.turns - 1,
+                name=tool.name,
+                arguments=args.model_dump(mode="json"),
+                status=status,  # type: ignore[arg-type]
+                duration_s=max(0.0, duration_s),
+                output=text[:cap],
+                output_chars=len(text),
+                result_sha256=hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
+                call=call,
+            )
+        )
+
+    def _execute(self, language: str, code: str, *, tool: str | None = None) -> str:
         assert self.sandbox is not None and self.record is not None
         try:
             before = self.sandbox.scan()
@@ -338,6 +479,7 @@ class StageEnv(gym.Env[str, str]):
                 reads=None if prov.reads is None else list(prov.reads),
                 runs=None if prov.runs is None else list(prov.runs),
                 runs_dropped=prov.runs_dropped,
+                tool=tool,
             )
         )
         self.tool_calls += 1
@@ -382,7 +524,7 @@ class StageEnv(gym.Env[str, str]):
         focus = self.state.focus
         return {
             "messages": list(self.messages),
-            "tools": list(TOOLS),
+            "tools": list(self.tool_schemas),
             "record": self.record,
             "state_id": self.state.state_id,
             "stage": focus,
@@ -398,6 +540,17 @@ class StageEnv(gym.Env[str, str]):
             # (uncapped, by opt-in), or "container" (the engine's own limits).
             "caps": None if self.sandbox is None else _caps(self.sandbox),
         }
+
+
+def _program(tool: Tool, args: Any, ctx: ToolContext) -> dict[str, str]:
+    """A sandbox tool's program, checked, as JSON-ready data."""
+    program = tool.handler(args, ctx)
+    if not isinstance(program, SandboxProgram) or program.language not in ("python", "bash"):
+        raise TypeError(
+            f"sandbox tool {tool.name!r} returned {type(program).__name__}, "
+            "not a SandboxProgram('python' | 'bash', code)"
+        )
+    return {"language": program.language, "code": str(program.code)}
 
 
 def _caps(sandbox: Sandbox) -> str:

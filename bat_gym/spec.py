@@ -237,7 +237,9 @@ class StageState(BaseModel):
 
     The workspace at the stage boundary is the snapshot ``snapshot`` (a content digest
     in the bank's blob store); ``messages`` is the prompt (system, user, and the earlier
-    stages' turns); ``contract`` pins the rubric the episode is scored against.
+    stages' turns); ``contract`` pins the rubric the episode is scored against. For a
+    benchmark with a service (:mod:`bat_gym.service`), ``service`` is the digest of the
+    service's state at the boundary, restored with the workspace.
     """
 
     model_config = _STRICT
@@ -251,6 +253,11 @@ class StageState(BaseModel):
     task_id: str
     messages: tuple[dict[str, Any], ...] = Field(min_length=1)
     snapshot: str = Field(pattern=r"^[0-9a-f]{64}$")
+    service: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the benchmark service's state (bat_gym.service); None: none.",
+    )
     contract: ContractRef | None = None
     provenance: dict[str, Any] = Field(default_factory=dict)
 

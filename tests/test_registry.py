@@ -95,7 +95,8 @@ def test_a_third_party_benchmark_registers_without_touching_the_core(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert (
-        proc.stdout.strip() == "['medbench_lite', 'mine', 'skill_ladder', 'toy_pipeline'] mine mine"
+        proc.stdout.strip()
+        == "['medbench_lite', 'mine', 'radiology', 'skill_ladder', 'toy_pipeline'] mine mine"
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from bat_gym.benchmark import Benchmark, Split
 from bat_gym.errors import ConfigError, StateNotFound
 from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
+from bat_gym.service import put_service_blobs
 from bat_gym.spec import E2E, StageState
 
 __all__ = [
@@ -132,6 +133,8 @@ def initial_state(
     with tempfile.TemporaryDirectory(prefix="bat-gym-task-") as tmp:
         bench.write_public_files(task, Path(tmp))
         snap = WorkspaceIndex(tmp).capture(store)
+    blobs = bench.service_blobs(task)
+    service = None if blobs is None else put_service_blobs(store, blobs)
     protocol = get_protocol(protocol_name)
     messages = (
         {"role": "system", "content": bench.system_prompt(E2E, protocol)},
@@ -157,6 +160,7 @@ def initial_state(
         task_id=task.task_id,
         messages=messages,
         snapshot=snap.digest,
+        service=service,
         contract=bench.contract_ref(E2E),
         # Training seeds are not secret; held-out seeds never reach a bank (only the
         # in-memory states of task_states, for evaluation).

@@ -159,6 +159,8 @@ class StageBank(StateLookup):
                     if e.kind == "f" and e.digest in bad:
                         path = self.store.blob_path(e.digest)
                         report.find("rows", row.state_id, f"{e.path}: blob {path} is corrupted")
+            if row.service is not None:
+                self._verify_service(row, bad, report)
         report.count("rows", len(self))
         if bench is None:
             from bat_gym.registry import get_benchmark
@@ -177,6 +179,20 @@ class StageBank(StateLookup):
             report=report,
         )
         return report
+
+    def _verify_service(self, row: StageState, bad: Any, report: BankReport) -> None:
+        """Report a row whose service state (manifest or blobs) is missing or corrupted."""
+        from bat_gym.service import load_service_snapshot
+
+        assert row.service is not None
+        try:
+            snapshot = load_service_snapshot(self.store, row.service)
+        except Exception as exc:  # noqa: BLE001 - every fault is a finding, never a crash
+            report.find("rows", row.state_id, f"service state {row.service}: {type(exc).__name__}")
+            return
+        for name, digest in snapshot.blobs.items():
+            if digest in bad or not self.store.blob_path(digest).is_file():
+                report.find("rows", row.state_id, f"service blob {name} is missing or corrupted")
 
     @staticmethod
     def write(root: Path, states: Iterable[StageState], meta: dict[str, Any]) -> None:

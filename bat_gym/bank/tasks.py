@@ -21,6 +21,7 @@ from bat_gym.bank.replay import play_turns, scripted_turns
 from bat_gym.bank.states import SURROGATE, fit_history, initial_state, prompt_chars
 from bat_gym.benchmark import Benchmark
 from bat_gym.sandbox.snapshot import BlobStore
+from bat_gym.service import capture_service
 from bat_gym.spec import StageState
 
 if TYPE_CHECKING:
@@ -329,6 +330,9 @@ def _stage_state(
             "focus": stage,
             "messages": (*head, *history),
             "snapshot": snap.digest,
+            "service": None
+            if base.service is None
+            else capture_service(base.service, base.states.store),
             "contract": bench.contract_ref(stage),
             "provenance": {
                 **start.provenance,

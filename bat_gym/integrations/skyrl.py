@@ -146,11 +146,23 @@ class BatTextEnv(BaseTextEnv):
             self._env = None
 
 
-def chat_template_kwargs() -> dict[str, Any]:
-    """The generator's ``chat_template_kwargs`` that put bat_gym's tool schemas in the prompt."""
+def chat_template_kwargs(benchmark: Any = None) -> dict[str, Any]:
+    """The generator's ``chat_template_kwargs`` that put bat_gym's tool schemas in the prompt.
+
+    Args:
+        benchmark: a benchmark (or its registered name) whose own tools join the
+            built-in ones; None: the built-in tools only.
+    """
     from bat_gym.protocol import TOOLS
 
-    return {"tools": [dict(t) for t in TOOLS]}
+    tools = [dict(t) for t in TOOLS]
+    if benchmark is not None:
+        from bat_gym.benchmark import Benchmark
+        from bat_gym.registry import get_benchmark
+
+        bench = benchmark if isinstance(benchmark, Benchmark) else get_benchmark(benchmark)
+        tools += [t.schema() for t in bench.tools()]
+    return {"tools": tools}
 
 
 def register_env(name: str = ENV_CLASS) -> None:

@@ -1,0 +1,199 @@
+"""The radiology suite's service: one private Orthanc, its state snapshot and restored exactly.
+
+The state is every stored DICOM instance, byte for byte as uploaded, and the suite's
+own records kept by Orthanc as series and study metadata (annotations on a series,
+findings on a study). As blobs:
+
+* ``dicom/<StudyInstanceUID>/<SeriesInstanceUID>/<SOPInstanceUID>.dcm``: an instance;
+* ``meta/series/<SeriesInstanceUID>/annotations.json`` and
+  ``meta/studies/<StudyInstanceUID>/findings.json``: the records, canonical JSON.
+
+:meth:`OrthancService.restore` deletes what the target state lacks, uploads only the
+instances it does not hold (the digest of what was uploaded is remembered, and the
+server looked at again when its instances are not the ones remembered), and rewrites
+the records that differ from the target's (the service remembers what it wrote, and
+tools write records only through :meth:`OrthancService.add_record`); the server starts
+on the first restore.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from bat_gym.envs.radiology.orthanc import OrthancClient, OrthancServer
+from bat_gym.service import ServiceBlobs, ServiceState
+
+__all__ = ["ANNOTATIONS", "FINDINGS", "OrthancService", "canonical_json"]
+
+ANNOTATIONS = "BatAnnotations"
+"""The series metadata that holds the annotations stored on that series (a JSON list)."""
+FINDINGS = "BatFindings"
+"""The study metadata that holds the findings submitted for that study (a JSON list)."""
+
+
+def canonical_json(value: Any) -> bytes:
+    """``value`` as canonical JSON bytes (sorted keys, no spaces)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class _Server(OrthancServer):
+    def _config(self, root: Any, port: int) -> dict[str, Any]:
+        config = super()._config(root, port)
+        config["UserMetadata"] = {ANNOTATIONS: 1024, FINDINGS: 1025}
+        return config
+
+
+class OrthancService(ServiceState):
+    """A private Orthanc server as a benchmark service (started on first restore)."""
+
+    def __init__(self) -> None:
+        self.server: _Server | None = None
+        # blob name of each instance held -> (sha256 of what was uploaded, Orthanc id)
+        self._held: dict[str, tuple[str, str]] = {}
+        # (level, UID) -> the records the server holds there, as canonical JSON bytes
+        self._records: dict[tuple[str, str], bytes] = {}
+        # Orthanc ids are hashes of the DICOM UIDs, so a found id stays right.
+        self._oids: dict[tuple[str, str], str] = {}
+
+    @property
+    def client(self) -> OrthancClient:
+        """The REST client of the running server (started here if need be)."""
+        if self.server is None:
+            self.server = _Server().start()
+        assert self.server.client is not None
+        return self.server.client
+
+    # -- records ------------------------------------------------------------------------
+
+    def _orthanc_id(self, level: str, uid: str) -> str | None:
+        if (level, uid) in self._oids:
+            return self._oids[(level, uid)]
+        tag = {"studies": "StudyInstanceUID", "series": "SeriesInstanceUID"}[level]
+        kind = {"studies": "Study", "series": "Series"}[level]
+        found = self.client.post("/tools/find", {"Level": kind, "Query": {tag: uid}})
+        if not found:
+            return None
+        self._oids[(level, uid)] = str(found[0])
+        return str(found[0])
+
+    def read_records(self, level: str, uid: str) -> list[dict[str, Any]]:
+        """The records (annotations of a series, findings of a study) stored on ``uid``."""
+        oid = self._orthanc_id(level, uid)
+        if oid is None:
+            return []
+        name = ANNOTATIONS if level == "series" else FINDINGS
+        if name not in (self.client.get(f"/{level}/{oid}/metadata") or []):
+            return []
+        return list(json.loads(self.client.get(f"/{level}/{oid}/metadata/{name}", raw=True)))
+
+    def add_record(self, level: str, uid: str, record: dict[str, Any]) -> int:
+        """Append ``record`` to the records of ``uid``; return how many it now has.
+
+        Raises:
+            KeyError: no study or series has that UID.
+        """
+        oid = self._orthanc_id(level, uid)
+        if oid is None:
+            raise KeyError(uid)
+        records = [*self.read_records(level, uid), record]
+        name = ANNOTATIONS if level == "series" else FINDINGS
+        data = canonical_json(records)
+        self.client.request("PUT", f"/{level}/{oid}/metadata/{name}", data)
+        self._records[(level, uid)] = data
+        return len(records)
+
+    # -- ServiceState --------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, bytes]:  # noqa: D102
+        blobs: dict[str, bytes] = {}
+        for iid in self.client.get("/instances"):
+            tags = self.client.get(f"/instances/{iid}/simplified-tags")
+            name = (
+                f"dicom/{tags['StudyInstanceUID']}/{tags['SeriesInstanceUID']}/"
+                f"{tags['SOPInstanceUID']}.dcm"
+            )
+            blobs[name] = self.client.get(f"/instances/{iid}/file", raw=True)
+        for level, kind, tag in (
+            ("series", "annotations", "SeriesInstanceUID"),
+            ("studies", "findings", "StudyInstanceUID"),
+        ):
+            for oid in self.client.get(f"/{level}"):
+                uid = self.client.get(f"/{level}/{oid}")["MainDicomTags"][tag]
+                records = self.read_records(level, uid)
+                if records:
+                    blobs[f"meta/{level}/{uid}/{kind}.json"] = canonical_json(records)
+        return blobs
+
+    def restore(self, blobs: ServiceBlobs) -> None:  # noqa: D102
+        client = self.client
+        wanted = {n: blobs.digest(n) for n in blobs if n.startswith("dicom/")}
+        changed = False
+        if set(client.get("/instances")) != {oid for _, oid in self._held.values()}:
+            self._held = self._scan()  # changed behind this object's back: look again
+            changed = True
+        for name, (digest, oid) in list(self._held.items()):
+            if wanted.get(name) != digest:
+                client.delete(f"/instances/{oid}")
+                del self._held[name]
+                changed = True
+        for name, digest in wanted.items():
+            if name not in self._held:
+                self._held[name] = (digest, client.upload(blobs[name]))
+                changed = True
+        if changed:
+            self._records = self._scan_records()
+        # Records: every study and series gets exactly the target's (or none), and
+        # only those that differ are written.
+        target = {}
+        for name in blobs:
+            if name.startswith("meta/"):
+                _, level, uid, _ = name.split("/", 3)
+                target[(level, uid)] = blobs[name]
+        for key in sorted(set(self._records) | set(target)):
+            if self._records.get(key) == target.get(key):
+                continue
+            level, uid = key
+            oid = self._orthanc_id(level, uid)
+            if oid is None:
+                continue
+            meta = ANNOTATIONS if level == "series" else FINDINGS
+            if key in target:
+                client.request("PUT", f"/{level}/{oid}/metadata/{meta}", target[key])
+            else:
+                client.delete(f"/{level}/{oid}/metadata/{meta}")
+        self._records = {k: v for k, v in target.items() if self._orthanc_id(*k) is not None}
+
+    def _scan_records(self) -> dict[tuple[str, str], bytes]:
+        """The records the server holds, looked up level by level."""
+        records = {}
+        for level, meta, tag in (
+            ("series", ANNOTATIONS, "SeriesInstanceUID"),
+            ("studies", FINDINGS, "StudyInstanceUID"),
+        ):
+            for oid in self.client.get(f"/{level}"):
+                if meta in (self.client.get(f"/{level}/{oid}/metadata") or []):
+                    uid = self.client.get(f"/{level}/{oid}")["MainDicomTags"][tag]
+                    data = self.client.get(f"/{level}/{oid}/metadata/{meta}", raw=True)
+                    records[(level, uid)] = data
+        return records
+
+    def _scan(self) -> dict[str, tuple[str, str]]:
+        """What the server holds: blob name -> (sha256, Orthanc id) of each instance."""
+        held = {}
+        for iid in self.client.get("/instances"):
+            tags = self.client.get(f"/instances/{iid}/simplified-tags")
+            name = (
+                f"dicom/{tags['StudyInstanceUID']}/{tags['SeriesInstanceUID']}/"
+                f"{tags['SOPInstanceUID']}.dcm"
+            )
+            data = self.client.get(f"/instances/{iid}/file", raw=True)
+            held[name] = (hashlib.sha256(data).hexdigest(), str(iid))
+        return held
+
+    def close(self) -> None:  # noqa: D102
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        self._held, self._records, self._oids = {}, {}, {}

@@ -1,0 +1,587 @@
+"""The radiology benchmark: lesion growth across a patient's current and prior studies.
+
+Each task is two or three synthetic patients (:mod:`.studies`), each with a current and
+a prior study of the same kind (CT chest or MR brain). The studies sit on the env's
+own Orthanc server (:mod:`.service`), reached through typed DICOM tools
+(:mod:`.tools`), and are also exported under ``data/dicom/<patient>/<date>/<series>/``
+for the pipeline. The provided measurement model (``model/measure.py``) turns a
+lesion mask into an equivalent-sphere diameter; the submission is, per patient, the
+current and prior diameters (mm, one decimal) and the change.
+
+Traps a validated pipeline catches and a naive one does not: CT stored values are not
+Hounsfield units until the header's rescale is applied, and on MR the lesion is
+measured on T2, which the echo time says; in a mislabelled study the series
+descriptions are swapped.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
+from bat_gym.envs.radiology.studies import PatientSpec, _uid, make_patient, render_series
+from bat_gym.protocol import ToolCall
+from bat_gym.sandbox.requirements import SandboxRequirements
+from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
+
+if TYPE_CHECKING:
+    from bat_gym.envs.radiology.service import OrthancService
+    from bat_gym.rubrics.contract import ContractLibrary
+    from bat_gym.rubrics.workspace import FrozenWorkspace
+    from bat_gym.tools import Tool
+
+__all__ = ["Radiology", "MEASURE_PY", "SUBMISSION"]
+
+SUBMISSION = "outputs/submission.csv"
+COLUMNS = ["id", "diameter_mm", "prior_mm", "change"]
+CHANGE_MM = 2.0  # a diameter difference within this is "stable"
+
+MEASURE_PY = '''"""The provided measurement model: a lesion's equivalent-sphere diameter.
+
+measure(volume, spacing_mm, threshold) -> diameter in mm, one decimal:
+  the voxels above `threshold` (modality units: HU for CT) are the lesion, and the
+  diameter is that of a sphere of their total volume, (6 V / pi) ** (1 / 3).
+volume: (slices, rows, cols) array; spacing_mm: (slice, row, column) spacing in mm.
+"""
+import math
+
+import numpy as np
+
+
+def measure(volume, spacing_mm, threshold):
+    voxels = int((np.asarray(volume) > threshold).sum())
+    cc = voxels * spacing_mm[0] * spacing_mm[1] * spacing_mm[2]
+    return round((6.0 * cc / math.pi) ** (1.0 / 3.0), 1)
+'''
+
+MODEL = {"CT": {"threshold": 60.0, "units": "HU"}, "MR": {"sequence": "T2", "threshold": 800.0}}
+
+MODEL_CARD = """# Model card: lesion diameter
+
+`model/measure.py` gives a lesion's equivalent-sphere diameter (mm) from a volume in
+modality units. Thresholds are in `model/model.json`:
+
+* CT: the threshold is in Hounsfield units. Stored pixel values become HU through the
+  header's rescale: `HU = stored * RescaleSlope + RescaleIntercept`.
+* MR: measure on the T2-weighted series only (long echo time, TE > 60 ms). Series
+  descriptions are typed by hand and are not always right; the acquisition
+  parameters are.
+
+Stack a series' slices in InstanceNumber order; the spacing is
+(SliceThickness, PixelSpacing row, PixelSpacing column).
+"""
+
+SKILLS = {
+    "S1": (
+        "Read task.json, TASK.md and the model card. Look at the studies on the DICOM server "
+        "(find_studies, list_series, series_metadata) and in data/dicom. Write plan/plan.md with "
+        "'## Preprocess', '## Inference', '## Postprocess': which series you will measure for each "
+        "patient and how you will check it."
+    ),
+    "S2": (
+        "Record the environment in setup/environment.json (python, numpy and pydicom versions). "
+        "Write pipeline/infer.py: it reads data/dicom and model/, and writes a CSV with columns "
+        "id,diameter_mm,prior_mm,change for the patient ids given after the output path (all "
+        "patients when none)."
+    ),
+    "S3": (
+        "Run pipeline/infer.py on ONE patient and check the result against the images (the header "
+        "rescale, the series the card asks for; measure_roi and get_slice help). Fix the pipeline if "
+        "the pilot is wrong. Save validation/pilot.csv and the receipt validation/s3_validation.json "
+        '{"stage": "S3", "artifact": "validation/pilot.csv", "sha256": <its sha256>}.'
+    ),
+    "S4": (
+        "Run the validated pipeline on every patient into outputs/predictions.csv. Write the receipt "
+        "validation/s4_completion.json with its sha256 and the number of patients."
+    ),
+    "S5": (
+        "Write outputs/submission.csv in the schema of task.json and its receipt "
+        "validation/s5_submission.json, and submit each patient's finding on the server "
+        "(submit_finding on the current study)."
+    ),
+}
+
+SPEC = BenchmarkSpec(
+    name="radiology",
+    version="0.1",
+    description="Lesion growth across current and prior CT/MR studies on a live Orthanc server.",
+    stages=(
+        Stage(id="S1", name="Plan", weight=0.25, skill=SKILLS["S1"], artifacts=("plan/plan.md",)),
+        Stage(
+            id="S2",
+            name="Setup",
+            weight=0.15,
+            skill=SKILLS["S2"],
+            artifacts=("setup/environment.json", "pipeline/infer.py"),
+        ),
+        Stage(
+            id="S3",
+            name="Validate",
+            weight=0.35,
+            skill=SKILLS["S3"],
+            artifacts=("validation/pilot.csv", "validation/s3_validation.json"),
+        ),
+        Stage(
+            id="S4",
+            name="Infer",
+            weight=0.15,
+            skill=SKILLS["S4"],
+            artifacts=("outputs/predictions.csv", "validation/s4_completion.json"),
+        ),
+        Stage(
+            id="S5",
+            name="Submit",
+            weight=0.10,
+            skill=SKILLS["S5"],
+            artifacts=("outputs/submission.csv", "validation/s5_submission.json"),
+        ),
+    ),
+    tracks=(
+        Track(
+            name="lesion_growth",
+            metric="diameter_agreement",
+            description="Current and prior lesion diameters and the change, per patient.",
+        ),
+    ),
+    budgets=Budgets(max_turns=32, max_tool_calls=40),
+    splits=Splits(
+        train=SeedRange(start=0, stop=10_000), heldout=SeedRange(start=2_000_000, stop=2_000_100)
+    ),
+    default_priority=-10,
+)
+
+
+def _measure_fn() -> Any:
+    namespace: dict[str, Any] = {}
+    exec(compile(MEASURE_PY, "model/measure.py", "exec"), namespace)  # noqa: S102 - our own source
+    return namespace["measure"]
+
+
+def _change(current: float, prior: float) -> str:
+    if current - prior > CHANGE_MM:
+        return "larger"
+    if prior - current > CHANGE_MM:
+        return "smaller"
+    return "stable"
+
+
+def _volume(files: list[bytes]) -> tuple[np.ndarray, tuple[float, float, float], Any]:
+    import pydicom
+
+    dss = sorted(
+        (pydicom.dcmread(io.BytesIO(f)) for f in files), key=lambda d: int(d.InstanceNumber)
+    )
+    vol = np.stack(
+        [
+            d.pixel_array * float(d.get("RescaleSlope", 1)) + float(d.get("RescaleIntercept", 0))
+            for d in dss
+        ]
+    )
+    first = dss[0]
+    spacing = (float(first.get("SliceThickness", 1)), *(float(v) for v in first.PixelSpacing))
+    return vol, spacing, first  # type: ignore[return-value]
+
+
+class Radiology(Benchmark):
+    """The radiology benchmark (see the module docs)."""
+
+    spec = SPEC
+
+    # -- generation ---------------------------------------------------------------------
+
+    def _patients(self, task_seed: int) -> list[tuple[int, PatientSpec]]:
+        rng = np.random.default_rng([task_seed, 7])
+        n = int(rng.integers(2, 4))
+        first = int(rng.integers(0, 2))
+        out = []
+        for i in range(n):
+            seed = task_seed * 10 + i
+            # Both kinds in every task, so each task holds both traps' kinds of study.
+            kind = ("mr_brain", "ct_chest")[(first + i) % 2]
+            # Odd task seeds are the hard tier: every MR study there is mislabelled.
+            out.append((seed, make_patient(seed, kind, prior=True, mislabelled=task_seed % 2 == 1)))
+        return out
+
+    def _files(self, task_seed: int) -> dict[str, dict[str, dict[int, list[bytes]]]]:
+        """Patient id -> study date -> series number -> instance bytes."""
+        files: dict[str, dict[str, dict[int, list[bytes]]]] = {}
+        for seed, patient in self._patients(task_seed):
+            for study in patient.studies:
+                for series in study.series:
+                    files.setdefault(patient.patient_id, {}).setdefault(study.date, {})[
+                        series.number
+                    ] = render_series(patient, study, series, seed)
+        return files
+
+    def _truth(self, task_seed: int) -> dict[str, dict[str, Any]]:
+        measure = _measure_fn()
+        truth = {}
+        for pid, studies in self._files(task_seed).items():
+            values = []
+            for date in sorted(studies):
+                for files in studies[date].values():
+                    vol, spacing, first = _volume(files)
+                    if first.Modality == "CT":
+                        values.append(measure(vol, spacing, MODEL["CT"]["threshold"]))
+                    elif float(first.EchoTime) > 60:
+                        values.append(measure(vol, spacing, MODEL["MR"]["threshold"]))
+            prior, current = values
+            truth[pid] = {
+                "diameter_mm": current,
+                "prior_mm": prior,
+                "change": _change(current, prior),
+            }
+        return truth
+
+    def make_task(self, track: str, seed: int, split: Split) -> Task:  # noqa: D102
+        self.spec.track(track)
+        n = len(self._patients(seed))
+        card = (
+            f"Task ({track}): for each of the {n} patients in task.json, measure the lesion on the "
+            "current and the prior study with the provided model and submit outputs/submission.csv. "
+            "The studies are on the DICOM server and in data/dicom. Read TASK.md and task.json first."
+        )
+        return Task(
+            task_id=self.task_id(track, seed, split),
+            benchmark=self.spec.name,
+            track=track,
+            seed=seed,
+            split=split,
+            tier=2 if seed % 2 else 1,
+            card=card,
+            params={"cases": n},
+        )
+
+    def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102
+        files = self._files(task.seed)
+        for pid, studies in files.items():
+            for date, series in studies.items():
+                for number, instances in series.items():
+                    d = dest / "data" / "dicom" / pid / date / str(number)
+                    d.mkdir(parents=True)
+                    for k, data in enumerate(instances, 1):
+                        (d / f"{k:04d}.dcm").write_bytes(data)
+        (dest / "model").mkdir()
+        (dest / "model" / "measure.py").write_text(MEASURE_PY)
+        (dest / "model" / "model.json").write_text(json.dumps(MODEL, indent=2))
+        (dest / "model" / "MODEL_CARD.md").write_text(MODEL_CARD)
+        ids = sorted(files)
+        meta = {
+            "track": task.track,
+            "patients": ids,
+            "layout": "data/dicom/<patient>/<study date>/<series number>/<instance>.dcm",
+            "submission": {"columns": COLUMNS, "case_ids": ids, "decimals": 1},
+            "change": f"larger or smaller when the diameters differ by more than {CHANGE_MM} mm, else stable",
+        }
+        (dest / "task.json").write_text(json.dumps(meta, indent=2))
+        (dest / "TASK.md").write_text(
+            f"# {task.track} task\n\n{task.card}\n\nRequired artifacts per stage are listed in the stage skills.\n"
+        )
+
+    def private_answers(self, task: Task) -> dict[str, Any]:  # noqa: D102
+        return {"patients": self._truth(task.seed)}
+
+    # -- service and tools ----------------------------------------------------------------
+
+    def make_service(self) -> OrthancService:
+        """A private Orthanc (started on the env's first reset)."""
+        from bat_gym.envs.radiology.service import OrthancService
+
+        return OrthancService()
+
+    def service_blobs(self, task: Task) -> dict[str, bytes]:
+        """Every study of the task's patients, as the server stores them."""
+        blobs = {}
+        for seed, patient in self._patients(task.seed):
+            for study in patient.studies:
+                for series in study.series:
+                    series_uid = _uid("series", study.uid, series.number)
+                    for k, data in enumerate(render_series(patient, study, series, seed)):
+                        sop = _uid("sop", series_uid, k)
+                        blobs[f"dicom/{study.uid}/{series_uid}/{sop}.dcm"] = data
+        return blobs
+
+    def tools(self) -> tuple[Tool, ...]:
+        """The typed DICOM tools (:mod:`bat_gym.envs.radiology.tools`)."""
+        from bat_gym.envs.radiology.tools import dicom_tools
+
+        return dicom_tools()
+
+    def sandbox_requirements(self) -> SandboxRequirements:
+        """Numpy and pydicom: the pipeline reads DICOM."""
+        return SandboxRequirements(
+            modules=("numpy", "pydicom"),
+            pip=("numpy", "pydicom"),
+            debian=("python3-numpy", "python3-pydicom"),
+        )
+
+    # -- scoring --------------------------------------------------------------------------
+
+    def reproduction_command(self, task: Task) -> str:
+        """The shipped pipeline on every patient, as S4 runs it."""
+        return "mkdir -p outputs && python pipeline/infer.py outputs/predictions.csv"
+
+    def task_score(self, task: Task, workspace: FrozenWorkspace) -> float:
+        """Share of patients whose row agrees with the model on both studies and the change."""
+        return _agreement(workspace, SUBMISSION, self._truth(task.seed), complete=True)
+
+    def pilot_score(self, task: Task, workspace: FrozenWorkspace, pilot_path: str) -> float:
+        """The same agreement over the pilot's rows."""
+        return _agreement(workspace, pilot_path, self._truth(task.seed), complete=False)
+
+    def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
+        """The number of patients, and what each kind of study needs."""
+        n = len(self._patients(task.seed))
+        return (
+            PlanFact("the number of patients", (rf"\b{n}\b",)),
+            PlanFact("the CT rescale to HU", (r"rescale", r"\bHU\b", r"hounsfield")),
+            PlanFact("measuring MR on T2 by echo time", (r"echo time", r"\bTE\b")),
+        )
+
+    def contract_library(self) -> ContractLibrary:
+        """The reference contracts, with S5 also asking for the findings on the server."""
+        from bat_gym.rubrics.contract import ContractLibrary
+
+        return ContractLibrary.from_dir(Path(__file__).parent / "contracts")
+
+    # -- teacher --------------------------------------------------------------------------
+
+    def teacher_turns(self, task: Task) -> list[TeacherTurn]:  # noqa: D102
+        patients = self._patients(task.seed)
+        truth_free_first = patients[0][1]
+        current = truth_free_first.studies[-1]
+        inspect = (
+            ToolCall(name="find_studies", arguments={}),
+            ToolCall(name="list_series", arguments={"study_uid": current.uid}),
+        )
+        series_uid = _uid("series", current.uid, current.series[-1].number)
+        meta = ToolCall(name="series_metadata", arguments={"series_uid": series_uid})
+        turns = _teacher_turns(len(patients))
+        turns[0] = TeacherTurn(turns[0].stage, turns[0].content, (*inspect, meta, *turns[0].calls))
+        findings = []
+        for _seed, patient in patients:
+            study = patient.studies[-1]
+            findings.append(
+                ToolCall(
+                    name="submit_finding",
+                    arguments={
+                        "study_uid": study.uid,
+                        "series_uid": _uid("series", study.uid, _measured(study).number),
+                        # The pipeline's number, read back from the submission by the
+                        # agent in a real run; the scripted teacher knows it beforehand.
+                        "lesion_diameter_mm": self._truth(task.seed)[patient.patient_id][
+                            "diameter_mm"
+                        ],
+                        "change": self._truth(task.seed)[patient.patient_id]["change"],
+                    },
+                )
+            )
+        submit_at = len(turns) - 1
+        turns.insert(
+            submit_at, TeacherTurn("S5", "Submitting the findings on the server.", tuple(findings))
+        )
+        return turns
+
+    def naive_turns(self, task: Task) -> list[TeacherTurn]:
+        """No plan and no pilot; a pipeline that trusts descriptions and stored values."""
+        setup = (
+            "import os\nos.makedirs('pipeline', exist_ok=True)\n"
+            f"open('pipeline/infer.py', 'w').write({_NAIVE_INFER!r})"
+        )
+        return [
+            TeacherTurn("S2", "Writing the pipeline.", (_py(setup),)),
+            TeacherTurn(
+                "S4",
+                "Running every patient.",
+                (_sh("mkdir -p outputs && python pipeline/infer.py outputs/predictions.csv"),),
+            ),
+            TeacherTurn(
+                "S5", "Submitting.", (_sh("cp outputs/predictions.csv outputs/submission.csv"),)
+            ),
+            TeacherTurn(
+                "S5", "Done.", (ToolCall(name="finish", arguments={"summary": "Submitted."}),)
+            ),
+        ]
+
+
+def _measured(study: Any) -> Any:
+    """The series the model measures in ``study``: the CT, or the real T2."""
+    return next(s for s in study.series if s.weighting in ("CT", "T2"))
+
+
+def _agreement(
+    workspace: FrozenWorkspace, path: str, truth: dict[str, dict[str, Any]], *, complete: bool
+) -> float:
+    """Share of scored patients whose row has both diameters within 0.05 mm and the change right.
+
+    Scored: every patient when ``complete``, else the file's rows. 0 for a missing or
+    garbled file, a patient given twice, or an unknown or (when complete) missing one.
+    """
+    try:
+        reader = csv.DictReader(io.StringIO(workspace.read_text(path)))
+        if not set(COLUMNS) <= set(reader.fieldnames or ()):
+            return 0.0
+        rows = list(reader)
+    except (OSError, ValueError, csv.Error):
+        return 0.0
+    given: dict[str, dict[str, str]] = {}
+    for row in rows:
+        pid = (row["id"] or "").strip()
+        if pid in given:
+            return 0.0
+        given[pid] = row
+    scored = list(truth) if complete else list(given)
+    if not scored or not set(scored) <= set(truth) or not set(scored) <= set(given):
+        return 0.0
+
+    def right(pid: str) -> bool:
+        row, want = given[pid], truth[pid]
+        try:
+            d, p = float(row["diameter_mm"]), float(row["prior_mm"])
+        except (TypeError, ValueError):
+            return False
+        return (
+            math.isfinite(d)
+            and math.isfinite(p)
+            and abs(d - want["diameter_mm"]) <= 0.05
+            and abs(p - want["prior_mm"]) <= 0.05
+            and (row["change"] or "").strip() == want["change"]
+        )
+
+    return sum(right(p) for p in scored) / len(scored)
+
+
+def _py(code: str) -> ToolCall:
+    return ToolCall(
+        name="execute_code", arguments={"language": "python", "code": code.strip() + "\n"}
+    )
+
+
+def _sh(code: str) -> ToolCall:
+    return ToolCall(
+        name="execute_code", arguments={"language": "bash", "code": code.strip() + "\n"}
+    )
+
+
+_INFER = """
+import csv, glob, json, os, sys
+import numpy as np
+import pydicom
+sys.path.insert(0, "model")
+from measure import measure
+model = json.load(open("model/model.json"))
+task = json.load(open("task.json"))
+out, wanted = sys.argv[1], sys.argv[2:]
+CHANGE_MM = 2.0
+
+def load(folder):
+    dss = sorted((pydicom.dcmread(f) for f in glob.glob(os.path.join(folder, "*.dcm"))), key=lambda d: int(d.InstanceNumber))
+    vol = np.stack([d.pixel_array * float(d.get("RescaleSlope", 1)) + float(d.get("RescaleIntercept", 0)) for d in dss])
+    first = dss[0]
+    return first, vol, (float(first.get("SliceThickness", 1)), *(float(v) for v in first.PixelSpacing))
+
+def diameter(study_dir):
+    for folder in sorted(glob.glob(os.path.join(study_dir, "*"))):
+        first, vol, spacing = load(folder)
+        if first.Modality == "CT":
+            return measure(vol, spacing, model["CT"]["threshold"])
+        if first.Modality == "MR" and float(first.EchoTime) > 60:  # T2 by its echo time
+            return measure(vol, spacing, model["MR"]["threshold"])
+    raise SystemExit(f"no measurable series in {study_dir}")
+
+with open(out, "w", newline="") as f:
+    w = csv.writer(f, lineterminator="\\n")
+    w.writerow(["id", "diameter_mm", "prior_mm", "change"])
+    for pid in task["patients"]:
+        if wanted and pid not in wanted:
+            continue
+        prior_dir, current_dir = sorted(glob.glob(os.path.join("data/dicom", pid, "*")))
+        d, p = diameter(current_dir), diameter(prior_dir)
+        change = "larger" if d - p > CHANGE_MM else ("smaller" if p - d > CHANGE_MM else "stable")
+        w.writerow([pid, f"{d:.1f}", f"{p:.1f}", change])
+"""
+
+# The naive pipeline: series picked by description, stored values taken as HU.
+_NAIVE_INFER = _INFER.replace(
+    'd.pixel_array * float(d.get("RescaleSlope", 1)) + float(d.get("RescaleIntercept", 0))',
+    "d.pixel_array.astype(float)",
+).replace(
+    'first.Modality == "MR" and float(first.EchoTime) > 60',
+    'first.Modality == "MR" and "T2" in str(first.SeriesDescription)',
+)
+assert _NAIVE_INFER.count("pixel_array.astype") == 1 and '"T2" in' in _NAIVE_INFER
+
+_RECEIPT = """
+import hashlib, json, os
+def receipt(stage, artifact, path, **extra):
+    digest = hashlib.sha256(open(artifact, "rb").read()).hexdigest()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    json.dump({"schema_version": 1, "stage": stage, "artifact": artifact, "sha256": digest, **extra}, open(path, "w"), indent=2)
+"""
+
+
+def _teacher_turns(patients: int) -> list[TeacherTurn]:
+    plan = (
+        "mkdir -p plan && cat > plan/plan.md <<'EOF'\n# Plan\n\n## Preprocess\n"
+        f"{patients} patients, each with a prior and a current study in data/dicom (and on the "
+        "server). For CT, apply the header rescale (RescaleSlope, RescaleIntercept) so values are "
+        "HU before thresholding. For MR, measure the T2 series, chosen by its echo time (TE > 60 ms), "
+        "not by its description.\n\n## Inference\nStack each series in InstanceNumber order and run "
+        "model/measure.py with the model.json threshold, in pipeline/infer.py.\n\n## Postprocess\n"
+        "Write id,diameter_mm,prior_mm,change per patient in the schema of task.json, with receipts, "
+        "and submit each finding on the server.\nEOF\ncat task.json; cat model/model.json"
+    )
+    setup = (
+        "import json, os, platform, numpy, pydicom\nos.makedirs('setup', exist_ok=True)\n"
+        "json.dump({'python': platform.python_version(), 'numpy': numpy.__version__, 'pydicom': pydicom.__version__}, open('setup/environment.json', 'w'), indent=2)\n"
+        f"os.makedirs('pipeline', exist_ok=True)\nopen('pipeline/infer.py', 'w').write({_INFER!r})\nprint('pipeline written')"
+    )
+    validate = (
+        "import json, os, subprocess\nfirst = json.load(open('task.json'))['patients'][0]\n"
+        "os.makedirs('validation', exist_ok=True)\n"
+        "subprocess.run(['python', 'pipeline/infer.py', 'validation/pilot.csv', first], check=True)\n"
+        "print(open('validation/pilot.csv').read())\n"
+        + _RECEIPT
+        + "receipt('S3', 'validation/pilot.csv', 'validation/s3_validation.json', cases=1)"
+    )
+    infer = (
+        "import csv, os, subprocess\nos.makedirs('outputs', exist_ok=True)\n"
+        "subprocess.run(['python', 'pipeline/infer.py', 'outputs/predictions.csv'], check=True)\n"
+        "n = sum(1 for _ in csv.DictReader(open('outputs/predictions.csv')))\nprint(n, 'patients measured')\n"
+        + _RECEIPT
+        + "receipt('S4', 'outputs/predictions.csv', 'validation/s4_completion.json', cases=n)"
+    )
+    submit = (
+        "import csv, json, shutil\nschema = json.load(open('task.json'))['submission']\n"
+        "rows = list(csv.DictReader(open('outputs/predictions.csv')))\n"
+        "assert {r['id'] for r in rows} == set(schema['case_ids']), 'missing patients'\n"
+        "shutil.copyfile('outputs/predictions.csv', 'outputs/submission.csv')\n"
+        + _RECEIPT
+        + "receipt('S5', 'outputs/submission.csv', 'validation/s5_submission.json', cases=len(rows))\nprint(open('outputs/submission.csv').read())"
+    )
+    return [
+        TeacherTurn(
+            "S1", "I will look at the studies on the server and write the plan.", (_sh(plan),)
+        ),
+        TeacherTurn("S2", "Recording the environment and writing the pipeline.", (_py(setup),)),
+        TeacherTurn("S3", "A one-patient pilot.", (_py(validate),)),
+        TeacherTurn("S4", "Every patient.", (_py(infer),)),
+        TeacherTurn("S5", "The submission in the required schema.", (_py(submit),)),
+        TeacherTurn(
+            "S5",
+            "All stages are done.",
+            (
+                ToolCall(
+                    name="finish",
+                    arguments={"summary": "Submitted outputs/submission.csv and the findings."},
+                ),
+            ),
+        ),
+    ]
