@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from bat_gym.envs.medbench_lite.tracks import TRACKS
 from bat_gym.envs.medbench_lite.tracks.base import STAGE_ARTIFACTS
-from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Track
+from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Track
+from bat_gym.stages import reference_stages
 
 __all__ = ["SKILLS", "SPEC", "TRAIN_SEEDS", "HELDOUT_SEEDS"]
 
@@ -59,9 +60,6 @@ SKILLS: dict[str, str] = {
     ),
 }
 
-_NAMES = {"S1": "Plan", "S2": "Setup", "S3": "Validate", "S4": "Infer", "S5": "Submit"}
-_WEIGHTS = {"S1": 0.25, "S2": 0.15, "S3": 0.35, "S4": 0.15, "S5": 0.10}
-
 SPEC = BenchmarkSpec(
     name="medbench_lite",
     version="2.0",
@@ -69,12 +67,7 @@ SPEC = BenchmarkSpec(
         "Seven synthetic medical-imaging tracks (NIfTI, DICOM, PNG) with five-stage workflows, "
         "a small numpy model per task, and a trap per track that only a real validation catches."
     ),
-    stages=tuple(
-        Stage(
-            id=s, name=_NAMES[s], weight=_WEIGHTS[s], skill=SKILLS[s], artifacts=STAGE_ARTIFACTS[s]
-        )
-        for s in ("S1", "S2", "S3", "S4", "S5")
-    ),
+    stages=reference_stages(SKILLS, artifacts=STAGE_ARTIFACTS),
     tracks=tuple(Track(name=t.name, metric=t.metric, description=t.description) for t in TRACKS),
     budgets=Budgets(),
     splits=Splits(train=TRAIN_SEEDS, heldout=HELDOUT_SEEDS, heldout_repeats=10),
