@@ -66,8 +66,22 @@ CLIP_EPS = 0.2
 MAX_GRAD_NORM = 1.0
 LR = 1e-6
 ADVANTAGES = (1.0, -0.5, 0.75, -0.25)  # cycled over the rollouts
-IMPLS = ("chunked", "whole", "trl")
-NAMES = {"chunked": "bat_gym chunked", "whole": "bat_gym whole", "trl": "trl"}
+IMPLS = ("chunked", "chunked-noac", "whole", "trl", "trl-ac")
+NAMES = {
+    "chunked": "bat_gym chunked, AC on (default)",
+    "chunked-noac": "bat_gym chunked, AC off",
+    "whole": "bat_gym whole, AC on",
+    "trl": "trl, AC off",
+    "trl-ac": "trl, AC on (default)",
+}
+# Each implementation's activation checkpointing (AC) of the decoder layers.
+CHECKPOINTING = {
+    "chunked": True,
+    "chunked-noac": False,
+    "whole": True,
+    "trl": False,
+    "trl-ac": True,
+}
 CALIBRATION = (
     1024,
     2048,
@@ -170,7 +184,8 @@ def bat_gym_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tup
         model="unused", output_dir="unused", state_ids=("bench",), temperature=TEMPERATURE,
         lr=LR, max_grad_norm=MAX_GRAD_NORM, clip_eps_low=CLIP_EPS, clip_eps_high=CLIP_EPS,
         kl_coef=0.0, micro_batch_size=spec.micro_batch, device=spec.device, bf16="off",
-        logprob_chunk_size=spec.chunk_size if spec.impl == "chunked" else None,
+        logprob_chunk_size=None if spec.impl == "whole" else spec.chunk_size,
+        gradient_checkpointing=CHECKPOINTING[spec.impl],
     )  # fmt: skip
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     tokenizer = SimpleNamespace(pad_token_id=0)  # the only thing _update asks of it
@@ -206,7 +221,8 @@ def trl_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tuple[f
             max_grad_norm=MAX_GRAD_NORM,
             optim="adamw_torch",
             lr_scheduler_type="constant",
-            activation_checkpointing=False,  # on by default in TRL's GRPO; bat_gym has none
+            # TRL's GRPOConfig turns it on by default (gradient_checkpointing=True).
+            gradient_checkpointing=CHECKPOINTING[spec.impl],
             disable_dropout=True,
             max_completion_length=spec.seq_len,
             use_cpu=spec.device == "cpu",
@@ -224,6 +240,15 @@ def trl_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tuple[f
                 train_dataset=Dataset.from_dict({"prompt": ["unused"] * 2}),
                 processing_class=tokenizer,
             )
+        if CHECKPOINTING[spec.impl]:
+            # What Trainer.train() does before its first step (training_step alone does not).
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+            else:  # transformers < 5
+                model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
+                )
         trainer._prepare_inputs = lambda inputs: inputs  # the batch arrives scored
         trainer.current_gradient_accumulation_steps = 1
         trainer.create_optimizer_and_scheduler(num_training_steps=10)
@@ -266,7 +291,7 @@ def child(spec: Spec) -> dict[str, Any]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    update = trl_update if spec.impl == "trl" else bat_gym_update
+    update = trl_update if spec.impl.startswith("trl") else bat_gym_update
     loss, grad_norm = update(spec, model, rollouts, adv)
     result = {
         "loss": loss,
@@ -336,8 +361,12 @@ def gib(x: float) -> str:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = ["implementation", "micro-batch", "tokens", "peak GiB", "before update GiB",
-              "update adds GiB", "peak vs trl", "loss", "grad norm", "seconds"]  # fmt: skip
-    trl = {r["micro_batch"]: r["peak_gib"] for r in rows if r["impl"] == "trl" and "peak_gib" in r}
+              "update adds GiB", "vs trl AC off", "vs trl AC on", "loss", "grad norm",
+              "seconds"]  # fmt: skip
+    refs = [
+        {r["micro_batch"]: r["peak_gib"] for r in rows if r["impl"] == t and "peak_gib" in r}
+        for t in ("trl", "trl-ac")
+    ]
     table, notes = [header], {}
     for r in rows:
         head = [NAMES[r["impl"]], str(r["micro_batch"]), f"{r['tokens']:,}"]
@@ -345,14 +374,17 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             notes[len(table)] = r["note"]
             table.append(head + [""] * (len(header) - 3))
             continue
-        ref = trl.get(r["micro_batch"])
+        ratios = [
+            f"{r['peak_gib'] / ref[r['micro_batch']]:.2f}x" if r["micro_batch"] in ref else "n/a"
+            for ref in refs
+        ]
         table.append(
             head
             + [
                 gib(r["peak_gib"]),
                 gib(r["setup_gib"]),
                 gib(r["peak_gib"] - r["setup_gib"]),
-                f"{r['peak_gib'] / ref:.2f}x" if ref else "n/a",
+                *ratios,
                 f"{r['loss']:.6f}",
                 f"{r['grad_norm']:.8g}",
                 f"{r['seconds']:.0f}",
@@ -371,7 +403,7 @@ def agreement(rows: list[dict[str, Any]]) -> None:
     print()
     for b in sorted({r["micro_batch"] for r in rows}):
         done = {r["impl"]: r for r in rows if r["micro_batch"] == b and "loss" in r}
-        base = "trl" if "trl" in done else "whole" if "whole" in done else None
+        base = next((i for i in ("trl", "trl-ac", "whole") if i in done), None)
         if base is None or len(done) < 2:
             print(f"micro-batch {b}: fewer than two runs finished, nothing to compare")
             continue
@@ -476,11 +508,16 @@ def main() -> int:
                 rows.append(row)
         print_table(rows)
         agreement(rows)
-        chunked = {r["micro_batch"]: r for r in rows if r["impl"] == "chunked" and "peak_gib" in r}
-        trl = {r["micro_batch"]: r for r in rows if r["impl"] == "trl" and "peak_gib" in r}
-        for b in sorted(set(chunked) & set(trl)):
-            ratio = chunked[b]["peak_gib"] / trl[b]["peak_gib"]
-            print(f"micro-batch {b}: bat_gym chunked peak = {ratio:.2f}x TRL's (target <= 0.5x)")
+        peaks = {(r["impl"], r["micro_batch"]): r["peak_gib"] for r in rows if "peak_gib" in r}
+        for b in batches:
+            for ours, theirs in (("chunked", "trl"), ("chunked", "trl-ac"),
+                                 ("chunked-noac", "trl")):  # fmt: skip
+                if (ours, b) in peaks and (theirs, b) in peaks:
+                    ratio = peaks[ours, b] / peaks[theirs, b]
+                    print(
+                        f"micro-batch {b}: {NAMES[ours]} peak = {ratio:.2f}x {NAMES[theirs]}'s "
+                        "(target <= 0.5x)"
+                    )
     return 0
 
 
