@@ -14,14 +14,23 @@ mask 0), one update: forward, backward and an AdamW step, on-policy (old log-pro
 the current ones, detached), temperature 0.7, clip 0.2, no KL term (no reference model),
 sequence-mean then token-mean. The implementations:
 
-* ``bat_gym chunked``: ``bat_gym.trainers.grpo._update`` with ``logprob_chunk_size``
-  (default 1024): the head runs 1024 positions at a time, recomputed in backward.
-* ``bat_gym whole``: the same with ``logprob_chunk_size=None``: the (B, T, V) logits.
+* ``bat_gym chunked``: ``bat_gym.trainers.grpo._update`` at its defaults:
+  ``logprob_chunk_size`` 1024 (the head runs 1024 positions at a time, recomputed in
+  backward), ``gradient_checkpointing`` on (AC: each decoder layer recomputed in
+  backward), the optimizer ``train`` makes (torch's fused AdamW).
+* ``bat_gym chunked, AC off``: the same with ``gradient_checkpointing=False``.
+* ``bat_gym whole``: ``logprob_chunk_size=None``: the (B, T, V) logits (AC on).
 * ``trl``: TRL's ``GRPOTrainer`` (loss ``grpo``, ``beta=0``) fed the tensors its
   ``_generate_and_score_completions`` would return, ``training_step`` then the optimizer
-  step as ``Trainer`` takes it (clip, step). TRL >= 1.x scores through its own fused LM
-  head (tiles of 4,096 tokens x 32,768 vocabulary entries). Activation checkpointing is
-  off, as in bat_gym, so both hold the same decoder activations.
+  step as ``Trainer`` takes it (clip, step), with TRL's default optimizer
+  (``adamw_torch_fused`` with torch >= 2.8). TRL >= 1.x scores through its own fused LM
+  head (tiles of 4,096 tokens x 32,768 vocabulary entries). TRL's ``GRPOConfig`` turns
+  activation checkpointing on by default (``gradient_checkpointing=True``): ``trl, AC
+  on`` is TRL as configured out of the box, ``trl, AC off`` the same without it.
+
+The "vs trl" columns divide each peak by TRL's at the same micro-batch. With one
+decoder layer (the default ``--layers 1``) AC has little to drop: the weights, their
+gradients, AdamW's moments and the head dominate; with more layers its share grows.
 
 Every configuration runs in a fresh process (same seed, so the same weights and batch),
 which reports its peak resident memory (VmHWM; on CUDA ``max_memory_allocated``), its
@@ -34,11 +43,11 @@ that would exhaust the machine fails alone. A whole-logits run predicted not to 
 not started: its peak is extrapolated (linear in tokens) from two short runs, 1,024 and
 2,048 tokens, and shown as "skipped: would need N GiB".
 
-Time on two CPU cores: ``--quick`` (2,048 tokens, micro-batch 1) about 2 minutes; the
-defaults (8,192 tokens, micro-batches 1 and 4) about 25 minutes, most of it the two
-micro-batch-4 runs (``--micro-batch 1`` alone: about 6 minutes).
+Time on two idle CPU cores: ``--quick`` (2,048 tokens, micro-batch 1) a few minutes;
+the defaults (8,192 tokens, micro-batches 1 and 4, five implementations) most of an
+hour, most of it the micro-batch-4 runs (``--impl chunked,trl,trl-ac`` for fewer).
 
-Usage: python benchmarks/grpo_memory.py [--quick] [--seq-len T] [--micro-batch 1,4]
+Usage: python benchmarks/grpo_memory.py [--quick] [--seq-len T] [--micro-batch 1,4] [--impl ...]
 """
 
 from __future__ import annotations
@@ -178,7 +187,7 @@ def bat_gym_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tup
     import torch
 
     from bat_gym.trainers.fsdp import Dist
-    from bat_gym.trainers.grpo import GRPOConfig, _update
+    from bat_gym.trainers.grpo import GRPOConfig, _make_optimizer, _update
 
     cfg = GRPOConfig(
         model="unused", output_dir="unused", state_ids=("bench",), temperature=TEMPERATURE,
@@ -187,7 +196,8 @@ def bat_gym_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tup
         logprob_chunk_size=None if spec.impl == "whole" else spec.chunk_size,
         gradient_checkpointing=CHECKPOINTING[spec.impl],
     )  # fmt: skip
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    opt = _make_optimizer(model, cfg, torch.device(spec.device))  # as train() makes it
+    _SETUP["optimizer"] = "torch AdamW, fused" if opt.defaults.get("fused") else "torch AdamW"
     tokenizer = SimpleNamespace(pad_token_id=0)  # the only thing _update asks of it
     mark_setup_done()
     stats = _update(
@@ -219,7 +229,7 @@ def trl_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tuple[f
             learning_rate=LR,
             weight_decay=0.0,
             max_grad_norm=MAX_GRAD_NORM,
-            optim="adamw_torch",
+            # optim: TRL's default (Trainer's: adamw_torch_fused with torch >= 2.8).
             lr_scheduler_type="constant",
             # TRL's GRPOConfig turns it on by default (gradient_checkpointing=True).
             gradient_checkpointing=CHECKPOINTING[spec.impl],
@@ -252,6 +262,7 @@ def trl_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tuple[f
         trainer._prepare_inputs = lambda inputs: inputs  # the batch arrives scored
         trainer.current_gradient_accumulation_steps = 1
         trainer.create_optimizer_and_scheduler(num_training_steps=10)
+        _SETUP["optimizer"] = f"{args.optim.value}"
         dev = torch.device(spec.device)
         inputs = {
             "prompt_ids": pad([torch.tensor(r.prompt_ids) for r in rollouts], 0, "left"),
@@ -270,7 +281,7 @@ def trl_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tuple[f
         return float(loss), float(grad_norm)
 
 
-_SETUP: dict[str, int] = {}
+_SETUP: dict[str, Any] = {}
 
 
 def mark_setup_done() -> None:
@@ -300,6 +311,7 @@ def child(spec: Spec) -> dict[str, Any]:
         "peak_gib": status_kib("VmHWM") / 2**20,
         "setup_gib": _SETUP["rss_kib"] / 2**20,
         "virtual_peak_gib": status_kib("VmPeak") / 2**20,
+        "optimizer": _SETUP.get("optimizer", "?"),
     }
     if cuda:
         result["cuda_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
@@ -362,7 +374,7 @@ def gib(x: float) -> str:
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = ["implementation", "micro-batch", "tokens", "peak GiB", "before update GiB",
               "update adds GiB", "vs trl AC off", "vs trl AC on", "loss", "grad norm",
-              "seconds"]  # fmt: skip
+              "seconds", "optimizer"]  # fmt: skip
     refs = [
         {r["micro_batch"]: r["peak_gib"] for r in rows if r["impl"] == t and "peak_gib" in r}
         for t in ("trl", "trl-ac")
@@ -388,6 +400,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 f"{r['loss']:.6f}",
                 f"{r['grad_norm']:.8g}",
                 f"{r['seconds']:.0f}",
+                r.get("optimizer", "?"),
             ]
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
