@@ -296,3 +296,21 @@ def test_a_model_without_checkpointing_support_is_updated_without_it(tiny, caplo
         grpo._set_gradient_checkpointing(model, True)
     assert not model.is_activation_checkpointing
     assert caplog.text.count("does not support activation checkpointing") == 1
+
+
+def test_the_optimizer_is_fused_adamw_and_steps_as_the_for_loop_one(tiny):
+    torch.manual_seed(0)
+    fused_model, loop_model = torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)
+    loop_model.load_state_dict(fused_model.state_dict())
+    cfg = config(tiny, lr=1e-2, weight_decay=0.1)
+    fused = grpo._make_optimizer(fused_model, cfg, CPU)
+    assert fused.defaults["fused"]
+    loop = torch.optim.AdamW(loop_model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+    x = torch.randn(32, 16)
+    for _ in range(3):
+        for model, opt in ((fused_model, fused), (loop_model, loop)):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    for (name, a), b in zip(fused_model.named_parameters(), loop_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
