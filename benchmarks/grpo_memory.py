@@ -312,6 +312,7 @@ def child(spec: Spec) -> dict[str, Any]:
         "setup_gib": _SETUP["rss_kib"] / 2**20,
         "virtual_peak_gib": status_kib("VmPeak") / 2**20,
         "optimizer": _SETUP.get("optimizer", "?"),
+        "param_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GIB,
     }
     if cuda:
         result["cuda_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
@@ -520,6 +521,13 @@ def main() -> int:
                         row["peak_gib"], row["setup_gib"] = result["cuda_peak_gib"], 0.0
                 rows.append(row)
         print_table(rows)
+        params = next((r["param_gib"] for r in rows if "param_gib" in r), None)
+        if params is not None:
+            print(
+                f"\nweights {params:.2f} GiB: weights + gradients + AdamW's two moments = "
+                f"{4 * params:.2f} GiB, live at every fp32 AdamW step whatever the "
+                "implementation (with the process's own memory, the floor of any peak)"
+            )
         agreement(rows)
         peaks = {(r["impl"], r["micro_batch"]): r["peak_gib"] for r in rows if "peak_gib" in r}
         for b in batches:
