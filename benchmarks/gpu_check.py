@@ -5,8 +5,10 @@ as a single process and once under ``torchrun``, the FSDP2 path). Nothing is
 downloaded: a small Qwen3-style model (``--hidden`` wide, ``--layers`` deep, its BPE
 tokenizer trained on the toy suite's prompts) and a toy_pipeline Stage Bank are built
 on the spot, then :func:`bat_gym.trainers.grpo.train` takes ``--steps`` steps with bf16
-autocast and the reference settings (G=4, T=0.7, k3 KL 0.006), sampling with vLLM when
-it is importable (``--generator auto``) and with the trained model otherwise.
+autocast and the reference settings (G=4, T=0.7, k3 KL 0.006), activation checkpointing
+of the decoder in the update (``--no-gradient-checkpointing`` to leave it off), sampling
+with vLLM when it is importable (``--generator auto``) and with the trained model
+otherwise.
 
 Printed per step, and as one JSON line at the end (``GPU_CHECK {...}``):
 
@@ -39,6 +41,12 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--generator", choices=("auto", "vllm", "transformers"), default="auto")
     p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="GRPOConfig.gradient_checkpointing (default on, the trainer's default)",
+    )
     p.add_argument(
         "--device", default="cuda", help="cuda; cpu only to try the script itself (tiny sizes)"
     )
@@ -103,6 +111,7 @@ def main() -> None:
         vllm_kwargs={"gpu_memory_utilization": 0.3} if generator == "vllm" else {},
         device=args.device,
         bf16="on" if cuda else "off",
+        gradient_checkpointing=args.gradient_checkpointing,
         save_every=args.steps,
     )
     rows = []
@@ -125,6 +134,7 @@ def main() -> None:
     train(cfg, on_step=show)
     summary = {
         "generator": generator,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "world": int(os.environ.get("WORLD_SIZE", "1")),
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,

@@ -35,8 +35,8 @@ except ImportError:
 EOF
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 
-echo "== one process (bf16 autocast, fp32 master weights)"
+echo "== one process (bf16 autocast, fp32 master weights, activation checkpointing on)"
 timeout 240 $py benchmarks/gpu_check.py --out "$out/single" --steps 3
-echo "== torchrun, FSDP2"
+echo "== torchrun, FSDP2 (activation checkpointing inside each sharded decoder layer)"
 timeout 240 torchrun --standalone --nproc-per-node "${NPROC:-1}" benchmarks/gpu_check.py \
-    --out "$out/fsdp" --steps 3 --generator transformers
+    --out "$out/fsdp" --steps 3 --generator transformers --gradient-checkpointing

@@ -14,14 +14,23 @@ mask 0), one update: forward, backward and an AdamW step, on-policy (old log-pro
 the current ones, detached), temperature 0.7, clip 0.2, no KL term (no reference model),
 sequence-mean then token-mean. The implementations:
 
-* ``bat_gym chunked``: ``bat_gym.trainers.grpo._update`` with ``logprob_chunk_size``
-  (default 1024): the head runs 1024 positions at a time, recomputed in backward.
-* ``bat_gym whole``: the same with ``logprob_chunk_size=None``: the (B, T, V) logits.
+* ``bat_gym chunked``: ``bat_gym.trainers.grpo._update`` at its defaults:
+  ``logprob_chunk_size`` 1024 (the head runs 1024 positions at a time, recomputed in
+  backward), ``gradient_checkpointing`` on (AC: each decoder layer recomputed in
+  backward), the optimizer ``train`` makes (torch's fused AdamW).
+* ``bat_gym chunked, AC off``: the same with ``gradient_checkpointing=False``.
+* ``bat_gym whole``: ``logprob_chunk_size=None``: the (B, T, V) logits (AC on).
 * ``trl``: TRL's ``GRPOTrainer`` (loss ``grpo``, ``beta=0``) fed the tensors its
   ``_generate_and_score_completions`` would return, ``training_step`` then the optimizer
-  step as ``Trainer`` takes it (clip, step). TRL >= 1.x scores through its own fused LM
-  head (tiles of 4,096 tokens x 32,768 vocabulary entries). Activation checkpointing is
-  off, as in bat_gym, so both hold the same decoder activations.
+  step as ``Trainer`` takes it (clip, step), with TRL's default optimizer
+  (``adamw_torch_fused`` with torch >= 2.8). TRL >= 1.x scores through its own fused LM
+  head (tiles of 4,096 tokens x 32,768 vocabulary entries). TRL's ``GRPOConfig`` turns
+  activation checkpointing on by default (``gradient_checkpointing=True``): ``trl, AC
+  on`` is TRL as configured out of the box, ``trl, AC off`` the same without it.
+
+The "vs trl" columns divide each peak by TRL's at the same micro-batch. With one
+decoder layer (the default ``--layers 1``) AC has little to drop: the weights, their
+gradients, AdamW's moments and the head dominate; with more layers its share grows.
 
 Every configuration runs in a fresh process (same seed, so the same weights and batch),
 which reports its peak resident memory (VmHWM; on CUDA ``max_memory_allocated``), its
@@ -34,11 +43,11 @@ that would exhaust the machine fails alone. A whole-logits run predicted not to 
 not started: its peak is extrapolated (linear in tokens) from two short runs, 1,024 and
 2,048 tokens, and shown as "skipped: would need N GiB".
 
-Time on two CPU cores: ``--quick`` (2,048 tokens, micro-batch 1) about 2 minutes; the
-defaults (8,192 tokens, micro-batches 1 and 4) about 25 minutes, most of it the two
-micro-batch-4 runs (``--micro-batch 1`` alone: about 6 minutes).
+Time on two idle CPU cores: ``--quick`` (2,048 tokens, micro-batch 1) a few minutes;
+the defaults (8,192 tokens, micro-batches 1 and 4, five implementations) most of an
+hour, most of it the micro-batch-4 runs (``--impl chunked,trl,trl-ac`` for fewer).
 
-Usage: python benchmarks/grpo_memory.py [--quick] [--seq-len T] [--micro-batch 1,4]
+Usage: python benchmarks/grpo_memory.py [--quick] [--seq-len T] [--micro-batch 1,4] [--impl ...]
 """
 
 from __future__ import annotations
@@ -66,8 +75,22 @@ CLIP_EPS = 0.2
 MAX_GRAD_NORM = 1.0
 LR = 1e-6
 ADVANTAGES = (1.0, -0.5, 0.75, -0.25)  # cycled over the rollouts
-IMPLS = ("chunked", "whole", "trl")
-NAMES = {"chunked": "bat_gym chunked", "whole": "bat_gym whole", "trl": "trl"}
+IMPLS = ("chunked", "chunked-noac", "whole", "trl", "trl-ac")
+NAMES = {
+    "chunked": "bat_gym chunked, AC on (default)",
+    "chunked-noac": "bat_gym chunked, AC off",
+    "whole": "bat_gym whole, AC on",
+    "trl": "trl, AC off",
+    "trl-ac": "trl, AC on (default)",
+}
+# Each implementation's activation checkpointing (AC) of the decoder layers.
+CHECKPOINTING = {
+    "chunked": True,
+    "chunked-noac": False,
+    "whole": True,
+    "trl": False,
+    "trl-ac": True,
+}
 CALIBRATION = (
     1024,
     2048,
@@ -164,15 +187,17 @@ def bat_gym_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tup
     import torch
 
     from bat_gym.trainers.fsdp import Dist
-    from bat_gym.trainers.grpo import GRPOConfig, _update
+    from bat_gym.trainers.grpo import GRPOConfig, _make_optimizer, _update
 
     cfg = GRPOConfig(
         model="unused", output_dir="unused", state_ids=("bench",), temperature=TEMPERATURE,
         lr=LR, max_grad_norm=MAX_GRAD_NORM, clip_eps_low=CLIP_EPS, clip_eps_high=CLIP_EPS,
         kl_coef=0.0, micro_batch_size=spec.micro_batch, device=spec.device, bf16="off",
-        logprob_chunk_size=spec.chunk_size if spec.impl == "chunked" else None,
+        logprob_chunk_size=None if spec.impl == "whole" else spec.chunk_size,
+        gradient_checkpointing=CHECKPOINTING[spec.impl],
     )  # fmt: skip
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    opt = _make_optimizer(model, cfg, torch.device(spec.device))  # as train() makes it
+    _SETUP["optimizer"] = "torch AdamW, fused" if opt.defaults.get("fused") else "torch AdamW"
     tokenizer = SimpleNamespace(pad_token_id=0)  # the only thing _update asks of it
     mark_setup_done()
     stats = _update(
@@ -204,9 +229,10 @@ def trl_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tuple[f
             learning_rate=LR,
             weight_decay=0.0,
             max_grad_norm=MAX_GRAD_NORM,
-            optim="adamw_torch",
+            # optim: TRL's default (Trainer's: adamw_torch_fused with torch >= 2.8).
             lr_scheduler_type="constant",
-            activation_checkpointing=False,  # on by default in TRL's GRPO; bat_gym has none
+            # TRL's GRPOConfig turns it on by default (gradient_checkpointing=True).
+            gradient_checkpointing=CHECKPOINTING[spec.impl],
             disable_dropout=True,
             max_completion_length=spec.seq_len,
             use_cpu=spec.device == "cpu",
@@ -224,9 +250,19 @@ def trl_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tuple[f
                 train_dataset=Dataset.from_dict({"prompt": ["unused"] * 2}),
                 processing_class=tokenizer,
             )
+        if CHECKPOINTING[spec.impl]:
+            # What Trainer.train() does before its first step (training_step alone does not).
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+            else:  # transformers < 5
+                model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
+                )
         trainer._prepare_inputs = lambda inputs: inputs  # the batch arrives scored
         trainer.current_gradient_accumulation_steps = 1
         trainer.create_optimizer_and_scheduler(num_training_steps=10)
+        _SETUP["optimizer"] = f"{args.optim.value}"
         dev = torch.device(spec.device)
         inputs = {
             "prompt_ids": pad([torch.tensor(r.prompt_ids) for r in rollouts], 0, "left"),
@@ -245,7 +281,7 @@ def trl_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tuple[f
         return float(loss), float(grad_norm)
 
 
-_SETUP: dict[str, int] = {}
+_SETUP: dict[str, Any] = {}
 
 
 def mark_setup_done() -> None:
@@ -266,7 +302,7 @@ def child(spec: Spec) -> dict[str, Any]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    update = trl_update if spec.impl == "trl" else bat_gym_update
+    update = trl_update if spec.impl.startswith("trl") else bat_gym_update
     loss, grad_norm = update(spec, model, rollouts, adv)
     result = {
         "loss": loss,
@@ -275,6 +311,8 @@ def child(spec: Spec) -> dict[str, Any]:
         "peak_gib": status_kib("VmHWM") / 2**20,
         "setup_gib": _SETUP["rss_kib"] / 2**20,
         "virtual_peak_gib": status_kib("VmPeak") / 2**20,
+        "optimizer": _SETUP.get("optimizer", "?"),
+        "param_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / GIB,
     }
     if cuda:
         result["cuda_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
@@ -336,8 +374,12 @@ def gib(x: float) -> str:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = ["implementation", "micro-batch", "tokens", "peak GiB", "before update GiB",
-              "update adds GiB", "peak vs trl", "loss", "grad norm", "seconds"]  # fmt: skip
-    trl = {r["micro_batch"]: r["peak_gib"] for r in rows if r["impl"] == "trl" and "peak_gib" in r}
+              "update adds GiB", "vs trl AC off", "vs trl AC on", "loss", "grad norm",
+              "seconds", "optimizer"]  # fmt: skip
+    refs = [
+        {r["micro_batch"]: r["peak_gib"] for r in rows if r["impl"] == t and "peak_gib" in r}
+        for t in ("trl", "trl-ac")
+    ]
     table, notes = [header], {}
     for r in rows:
         head = [NAMES[r["impl"]], str(r["micro_batch"]), f"{r['tokens']:,}"]
@@ -345,17 +387,21 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             notes[len(table)] = r["note"]
             table.append(head + [""] * (len(header) - 3))
             continue
-        ref = trl.get(r["micro_batch"])
+        ratios = [
+            f"{r['peak_gib'] / ref[r['micro_batch']]:.2f}x" if r["micro_batch"] in ref else "n/a"
+            for ref in refs
+        ]
         table.append(
             head
             + [
                 gib(r["peak_gib"]),
                 gib(r["setup_gib"]),
                 gib(r["peak_gib"] - r["setup_gib"]),
-                f"{r['peak_gib'] / ref:.2f}x" if ref else "n/a",
+                *ratios,
                 f"{r['loss']:.6f}",
                 f"{r['grad_norm']:.8g}",
                 f"{r['seconds']:.0f}",
+                r.get("optimizer", "?"),
             ]
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -371,7 +417,7 @@ def agreement(rows: list[dict[str, Any]]) -> None:
     print()
     for b in sorted({r["micro_batch"] for r in rows}):
         done = {r["impl"]: r for r in rows if r["micro_batch"] == b and "loss" in r}
-        base = "trl" if "trl" in done else "whole" if "whole" in done else None
+        base = next((i for i in ("trl", "trl-ac", "whole") if i in done), None)
         if base is None or len(done) < 2:
             print(f"micro-batch {b}: fewer than two runs finished, nothing to compare")
             continue
@@ -475,12 +521,24 @@ def main() -> int:
                         row["peak_gib"], row["setup_gib"] = result["cuda_peak_gib"], 0.0
                 rows.append(row)
         print_table(rows)
+        params = next((r["param_gib"] for r in rows if "param_gib" in r), None)
+        if params is not None:
+            print(
+                f"\nweights {params:.2f} GiB: weights + gradients + AdamW's two moments = "
+                f"{4 * params:.2f} GiB, live at every fp32 AdamW step whatever the "
+                "implementation (with the process's own memory, the floor of any peak)"
+            )
         agreement(rows)
-        chunked = {r["micro_batch"]: r for r in rows if r["impl"] == "chunked" and "peak_gib" in r}
-        trl = {r["micro_batch"]: r for r in rows if r["impl"] == "trl" and "peak_gib" in r}
-        for b in sorted(set(chunked) & set(trl)):
-            ratio = chunked[b]["peak_gib"] / trl[b]["peak_gib"]
-            print(f"micro-batch {b}: bat_gym chunked peak = {ratio:.2f}x TRL's (target <= 0.5x)")
+        peaks = {(r["impl"], r["micro_batch"]): r["peak_gib"] for r in rows if "peak_gib" in r}
+        for b in batches:
+            for ours, theirs in (("chunked", "trl"), ("chunked", "trl-ac"),
+                                 ("chunked-noac", "trl")):  # fmt: skip
+                if (ours, b) in peaks and (theirs, b) in peaks:
+                    ratio = peaks[ours, b] / peaks[theirs, b]
+                    print(
+                        f"micro-batch {b}: {NAMES[ours]} peak = {ratio:.2f}x {NAMES[theirs]}'s "
+                        "(target <= 0.5x)"
+                    )
     return 0
 
 

@@ -17,7 +17,7 @@ from tool_bench import ToolBench
 
 from bat_gym.bank.states import MemoryStates, initial_state
 from bat_gym.integrations import TokenEpisode
-from bat_gym.integrations._episode import render_ids
+from bat_gym.integrations.episode import render_ids
 from bat_gym.sandbox.snapshot import BlobStore
 
 pytest.importorskip("transformers")

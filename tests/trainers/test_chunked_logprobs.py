@@ -216,3 +216,101 @@ def test_config_checks_the_new_fields(tiny):
     defaults = config(tiny)
     assert defaults.logprob_chunk_size == 1024 and defaults.tis_cap == 2.0
     assert defaults.kl_clamp is None and defaults.sampler_gap_alarm_at == 0.1
+
+
+def layer_calls(model) -> list[bool]:
+    """Records each run of the first decoder layer: True when it ran with grad enabled.
+
+    The hook is on the layer's first module: a checkpointed layer's recompute in the
+    backward stops once it has what the backward needs, so later modules may not rerun.
+    """
+    calls: list[bool] = []
+    model.model.layers[0].input_layernorm.register_forward_pre_hook(
+        lambda *_: calls.append(torch.is_grad_enabled())
+    )
+    return calls
+
+
+def checkpointed_update(tiny, rs, adv, cfg, lr=1.0):
+    """``sgd_update`` that also counts the first decoder layer's forwards (grad-enabled ones)."""
+    from transformers import AutoTokenizer
+
+    model = load(tiny)
+    calls = layer_calls(model)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    stats = _update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
+    delta = {k: v.detach() - before[k] for k, v in model.named_parameters()}
+    return delta, stats, model, calls
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_gradient_checkpointing_gives_the_same_update(tiny, chunk):
+    rs, adv = rollouts(5), torch.tensor([0.5, -0.5, 1.0, -1.0, 0.25])
+    kw = dict(logprob_chunk_size=chunk, kl_coef=0.01, updates_per_batch=2)
+    plain, plain_stats, plain_model, plain_calls = checkpointed_update(
+        tiny, rs, adv, config(tiny, gradient_checkpointing=False, **kw)
+    )
+    ckpt, stats, model, calls = checkpointed_update(
+        tiny, rs, adv, config(tiny, gradient_checkpointing=True, **kw)
+    )
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], atol=1e-6, rtol=1e-5, msg=name)
+    for key in ("loss", "kl", "entropy", "grad_norm", "clip_fraction"):
+        assert stats[key] == pytest.approx(plain_stats[key], rel=1e-5, abs=1e-7), key
+    # It took effect: 3 micro-batches x 2 passes, each layer run once more in the backward
+    # to recompute what it did not keep (the no-grad old log-probs aside).
+    grad_passes = 3 * 2
+    assert plain_calls.count(True) == grad_passes
+    assert calls.count(True) == 2 * grad_passes
+    assert model.is_activation_checkpointing and not plain_model.is_activation_checkpointing
+
+
+def test_gradient_checkpointing_leaves_sampling_alone_and_can_be_turned_off(tiny):
+    from transformers import AutoTokenizer
+
+    rs, adv = rollouts(2), torch.tensor([0.5, -0.5])
+    assert config(tiny).gradient_checkpointing  # the default
+    _, _, model, calls = checkpointed_update(tiny, rs, adv, config(tiny), lr=0.0)
+    assert model.is_activation_checkpointing
+    # Rollouts sample in eval mode without grad: each layer runs once per token, with
+    # its KV cache, and samples what the same weights without checkpointing sample.
+    model.eval()
+    calls.clear()
+    ids = torch.tensor([rs[0].prompt_ids])
+    got = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert calls == [False] * 4
+    torch.testing.assert_close(got, load(tiny).generate(ids, max_new_tokens=4, do_sample=False))
+    # The next update with the option off turns it off on the same model.
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    tok = AutoTokenizer.from_pretrained(tiny)
+    _update(model, None, opt, rs, adv, config(tiny, gradient_checkpointing=False), CPU, tok, OFF, Dist())  # fmt: skip
+    assert not model.is_activation_checkpointing
+
+
+def test_a_model_without_checkpointing_support_is_updated_without_it(tiny, caplog):
+    model = load(tiny)
+    model.supports_gradient_checkpointing = False  # shadows the class attribute
+    with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.grpo"):
+        grpo._set_gradient_checkpointing(model, True)
+        grpo._set_gradient_checkpointing(model, True)
+    assert not model.is_activation_checkpointing
+    assert caplog.text.count("does not support activation checkpointing") == 1
+
+
+def test_the_optimizer_is_fused_adamw_and_steps_as_the_for_loop_one(tiny):
+    torch.manual_seed(0)
+    fused_model, loop_model = torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)
+    loop_model.load_state_dict(fused_model.state_dict())
+    cfg = config(tiny, lr=1e-2, weight_decay=0.1)
+    fused = grpo._make_optimizer(fused_model, cfg, CPU)
+    assert fused.defaults["fused"]
+    loop = torch.optim.AdamW(loop_model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+    x = torch.randn(32, 16)
+    for _ in range(3):
+        for model, opt in ((fused_model, fused), (loop_model, loop)):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    for (name, a), b in zip(fused_model.named_parameters(), loop_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)

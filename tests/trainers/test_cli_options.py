@@ -39,12 +39,14 @@ def test_grpo_options_reach_the_config(tmp_path, monkeypatch):
         "train", "grpo", "--model", "m", "--out", tmp_path, "--state-id", "s1",
         "--max-total-tokens", 4096, "--cut-turn", "act", "--overlong", "penalize",
         "--overlong-penalty", 0.5, "--chat-template-kwargs", TEMPLATE,
+        "--no-gradient-checkpointing",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     (cfg,) = seen
     assert cfg.max_total_tokens == 4096 and cfg.cut_turn == "act"
     assert cfg.overlong == "penalize" and cfg.overlong_penalty == 0.5
     assert cfg.chat_template_kwargs == {"enable_thinking": False}
+    assert cfg.gradient_checkpointing is False
 
     # The defaults: cut turns end the episode, token-limited episodes are masked.
     assert (
@@ -53,6 +55,7 @@ def test_grpo_options_reach_the_config(tmp_path, monkeypatch):
     )
     assert seen[1].cut_turn == "end" and seen[1].overlong == "mask"
     assert seen[1].max_total_tokens is None and seen[1].chat_template_kwargs == {}
+    assert seen[1].gradient_checkpointing is True
 
 
 @pytest.mark.parametrize(
