@@ -98,7 +98,8 @@ __all__ = [
 
 _STATE = "trainer_state.pt"
 # Fields a resumed run may change without changing what it learns: where it writes, how
-# far it goes, how often it saves, where it runs. Every other field shapes sampling or the
+# far it goes, how often it saves, where it runs, whether the update recomputes activations
+# (same gradients, less memory). Every other field shapes sampling or the
 # update and must match the checkpoint (see bat_gym.trainers.checkpoints.load_resume_state);
 # ``model`` among them, as the default KL reference.
 _FREE_ON_RESUME = frozenset(
