@@ -284,26 +284,10 @@ def sample_states(
     return picked
 
 
-class _Progress:
-    """Episodes done / total on the current progress reporter, a line per finished one."""
-
-    def __init__(self, total: int, *, enabled: bool) -> None:
-        self.lock = threading.Lock()
-        self.shown = display.task("reward audit: episodes", total) if enabled else None
-
-    def update(self, e: AuditEpisode) -> None:
-        if self.shown is None:
-            return
-        score = "INVALID" if not e.valid else "null" if e.reward is None else f"{e.reward:.3f}"
-        with self.lock:  # the count in the line is the one this episode made
-            self.shown.advance(
-                line=f"[{self.shown.done + 1}/{self.shown.total}] {e.policy:21s} {e.stage:11s} "
-                f"{e.track:14s} reward {score:7s} {e.wall_s:5.1f} s"
-            )
-
-    def close(self) -> None:
-        if self.shown is not None:
-            self.shown.close()
+def _episode_line(e: AuditEpisode) -> str:
+    """One finished audit episode, as the progress display lists it."""
+    score = "INVALID" if not e.valid else "null" if e.reward is None else f"{e.reward:.3f}"
+    return f"{e.policy:21s} {e.stage:11s} {e.track:14s} reward {score:7s} {e.wall_s:5.1f} s"
 
 
 def _episode(
@@ -344,7 +328,7 @@ def _play_stage_rows(
     jobs: list[tuple[str, Policy, Any]],
     make_env: Callable[[], Any],
     workers: int,
-    progress: _Progress,
+    progress: display.ProgressTask,
 ) -> list[AuditEpisode]:
     """Play each (policy name, policy, state) once, ``workers`` at a time."""
     from bat_gym.evaluation.harness import play_episode
@@ -384,7 +368,7 @@ def _play_stage_rows(
                 valid=False,
                 error=error,
             )
-        progress.update(e)
+        progress.count(_episode_line(e))
         return e
 
     try:
@@ -414,7 +398,7 @@ def _play_heldout(
     policies: dict[str, Policy],
     cfg: Any,
     work: Path,
-    progress: _Progress,
+    progress: display.ProgressTask,
 ) -> list[AuditEpisode]:
     """Every held-out cell for every policy, through the evaluation harness.
 
@@ -433,7 +417,7 @@ def _play_heldout(
         def sink(state: Any, info: dict[str, Any], name: str = name, seen: dict = seen) -> None:
             e = _episode(name, HELDOUT, state, state.task_id, info, 0.0)
             seen[(state.track, state.provenance["seed"])] = e  # one cell per (track, seed)
-            progress.update(e)
+            progress.count(_episode_line(e))
 
         def make_env(source: Any, sink: Callable = sink) -> Any:
             env = StageEnv(
@@ -466,7 +450,7 @@ def _play_heldout(
                 valid=False,
                 error=result.error or "the episode ended without a verdict",
             )
-            progress.update(lost)
+            progress.count(_episode_line(lost))
             out.append(lost)
     return out
 
@@ -587,7 +571,9 @@ def audit_reward(
         progress=False,
     )
     n_cells = len(cfg.tracks or bench.spec.tracks) * heldout_cells
-    tracker = _Progress(len(jobs) + n_cells * len(policies), enabled=progress)
+    tracker = display.task(
+        "reward audit: episodes", len(jobs) + n_cells * len(policies), shown=progress
+    )
 
     def make_env() -> Any:
         return RubricReward(StageEnv("E2E", benchmark=bench, states=source, backend=backend))

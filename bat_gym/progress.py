@@ -67,6 +67,18 @@ class ProgressTask:
         if line is not None:
             self.note(line)
 
+    def count(self, text: str) -> None:
+        """Count one unit done and show ``[k/total] text``, ``k`` the count this unit made.
+
+        For work finished by several threads: the number in the line is this unit's own,
+        whatever the others do meanwhile.
+        """
+        with self._lock:
+            self.done += 1
+            line = f"[{self.done}/{'?' if self.total is None else self.total}] {text}"
+        self._advanced(1)
+        self.note(line)
+
     def describe(self, what: str) -> None:
         """Change the description (e.g. the step now under way)."""
         self.what = what
@@ -264,6 +276,7 @@ class RichReporter(Reporter):
 
 
 _current: Reporter = LogReporter()
+_SILENT = SilentReporter()
 _current_lock = threading.Lock()
 
 
@@ -285,9 +298,12 @@ def use(reporter: Reporter) -> Iterator[Reporter]:
             _current = before
 
 
-def task(what: str, total: int | None = None, *, done: int = 0) -> ProgressTask:
-    """Open a task on the current reporter (see :meth:`Reporter.task`)."""
-    return _current.task(what, total, done=done)
+def task(what: str, total: int | None = None, *, done: int = 0, shown: bool = True) -> ProgressTask:
+    """Open a task on the current reporter (see :meth:`Reporter.task`).
+
+    ``shown=False`` opens it on no reporter: it counts, and shows nothing.
+    """
+    return (_current if shown else _SILENT).task(what, total, done=done)
 
 
 def for_cli(quiet: bool = False) -> Reporter:

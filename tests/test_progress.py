@@ -52,3 +52,37 @@ def test_commands_are_quiet_when_asked_or_when_stdout_is_not_a_terminal(monkeypa
     assert isinstance(progress.for_cli(quiet=True), progress.SilentReporter)
     monkeypatch.setattr("sys.stdout", io.StringIO())  # piped, redirected, CI
     assert isinstance(progress.for_cli(), progress.SilentReporter)
+
+
+def test_count_numbers_each_unit_by_its_own_count_across_threads():
+    import threading
+
+    class Lines(progress.ProgressTask):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.lines = []
+
+        def note(self, line):
+            self.lines.append(line)
+
+    shown = Lines("work", 40, 0)
+    threads = [
+        threading.Thread(target=lambda i=i: [shown.count(f"item {i}-{k}") for k in range(10)])
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    numbers = sorted(int(line[1:].split("/")[0]) for line in shown.lines)
+    assert numbers == list(range(1, 41)) and shown.done == 40
+    assert all(line.split("] ")[0].endswith("/40") for line in shown.lines)
+
+
+def test_a_task_not_shown_counts_and_shows_nothing(caplog):
+    caplog.set_level(logging.INFO, logger="bat_gym")
+    with progress.task("quiet work", 2, shown=False) as shown:
+        shown.count("one")
+        shown.count("two")
+    assert shown.done == 2
+    assert not [r for r in caplog.records if r.name == "bat_gym"]

@@ -797,7 +797,13 @@ def train(
             **sampling,
         )
         model, tokenizer = policy.model, policy.tokenizer
-    max_total_tokens = cfg.max_total_tokens or _context_length(model, cfg)
+    context = _context_length(model, cfg)
+    if cfg.max_total_tokens is not None and context is not None and cfg.max_total_tokens > context:
+        raise ConfigError(
+            f"max_total_tokens {cfg.max_total_tokens} is more than the model takes ({context} "
+            "tokens, its max_position_embeddings or vLLM's max_model_len): give at most that"
+        )
+    max_total_tokens = cfg.max_total_tokens or context
     ref = None
     if cfg.kl_coef > 0:
         # Frozen, so it keeps the checkpoint's own dtype: its precision only enters the

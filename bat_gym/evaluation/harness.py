@@ -36,7 +36,6 @@ from bat_gym.evaluation.cells import Cell, CellResult, FailureCategory
 from bat_gym.evaluation.episodes import write_episode
 from bat_gym.files import write_atomic
 from bat_gym.policies.base import Policy, PolicyError
-from bat_gym.progress import ProgressTask
 from bat_gym.rollout import SandboxRestarted, policy_actor, run_episode
 from bat_gym.spec import Budgets, StageState
 
@@ -302,7 +301,11 @@ def run_cells(
         local = threading.local()
         envs: list[Any] = []
         lock = threading.Lock()
-        progress_ = _Progress(len(cells), len(done), enabled=cfg.progress)
+        progress_ = progress.task(
+            "evaluating: held-out cells", len(cells), done=len(done), shown=cfg.progress
+        )
+        if done:
+            progress_.note(f"[{len(done)}/{len(cells)}] already finished, resuming")
 
         def env_of_thread() -> Any:
             if not hasattr(local, "env"):
@@ -350,7 +353,7 @@ def run_cells(
                 )
             if result.valid:
                 write_atomic(out / CELLS_DIR / f"{cell.key}.json", result.model_dump_json(indent=1))
-            progress_.update(result)
+            progress_.count(_cell_line(result))
             return result
 
         try:
@@ -375,31 +378,11 @@ def _drop_env(local: threading.local) -> None:
             del local.env
 
 
-class _Progress:
-    """Cells done / total on the current progress reporter, one line per finished cell."""
-
-    def __init__(self, total: int, already: int, *, enabled: bool) -> None:
-        self.lock = threading.Lock()
-        self.shown: ProgressTask | None = None
-        if enabled:
-            self.shown = progress.task("evaluating: held-out cells", total, done=already)
-            if already:
-                self.shown.note(f"[{already}/{total}] already finished, resuming")
-
-    def update(self, result: CellResult) -> None:
-        if self.shown is None:
-            return
-        score = (
-            "INVALID"
-            if not result.valid
-            else ("overall -" if result.overall is None else f"overall {result.overall:.3f}")
-        )
-        with self.lock:  # the count in the line is the one this cell made
-            self.shown.advance(
-                line=f"[{self.shown.done + 1}/{self.shown.total}] {result.cell.key:32s} "
-                f"{score:14s} {result.wall_s:5.1f} s"
-            )
-
-    def close(self) -> None:
-        if self.shown is not None:
-            self.shown.close()
+def _cell_line(result: CellResult) -> str:
+    """One finished cell, as the progress display lists it."""
+    score = (
+        "INVALID"
+        if not result.valid
+        else ("overall -" if result.overall is None else f"overall {result.overall:.3f}")
+    )
+    return f"{result.cell.key:32s} {score:14s} {result.wall_s:5.1f} s"

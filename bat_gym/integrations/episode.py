@@ -90,6 +90,7 @@ from bat_gym.rollout import step
 
 __all__ = [
     "ChatTemplateError",
+    "PromptTooLong",
     "CutTurn",
     "EpisodeResult",
     "Generate",
@@ -139,6 +140,24 @@ class ChatTemplateError(BatGymError, ValueError):
     Token-in-token-out training appends each env reply after the sampled tokens; the
     reply's tokens are what the template writes after the assistant turn.
     """
+
+
+class PromptTooLong(BatGymError, ValueError):
+    """A state's prompt alone is longer than ``max_total_tokens`` (the model's context).
+
+    Such an episode can be neither sampled nor trained on: the model never sees a
+    sequence that long. Attributes: ``state_id``, ``prompt_tokens``, ``max_total_tokens``.
+    """
+
+    def __init__(self, state_id: str | None, prompt_tokens: int, max_total_tokens: int) -> None:
+        self.state_id, self.prompt_tokens = state_id, prompt_tokens
+        self.max_total_tokens = max_total_tokens
+        super().__init__(
+            f"the prompt of state {state_id or '(unnamed)'} is {prompt_tokens} tokens, longer "
+            f"than the {max_total_tokens} the model takes (max_total_tokens, by default its "
+            "max_position_embeddings): use a model with a longer context, or states with "
+            "shorter prompts (an earlier focus, fewer turns of history)"
+        )
 
 
 @dataclass
@@ -497,6 +516,9 @@ class TokenEpisode:
 
         A prompt that leaves no room under ``max_total_tokens`` ends the episode at once
         (``length``, limit ``"total"``), scored as the state stands.
+
+        Raises:
+            PromptTooLong: the prompt alone is longer than ``max_total_tokens``.
         """
         self._info = info
         self._tools = list(info["tools"])
@@ -513,6 +535,8 @@ class TokenEpisode:
         self.observations = []
         self.num_turns = self.num_replies = self.rerendered_replies = 0
         self._result = None
+        if self.max_total_tokens is not None and len(self.prompt_ids) > self.max_total_tokens:
+            raise PromptTooLong(info.get("state_id"), len(self.prompt_ids), self.max_total_tokens)
         room = self.remaining_tokens
         if room is not None and room < 1:
             self._finish("length", info, None, self._binding_limit())

@@ -4,6 +4,7 @@ import pytest
 from bat_gym.env import StageEnv
 from bat_gym.integrations import ChatTemplateError, TokenEpisode
 from bat_gym.integrations.episode import (
+    PromptTooLong,
     default_stop_token_ids,
     delta_ids,
     render_ids,
@@ -278,13 +279,18 @@ def test_max_total_tokens_caps_prompt_plus_response(helpers, env, toy, toy_bank,
     assert cut.response_ids == first[:7] and cut.length_limit == "total"
     assert cut.info["turns"] == 0
 
-    # A prompt that does not fit ends the episode before any turn.
+    # A prompt that fills the context ends the episode before any turn.
     episode = TokenEpisode(env, tok, max_total_tokens=len(prompt))
     episode.reset(state.state_id)
     assert episode.done
     short = episode.result()
     assert short.stop_reason == "length" and short.length_limit == "total"
     assert short.num_turns == 0 and short.response_ids == []
+
+    # One longer than the context can be neither sampled nor trained on: said at once.
+    episode = TokenEpisode(env, tok, max_total_tokens=len(prompt) - 1)
+    with pytest.raises(PromptTooLong, match=f"is {len(prompt)} tokens, longer than the"):
+        episode.reset(state.state_id)
 
 
 # -- templates that re-render earlier turns (Qwen3) -----------------------------------------
