@@ -92,6 +92,12 @@ class FakeServer:
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
                     time.sleep(reply.delay_s)
+                finally:
+                    # Done before the reply is sent: once the client has it, it may send
+                    # its next request, which must not find this one still counted.
+                    with server.lock:
+                        server.in_flight -= 1
+                try:
                     data = json.dumps(reply.body).encode()
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
@@ -102,9 +108,6 @@ class FakeServer:
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
-                finally:
-                    with server.lock:
-                        server.in_flight -= 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
