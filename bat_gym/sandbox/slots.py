@@ -31,7 +31,9 @@ __all__ = ["SANDBOX_UID_BASE", "Slot", "UidLease", "runtime_dir", "sweep_stale",
 log = logging.getLogger(__name__)
 
 SANDBOX_UID_BASE = int(os.environ.get("BAT_GYM_SANDBOX_UID", "62000"))
-_SLOTS = 512
+# Sandboxes per host at once (slot directories, and uids for root-run sandboxes:
+# 62000-64047 by default, below nobody's 65534). A thousand envs per node need room.
+_SLOTS = 2048
 
 
 def runtime_dir() -> Path:
