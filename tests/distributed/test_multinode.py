@@ -10,6 +10,7 @@ on the survivors, never scored as failures, and nothing may be left running.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import threading
 from pathlib import Path
@@ -25,20 +26,39 @@ pytestmark = pytest.mark.slow
 WORKERS = 8  # 8 x 0.25 CPU fills both one-CPU worker nodes exactly
 
 
-def _bwrap_pids() -> set[int]:
+def _orphan_sandboxes() -> set[int]:
+    """bubblewrap processes whose parent is gone (reparented to PID 1): leaked sandboxes.
+
+    Other jobs on the machine may run sandboxes too; theirs have a live parent.
+    """
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().strip() == "bwrap":
-                    pids.add(int(entry.name))
-            except OSError:
+                comm = (entry / "comm").read_text().strip()
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
+            if comm == "bwrap" and ppid == 1:
+                pids.add(int(entry.name))
     return pids
 
 
-def _slots() -> set[str]:
-    return {p.name for p in runtime_dir().glob("slot-*") if p.is_dir()}
+def _ownerless_slots() -> set[str]:
+    """Slot directories whose lock nobody holds: what a dead owner left behind."""
+    out = set()
+    for lock in runtime_dir().glob("slot-*.lock"):
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live sandbox holds it
+        else:
+            if lock.with_suffix("").is_dir():
+                out.add(lock.with_suffix("").name)
+        finally:
+            os.close(fd)
+    return out
 
 
 class WaitForTheKill:
@@ -96,7 +116,7 @@ def cluster():
 
 def test_a_node_killed_mid_episode_costs_retries_not_scores(cluster, toy, tmp_path):
     c, (_, victim) = cluster
-    bwrap_before, slots_before = _bwrap_pids(), _slots()
+    orphans_before = _orphan_sandboxes()
     reference = evaluate(
         toy, make_policy("teacher"), tmp_path / "here", EvalConfig(repeats=4, progress=False)
     )
@@ -131,5 +151,5 @@ def test_a_node_killed_mid_episode_costs_retries_not_scores(cluster, toy, tmp_pa
     # Nothing left behind: the killed node's sandboxes died with their actors, and its
     # slot directories are swept like any dead owner's.
     sweep_stale()
-    assert _bwrap_pids() - bwrap_before == set()
-    assert _slots() - slots_before == set()
+    assert _orphan_sandboxes() - orphans_before == set()
+    assert _ownerless_slots() == set()
