@@ -19,8 +19,11 @@ import fcntl
 import logging
 import os
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from bat_gym.errors import SandboxUnavailable
 from bat_gym.sandbox.mounts import mount_tmpfs, unmount_under
@@ -71,6 +74,46 @@ def discard_dir(path: Path) -> bool:
     return True
 
 
+# Where this process's next search for a free slot or uid starts: just after the last
+# one it took. From 0 every time, the thousandth sandbox would first try 999 held locks.
+_cursor = {"slot": 0, "uid": 0}
+_cursor_lock = threading.Lock()
+_BUSY_TTL_S = 1.0  # how long the list of uids other processes run as is reused
+_busy: dict[str, Any] = {"at": -_BUSY_TTL_S, "uids": frozenset()}
+
+
+def _search(kind: str) -> list[int]:
+    """Indices ``0 .. _SLOTS - 1`` from this process's cursor for ``kind``, wrapping."""
+    with _cursor_lock:
+        start = _cursor[kind]
+    return [(start + i) % _SLOTS for i in range(_SLOTS)]
+
+
+def _took(kind: str, index: int) -> None:
+    with _cursor_lock:
+        _cursor[kind] = (index + 1) % _SLOTS
+
+
+def _busy_uids() -> frozenset[int]:
+    """Uids that processes on this host run as (read at most once a second).
+
+    Listing every process costs milliseconds with a thousand sandboxes running; a
+    list a second old can only miss a program that started since, which the uid's
+    lock file does not guard against either way.
+    """
+    with _cursor_lock:
+        if time.monotonic() - _busy["at"] < _BUSY_TTL_S:
+            return _busy["uids"]
+    busy = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                busy.add(os.stat(f"/proc/{name}").st_uid)
+    with _cursor_lock:
+        _busy["at"], _busy["uids"] = time.monotonic(), frozenset(busy)
+    return _busy["uids"]
+
+
 def _lock(path: Path) -> int:
     """Open and exclusively lock ``path``; return the fd, or -1 if someone holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -92,15 +135,13 @@ class UidLease:
     def __init__(self, backend: str) -> None:
         leases = Path(tempfile.gettempdir()) / "bat_gym-uids"
         leases.mkdir(mode=0o700, exist_ok=True)
-        busy = set()
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                with contextlib.suppress(OSError):
-                    busy.add(os.stat(f"/proc/{name}").st_uid)
+        busy = _busy_uids()
         self.uid, self.fd = -1, -1
-        for uid in range(SANDBOX_UID_BASE, SANDBOX_UID_BASE + _SLOTS):
+        for i in _search("uid"):
+            uid = SANDBOX_UID_BASE + i
             if uid not in busy and (fd := _lock(leases / f"uid-{uid}.lock")) >= 0:
                 self.uid, self.fd = uid, fd
+                _took("uid", i)
                 return
         raise SandboxUnavailable(backend, f"no free sandbox uid from {SANDBOX_UID_BASE} on")
 
@@ -117,10 +158,11 @@ class Slot:
     def __init__(self, rt: Path, backend: str) -> None:
         self.index = -1
         self.fd = -1
-        for i in range(_SLOTS):
+        for i in _search("slot"):
             fd = _lock(rt / f"slot-{i}.lock")
             if fd >= 0:
                 self.index, self.fd = i, fd
+                _took("slot", i)
                 break
         else:
             raise SandboxUnavailable(backend, f"all {_SLOTS} sandbox slots under {rt} are in use")
