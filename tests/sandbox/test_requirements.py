@@ -292,5 +292,7 @@ def test_medbench_lite_teacher_scores_on_docker_equal_local(engine: Any, tmp_pat
         scores[backend] = {r.cell.track: r.overall for r in results}
     assert set(scores["docker"]) == {t.name for t in bench.spec.tracks}
     for track, local in scores["local"].items():
-        assert local is not None and local > 0.9, (track, local)
+        # Since MedBench-Lite 2 the provided model leaves headroom on some tracks
+        # (enhancement's teacher is at about 0.86 overall): a correct run, not a perfect one.
+        assert local is not None and local > 0.8, (track, local)
         assert scores["docker"][track] == pytest.approx(local, abs=0.01), track
