@@ -82,6 +82,15 @@ _BUSY_TTL_S = 1.0  # how long the list of uids other processes run as is reused
 _busy: dict[str, Any] = {"at": -_BUSY_TTL_S, "uids": frozenset()}
 
 
+def _fresh_lock_in_child() -> None:
+    # Another thread may have held it at the fork; the child has no such thread.
+    global _cursor_lock
+    _cursor_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 def _search(kind: str) -> list[int]:
     """Indices ``0 .. _SLOTS - 1`` from this process's cursor for ``kind``, wrapping."""
     with _cursor_lock:

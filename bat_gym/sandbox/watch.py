@@ -143,6 +143,24 @@ class _Inotify:
 _INOTIFY = _Inotify()
 
 
+def _after_fork_in_child() -> None:
+    """A child made by ``fork`` starts with a lock no thread holds and no instance.
+
+    A thread of the parent may hold the lock at the fork (a sandbox closed by the
+    garbage collector on another thread gives its watches back under it); the child
+    has no such thread, so the lock would stay held forever. The parent's instance and
+    its watches are the parent's: the child's inherited watches are void (``generation``).
+    """
+    _INOTIFY.lock = threading.RLock()
+    if _INOTIFY.fd >= 0:
+        os.close(_INOTIFY.fd)
+    _INOTIFY.fd, _INOTIFY.pid, _INOTIFY.owners = -1, -1, {}
+    _INOTIFY.generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class ChangeWatch:
     """An inotify instance over the directories of one tree.
 
