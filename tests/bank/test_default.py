@@ -110,7 +110,7 @@ def test_concurrent_workers_wanting_one_trajectory_build_it_once(toy, cache, tmp
     root = DefaultStates(toy).root
     sid = DefaultStates(toy).select(focus="S3", track="threshold")[0]
     log = tmp_path / "builds.log"
-    with multiprocessing.get_context("fork").Pool(2) as pool:
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
         snaps = pool.map(_get_in_child, [(root, sid, log)] * 2)
     assert snaps[0] == snaps[1]
     assert log.read_text().splitlines() == [f"threshold/{toy.seeds('train')[0]}/success"]
