@@ -1,0 +1,20 @@
+"""S2 of the enhancement track: open every input and record what the model needs.
+
+Spliced into the teacher's setup script, which gives ``case_ids`` (task.json's case
+ids) and has imported ``json`` and ``os``. Sets ``compat``, a JSON-able dict the
+script writes to ``setup/compatibility.json``.
+"""
+
+import nibabel as nib
+cases = {}
+for i in case_ids:
+    img = nib.load(f"data/images/{i}.nii.gz")
+    hu = img.get_fdata()
+    cases[i] = {"shape": list(img.shape), "stored_dtype": str(img.get_data_dtype()),
+                "scl_slope_inter": [float(img.dataobj.slope), float(img.dataobj.inter)],
+                "hu_range": [round(float(hu.min())), round(float(hu.max()))]}
+compat = {"input_format": "NIfTI-1 .nii.gz", "readable": len(cases), "expected": len(case_ids), "cases": cases,
+          "model_input": "HU window [-1000, 1000] normalized to [0, 1] (model card)"}
+print(len(cases), "of", len(case_ids), "stacks readable")
+for i, c in cases.items():
+    print(i, c["shape"], c["stored_dtype"], "scl slope/inter", c["scl_slope_inter"], "HU", c["hu_range"])
