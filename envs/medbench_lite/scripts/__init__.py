@@ -10,10 +10,22 @@ sandbox (never imported here), so ruff lints them and a test compiles every one:
   line (:func:`pipeline_variant`). Its docstring and imports are for readers and ruff.
 * ``s2_inspect.py``, ``s2_smoke.py``, ``s3_pilot.py``, ``s3_weak_pilot.py`` and
   ``s5_submit_check.py``: fragments the teacher splices into its stage scripts
-  (:mod:`~bat_gym.envs.medbench_lite.teacher`). Each begins with a docstring naming what
-  the stage script gives it and what it must set; the docstring is not sent
-  (:func:`fragment`). The names the stage scripts give are declared as builtins in this
-  folder's ``ruff.toml``, so ruff still reports any other undefined name.
+  (:func:`stage_script`). A fragment's one-line docstring says what it checks and is
+  not sent (:func:`fragment`). What the stage script gives it, and what it must set:
+
+  ================== ============================================ =====================
+  fragment           given                                        sets
+  ================== ============================================ =====================
+  s2_inspect         ``case_ids``; ``json``, ``os``               ``compat`` (JSON-able)
+  s2_smoke           ``infer_lib`` (model/infer_lib.py), ``W``    ``smoke`` (JSON-able)
+  s3_pilot, s3_weak  ``case_ids``, ``infer`` (pipeline/infer.py)  ``case_id``, ``checks``
+  s5_submit_check    ``rows`` (in case order), ``problems``       appends to ``problems``
+  ================== ============================================ =====================
+
+  ``checks`` maps a check's name to ``{"value", "expect", "ok"}``; the pilot script
+  fails the stage when one is not ok, the submit script when ``problems`` is not empty.
+  The names given are declared as builtins in this folder's ``ruff.toml``, so ruff
+  still reports any other undefined name.
 
 The teacher's own stage scripts, the same for every track, are in ``stages/``: each a
 real file with slots (:func:`stage_script`) where a track's fragments and values go.

@@ -1,10 +1,4 @@
-"""S3 of the classification track: run the pipeline on one case and check it against domain facts.
-
-Spliced into the teacher's pilot script, which gives ``case_ids`` and ``infer``
-(``pipeline/infer.py``) and has imported ``json`` and ``os``. Runs ``infer.run`` on one
-case into ``validation/pilot.csv`` and sets ``case_id`` and ``checks`` (name ->
-``{"value", "expect", "ok"}``); the script fails the stage when a check is not ok.
-"""
+"""S3: on the riskiest image the model is surest of, lungs read dark in 0..4095 (card)."""
 
 import pydicom
 # Pilot the riskiest file: MONOCHROME1 with a non-trivial rescale if there is one;

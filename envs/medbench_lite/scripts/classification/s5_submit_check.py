@@ -1,9 +1,4 @@
-"""S5 of the classification track: check the submission rows before they are written.
-
-Spliced into the teacher's submit script, which gives ``rows`` (the submission rows
-in case order) and ``problems`` (a list) and has imported ``json``. Appends what is
-wrong to ``problems``; the script refuses to submit when it is not empty.
-"""
+"""S5: every label is 0 or 1 and every confidence within 0..1."""
 
 for r in rows:
     if r["label"] not in ("0", "1"):

@@ -1,9 +1,4 @@
-"""S2 of the detection track: open every input and record what the model needs.
-
-Spliced into the teacher's setup script, which gives ``case_ids`` (task.json's case
-ids) and has imported ``json`` and ``os``. Sets ``compat``, a JSON-able dict the
-script writes to ``setup/compatibility.json``.
-"""
+"""S2: every image's format (PNG or DICOM), size and pixel encoding."""
 
 import pydicom
 from PIL import Image

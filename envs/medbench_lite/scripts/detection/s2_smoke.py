@@ -1,9 +1,4 @@
-"""S2 of the detection track: run the model once on a tiny input.
-
-Spliced into the teacher's setup script after the model is loaded: it gives
-``infer_lib`` (``model/infer_lib.py``) and ``W`` (its weights). Sets ``smoke``, a
-JSON-able dict the script records in ``setup/model_load.json``.
-"""
+"""S2: the model on one bright disk at a known row and column."""
 
 import numpy as np
 toy = np.full((48, 48), 0.3)

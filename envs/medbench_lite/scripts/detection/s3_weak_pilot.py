@@ -1,8 +1,4 @@
-"""S3 of the detection track, the failure outcome: a pilot that checks shapes and formats only.
-
-Spliced into the teacher's pilot script like ``s3_pilot.py`` (``case_ids`` and
-``infer`` given; sets ``case_id`` and ``checks``), but blind to the track's mistake.
-"""
+"""S3, weak: the first case's detections are boxes of five numbers."""
 
 import json
 case_id = case_ids[0]

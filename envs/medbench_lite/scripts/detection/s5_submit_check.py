@@ -1,9 +1,4 @@
-"""S5 of the detection track: check the submission rows before they are written.
-
-Spliced into the teacher's submit script, which gives ``rows`` (the submission rows
-in case order) and ``problems`` (a list) and has imported ``json``. Appends what is
-wrong to ``problems``; the script refuses to submit when it is not empty.
-"""
+"""S5: every detections file names its case and holds well-formed boxes."""
 
 for r in rows:
     d = json.load(open(r["detections_file"]))

@@ -1,9 +1,4 @@
-"""S2 of the enhancement track: open every input and record what the model needs.
-
-Spliced into the teacher's setup script, which gives ``case_ids`` (task.json's case
-ids) and has imported ``json`` and ``os``. Sets ``compat``, a JSON-able dict the
-script writes to ``setup/compatibility.json``.
-"""
+"""S2: every stack's shape, stored type, scaling and HU range."""
 
 import nibabel as nib
 cases = {}

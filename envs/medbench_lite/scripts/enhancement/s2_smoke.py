@@ -1,9 +1,4 @@
-"""S2 of the enhancement track: run the model once on a tiny input.
-
-Spliced into the teacher's setup script after the model is loaded: it gives
-``infer_lib`` (``model/infer_lib.py``) and ``W`` (its weights). Sets ``smoke``, a
-JSON-able dict the script records in ``setup/model_load.json``.
-"""
+"""S2: the model on flat, noisy normalized slices."""
 
 import numpy as np
 rng = np.random.default_rng(0)

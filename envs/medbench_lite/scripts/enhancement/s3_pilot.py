@@ -1,10 +1,4 @@
-"""S3 of the enhancement track: run the pipeline on one case and check it against domain facts.
-
-Spliced into the teacher's pilot script, which gives ``case_ids`` and ``infer``
-(``pipeline/infer.py``) and has imported ``json`` and ``os``. Runs ``infer.run`` on one
-case into ``validation/pilot.csv`` and sets ``case_id`` and ``checks`` (name ->
-``{"value", "expect", "ok"}``); the script fails the stage when a check is not ok.
-"""
+"""S3: on the first stack, the noise drops and the mean HU holds, on the input grid."""
 
 import nibabel as nib
 import numpy as np

@@ -1,9 +1,4 @@
-"""S2 of the report track: run the model once on a tiny input.
-
-Spliced into the teacher's setup script after the model is loaded: it gives
-``infer_lib`` (``model/infer_lib.py``) and ``W`` (its weights). Sets ``smoke``, a
-JSON-able dict the script records in ``setup/model_load.json``.
-"""
+"""S2: the model on a toy chest with one 8 mm nodule, 2 mm voxels."""
 
 import numpy as np
 v = np.full((40, 40, 20), 40.0)

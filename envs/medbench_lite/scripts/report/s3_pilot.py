@@ -1,10 +1,4 @@
-"""S3 of the report track: run the pipeline on one case and check it against domain facts.
-
-Spliced into the teacher's pilot script, which gives ``case_ids`` and ``infer``
-(``pipeline/infer.py``) and has imported ``json`` and ``os``. Runs ``infer.run`` on one
-case into ``validation/pilot.csv`` and sets ``case_id`` and ``checks`` (name ->
-``{"value", "expect", "ok"}``); the script fails the stage when a check is not ok.
-"""
+"""S3: on a case with a nodule, each reported size matches a measurement across it."""
 
 import nibabel as nib
 # Pilot the case with the most conspicuous nodule so the size can be cross-checked.

@@ -1,9 +1,4 @@
-"""S5 of the report track: check the submission rows before they are written.
-
-Spliced into the teacher's submit script, which gives ``rows`` (the submission rows
-in case order) and ``problems`` (a list) and has imported ``json``. Appends what is
-wrong to ``problems``; the script refuses to submit when it is not empty.
-"""
+"""S5: every FINDINGS line is in the required format."""
 
 import re
 pat = re.compile(r"^- (Nodule: (right|left) (upper|middle|lower) lobe, [0-9.]+ mm\.|No pulmonary nodules\.)$")

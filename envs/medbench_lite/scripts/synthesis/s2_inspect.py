@@ -1,9 +1,4 @@
-"""S2 of the synthesis track: open every input and record what the model needs.
-
-Spliced into the teacher's setup script, which gives ``case_ids`` (task.json's case
-ids) and has imported ``json`` and ``os``. Sets ``compat``, a JSON-able dict the
-script writes to ``setup/compatibility.json``.
-"""
+"""S2: every volume's shape, 99.5th percentile and orientation; the training pairs."""
 
 import glob
 import nibabel as nib

@@ -1,9 +1,4 @@
-"""S5 of the synthesis track: check the submission rows before they are written.
-
-Spliced into the teacher's submit script, which gives ``rows`` (the submission rows
-in case order) and ``problems`` (a list) and has imported ``json``. Appends what is
-wrong to ``problems``; the script refuses to submit when it is not empty.
-"""
+"""S5: every output lies on its input's grid (shape and affine)."""
 
 import nibabel as nib
 import numpy as np
