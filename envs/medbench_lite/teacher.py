@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.envs.medbench_lite.scripts import fragment, stage_script
-from bat_gym.protocol import ToolCall
+from bat_gym.protocol import ToolCall, bash_call, python_call
 
 __all__ = ["Recipe", "RECEIPT", "teacher_turns", "naive_turns", "python_call", "bash_call"]
 
@@ -67,20 +67,6 @@ class Recipe:
     out_dir: str
     submit_check: str
     says: dict[str, str]
-
-
-def python_call(code: str) -> ToolCall:
-    """An execute_code call running python."""
-    return ToolCall(
-        name="execute_code", arguments={"language": "python", "code": code.strip() + "\n"}
-    )
-
-
-def bash_call(code: str) -> ToolCall:
-    """An execute_code call running bash."""
-    return ToolCall(
-        name="execute_code", arguments={"language": "bash", "code": code.strip() + "\n"}
-    )
 
 
 def _finish(summary: str) -> ToolCall:

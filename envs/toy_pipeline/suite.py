@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
-from bat_gym.protocol import ToolCall
+from bat_gym.protocol import ToolCall, bash_call, python_call
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Task, Track
 from bat_gym.stages import reference_stages
@@ -289,18 +289,6 @@ class ToyPipeline(Benchmark):
         return score_agreement(workspace, pilot_path, truth, complete=False)
 
 
-def _py(code: str) -> ToolCall:
-    return ToolCall(
-        name="execute_code", arguments={"language": "python", "code": code.strip() + "\n"}
-    )
-
-
-def _sh(code: str) -> ToolCall:
-    return ToolCall(
-        name="execute_code", arguments={"language": "bash", "code": code.strip() + "\n"}
-    )
-
-
 _RECEIPT = """
 import hashlib, json, os
 def receipt(stage, artifact, path, **extra):
@@ -359,9 +347,9 @@ def _naive_turns(track: str) -> list[TeacherTurn]:
     run = "mkdir -p outputs && python pipeline/infer.py outputs/predictions.csv"
     submit = "cp outputs/predictions.csv outputs/submission.csv"
     return [
-        TeacherTurn("S2", "Writing the pipeline.", (_py(setup),)),
-        TeacherTurn("S4", "Running every case.", (_sh(run),)),
-        TeacherTurn("S5", "Submitting.", (_sh(submit),)),
+        TeacherTurn("S2", "Writing the pipeline.", (python_call(setup),)),
+        TeacherTurn("S4", "Running every case.", (bash_call(run),)),
+        TeacherTurn("S5", "Submitting.", (bash_call(submit),)),
         TeacherTurn("S5", "Done.", (ToolCall(name="finish", arguments={"summary": "Submitted."}),)),
     ]
 
@@ -413,13 +401,17 @@ def _teacher_turns(track: str, *, cases: int, unit: str) -> list[TeacherTurn]:
         + "receipt('S5', 'outputs/submission.csv', 'validation/s5_submission.json', cases=len(rows))\nprint('submitted', len(rows))"
     )
     return [
-        TeacherTurn("S1", "I will read the task and write the plan.", (_sh(plan),)),
-        TeacherTurn("S2", "Setting up the environment record and the pipeline.", (_py(setup),)),
+        TeacherTurn("S1", "I will read the task and write the plan.", (bash_call(plan),)),
         TeacherTurn(
-            "S3", "A one-case pilot, checked against the data description.", (_py(validate),)
+            "S2", "Setting up the environment record and the pipeline.", (python_call(setup),)
         ),
-        TeacherTurn("S4", "Full inference.", (_py(infer),)),
-        TeacherTurn("S5", "Submission in the required schema.", (_py(submit),)),
+        TeacherTurn(
+            "S3",
+            "A one-case pilot, checked against the data description.",
+            (python_call(validate),),
+        ),
+        TeacherTurn("S4", "Full inference.", (python_call(infer),)),
+        TeacherTurn("S5", "Submission in the required schema.", (python_call(submit),)),
         TeacherTurn(
             "S5",
             "All stages are done.",
