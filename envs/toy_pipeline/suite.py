@@ -289,44 +289,17 @@ class ToyPipeline(Benchmark):
         return score_agreement(workspace, pilot_path, truth, complete=False)
 
 
-_RECEIPT = """
-import hashlib, json, os
-def receipt(stage, artifact, path, **extra):
-    digest = hashlib.sha256(open(artifact, "rb").read()).hexdigest()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    json.dump({"schema_version": 1, "stage": stage, "artifact": artifact, "sha256": digest, **extra}, open(path, "w"), indent=2)
-"""
+_SCRIPTS = Path(__file__).with_name("scripts")
 
-_INFER = {
-    "threshold": """
-import csv, json, math, sys
-SCALE = {"mm": 0.1, "cm": 1.0, "m": 100.0}
-model = json.load(open("model/model.json"))
-unit = json.load(open("task.json"))["value_unit"]
-wanted = set(sys.argv[2:])
-out = sys.argv[1]
-rows = [r for r in csv.DictReader(open("data/cases.csv")) if not wanted or r["id"] in wanted]
-def score(cm):
-    return 1.0 / (1.0 + math.exp(-(cm - model["threshold"]) / model["width"]))
-with open(out, "w", newline="") as f:
-    w = csv.writer(f, lineterminator="\\n")
-    w.writerow(["id", "score"])
-    for r in rows:
-        w.writerow([r["id"], f"{score(float(r['value']) * SCALE[unit]):.4f}"])
-""",
-    "lookup": """
-import csv, json, sys
-model = json.load(open("model/model.json"))
-wanted = set(sys.argv[2:])
-out = sys.argv[1]
-rows = [r for r in csv.DictReader(open("data/cases.csv")) if not wanted or r["id"] in wanted]
-with open(out, "w", newline="") as f:
-    w = csv.writer(f, lineterminator="\\n")
-    w.writerow(["id", "score"])
-    for r in rows:
-        w.writerow([r["id"], f'{model["table"][r["code"].strip().lower()]:.4f}'])
-""",
-}
+
+def _script(name: str) -> str:
+    """The text of ``scripts/<name>.py``: code the teacher writes into the sandbox as is."""
+    return (_SCRIPTS / f"{name}.py").read_text(encoding="utf-8")
+
+
+# The receipt helper the S3-S5 scripts end with, and the pipeline of each track.
+_RECEIPT = _script("receipt")
+_INFER = {track: _script(f"{track}_infer") for track in ("threshold", "lookup")}
 
 
 # The naive pipelines: the teacher's, less the unit conversion or the code normalization.
