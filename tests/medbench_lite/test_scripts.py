@@ -147,6 +147,9 @@ def test_a_slot_alone_on_its_line_takes_code_and_one_inside_a_line_a_value(scrip
     )
     got = scripts.stage_script("s9", body="\nx = 1\ny = 2\n\n", out_dir="outputs/a b")
     assert got == "import os\nx = 1\ny = 2\nos.makedirs('outputs/a b', exist_ok=True)\n"
+    # Source: a value written another way on purpose (here as JSON) goes in as it is.
+    got = scripts.stage_script("s9", body="", out_dir=scripts.Source('"o"'))
+    assert got.endswith('os.makedirs("o", exist_ok=True)\n')
 
 
 @pytest.mark.parametrize(

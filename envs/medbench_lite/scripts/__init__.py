@@ -49,6 +49,7 @@ __all__ = [
     "pipeline_variant",
     "recipe_scripts",
     "stage_script",
+    "Source",
     "SCRIPT_DIR",
 ]
 
@@ -149,20 +150,33 @@ def recipe_scripts(track: str) -> dict[str, str]:
     }
 
 
+class Source(str):
+    """Python source a value slot takes as it is written, instead of the value's ``repr``.
+
+    For a value rendered another way on purpose, e.g. case ids as a JSON list.
+    """
+
+    __slots__ = ()
+
+
 _SLOT = re.compile(r"\bSLOT_([A-Z_]+)\b")
 
 
-def stage_script(name: str, **slots: str) -> str:
+def _value(value: object) -> str:
+    return value if isinstance(value, Source) else repr(value)
+
+
+def stage_script(name: str, **slots: object) -> str:
     """The teacher's stage script ``stages/<name>.py`` with its slots filled.
 
     A slot is a name ``SLOT_<KEY>``. Alone on its line it stands for code: the line
     becomes ``slots["<key>"]`` stripped (a fragment, or the receipt helper). Inside a
-    line it stands for a value: it becomes ``repr(slots["<key>"])``. The module
-    docstring is left out, as for fragments.
+        line it stands for a value: it becomes ``repr(slots["<key>"])``, or the text itself
+    for a :class:`Source`. The module docstring is left out, as for fragments.
 
     Args:
         name: the stage script's file name without ``.py`` (``s2_setup``, ...).
-        **slots: text by lower-case slot key (``receipt=...``, ``out_dir=...``).
+        **slots: code or value by lower-case slot key (``receipt=...``, ``out_dir=...``).
 
     Raises:
         PluginError: a slot of the script is not given, or a given one is not in it.
@@ -178,7 +192,7 @@ def stage_script(name: str, **slots: str) -> str:
     for line in source.splitlines(keepends=True):
         alone = _SLOT.fullmatch(line.strip())
         if alone and line.strip() == line.rstrip("\n"):
-            lines.append(slots[alone.group(1).lower()].strip() + "\n")
+            lines.append(str(slots[alone.group(1).lower()]).strip() + "\n")
         else:
-            lines.append(_SLOT.sub(lambda m: repr(slots[m.group(1).lower()]), line))
+            lines.append(_SLOT.sub(lambda m: _value(slots[m.group(1).lower()]), line))
     return "".join(lines)
