@@ -29,6 +29,7 @@ sandbox (never imported here), so ruff lints them and a test compiles every one:
 
 The teacher's own stage scripts, the same for every track, are in ``stages/``: each a
 real file with slots (:func:`stage_script`) where a track's fragments and values go.
+The reading, the slots and the patches are :mod:`bat_gym.scripts`'s.
 
 The text is sent byte for byte (surrounding whitespace aside), so the teacher's
 transcripts and the states built from them do not depend on this layout.
@@ -36,12 +37,10 @@ transcripts and the states built from them do not depend on this layout.
 
 from __future__ import annotations
 
-import ast
 import functools
-import re
 from pathlib import Path
 
-from bat_gym.errors import PluginError
+from bat_gym.scripts import Source, fill_slots, replace_function, without_docstring
 
 __all__ = [
     "script",
@@ -54,7 +53,7 @@ __all__ = [
 ]
 
 SCRIPT_DIR = Path(__file__).parent
-"""The folder of the per-track script folders."""
+"""The folder of the per-track script folders and of ``stages/``."""
 
 
 @functools.cache
@@ -67,61 +66,19 @@ def script(track: str, name: str) -> str:
     return (SCRIPT_DIR / track / f"{name}.py").read_text(encoding="utf-8")
 
 
-def _docstring_end(source: str) -> int:
-    """The 1-based line where ``source``'s module docstring ends (0 without one)."""
-    body = ast.parse(source).body
-    first = body[0] if body else None
-    if (
-        isinstance(first, ast.Expr)
-        and isinstance(first.value, ast.Constant)
-        and isinstance(first.value.value, str)
-    ):
-        return first.end_lineno or 0
-    return 0
-
-
 def fragment(track: str, name: str) -> str:
     """A fragment's code without its module docstring: what the stage script splices in."""
-    source = script(track, name)
-    lines = source.splitlines(keepends=True)
-    return "".join(lines[_docstring_end(source) :]).strip() + "\n"
-
-
-def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            return node
-    return None
+    return without_docstring(script(track, name))
 
 
 def pipeline_variant(track: str, patch: str) -> str:
     """``pipeline.py`` with its function of the name defined in ``<patch>.py`` replaced.
 
-    The patch file defines exactly one top-level function; its lines (decorators aside,
-    which these scripts do not use) replace those of the pipeline's function of the same
-    name, and every other line of the pipeline is kept as it is.
-
     Raises:
         PluginError: the patch defines no function or several, or one the pipeline
-            lacks (a ValueError too).
+            lacks (see :func:`bat_gym.scripts.replace_function`).
     """
-    base, source = script(track, "pipeline"), script(track, patch)
-    patch_fns = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
-    if len(patch_fns) != 1:
-        raise PluginError(
-            f"{track}/{patch}.py must define exactly one function, found "
-            f"{[f.name for f in patch_fns]}: a patch replaces one function of pipeline.py"
-        )
-    new = patch_fns[0]
-    old = _function(ast.parse(base), new.name)
-    if old is None:
-        raise PluginError(
-            f"{track}/{patch}.py defines {new.name}(), which {track}/pipeline.py lacks: "
-            "name the patch's function after the pipeline function it replaces"
-        )
-    base_lines = base.splitlines(keepends=True)
-    new_lines = source.splitlines(keepends=True)[new.lineno - 1 : new.end_lineno]
-    return "".join(base_lines[: old.lineno - 1] + new_lines + base_lines[old.end_lineno :])
+    return replace_function(script(track, "pipeline"), script(track, patch), f"{track}/{patch}.py")
 
 
 def recipe_scripts(track: str) -> dict[str, str]:
@@ -150,49 +107,15 @@ def recipe_scripts(track: str) -> dict[str, str]:
     }
 
 
-class Source(str):
-    """Python source a value slot takes as it is written, instead of the value's ``repr``.
-
-    For a value rendered another way on purpose, e.g. case ids as a JSON list.
-    """
-
-    __slots__ = ()
-
-
-_SLOT = re.compile(r"\bSLOT_([A-Z_]+)\b")
-
-
-def _value(value: object) -> str:
-    return value if isinstance(value, Source) else repr(value)
-
-
 def stage_script(name: str, **slots: object) -> str:
-    """The teacher's stage script ``stages/<name>.py`` with its slots filled.
-
-    A slot is a name ``SLOT_<KEY>``. Alone on its line it stands for code: the line
-    becomes ``slots["<key>"]`` stripped (a fragment, or the receipt helper). Inside a
-        line it stands for a value: it becomes ``repr(slots["<key>"])``, or the text itself
-    for a :class:`Source`. The module docstring is left out, as for fragments.
+    """The teacher's stage script ``stages/<name>.py``, docstring left out, slots filled.
 
     Args:
         name: the stage script's file name without ``.py`` (``s2_setup``, ...).
-        **slots: code or value by lower-case slot key (``receipt=...``, ``out_dir=...``).
+        **slots: code or value by slot key in lower case (see
+            :func:`bat_gym.scripts.fill_slots`).
 
     Raises:
-        PluginError: a slot of the script is not given, or a given one is not in it.
+        PluginError: a slot of the script is not given, or one given is not in it.
     """
-    source = fragment("stages", name)
-    used = {key.lower() for key in _SLOT.findall(source)}
-    if used != set(slots):
-        raise PluginError(
-            f"stages/{name}.py has the slots {sorted(used)} but was given {sorted(slots)}: "
-            "give each of its slots, and only those"
-        )
-    lines = []
-    for line in source.splitlines(keepends=True):
-        alone = _SLOT.fullmatch(line.strip())
-        if alone and line.strip() == line.rstrip("\n"):
-            lines.append(str(slots[alone.group(1).lower()]).strip() + "\n")
-        else:
-            lines.append(_SLOT.sub(lambda m: _value(slots[m.group(1).lower()]), line))
-    return "".join(lines)
+    return fill_slots(fragment("stages", name), f"stages/{name}.py", **slots)
