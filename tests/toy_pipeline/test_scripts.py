@@ -12,8 +12,27 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((Path(suite.__file__).parent / "scripts").glob("*.py"))
 
 
-def test_there_is_a_receipt_and_a_pipeline_per_track():
-    assert {p.stem for p in SCRIPTS} == {"receipt", "threshold_infer", "lookup_infer"}
+def test_there_are_the_stage_scripts_and_a_pipeline_and_a_check_per_track():
+    assert {p.stem for p in SCRIPTS} == {
+        "receipt",
+        "s2_setup",
+        "naive_s2_setup",
+        "s3_validate",
+        "s4_infer",
+        "s5_submit",
+        *(f"{t}_{kind}" for t in ("threshold", "lookup") for kind in ("infer", "check")),
+    }
+
+
+@pytest.mark.parametrize("track", ["threshold", "lookup"])
+def test_every_turn_is_python_or_bash_with_every_slot_filled(track):
+    turns = suite._teacher_turns(track, cases=3, unit="mm") + suite._naive_turns(track)
+    for turn in turns:
+        for call in turn.calls:
+            code = call.arguments.get("code", "")
+            assert "SLOT_" not in code, (turn.stage, code)
+            if call.arguments.get("language") == "python":
+                compile(code, f"{track} {turn.stage}", "exec")
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)

@@ -1,3 +1,4 @@
+"""The receipt helper the S3-S5 scripts end with (``SLOT_RECEIPT``)."""
 
 import hashlib, json, os
 def receipt(stage, artifact, path, **extra):
