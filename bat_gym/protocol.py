@@ -36,6 +36,8 @@ __all__ = [
     "FINISH",
     "TOOLS",
     "ToolCall",
+    "python_call",
+    "bash_call",
     "ParsedMessage",
     "ToolProtocol",
     "HermesProtocol",
@@ -157,6 +159,23 @@ class ToolCall(BaseModel):
                 "arguments": json.dumps(self.arguments, ensure_ascii=False),
             },
         }
+
+
+def python_call(code: str) -> ToolCall:
+    """An ``execute_code`` call running python ``code``, stripped, with one final newline.
+
+    What a scripted teacher sends; the code reads in a transcript as it was written.
+    """
+    return ToolCall(
+        name="execute_code", arguments={"language": "python", "code": code.strip() + "\n"}
+    )
+
+
+def bash_call(code: str) -> ToolCall:
+    """An ``execute_code`` call running bash ``code``, stripped, with one final newline."""
+    return ToolCall(
+        name="execute_code", arguments={"language": "bash", "code": code.strip() + "\n"}
+    )
 
 
 class ParsedMessage(BaseModel):

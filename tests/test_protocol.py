@@ -2,7 +2,14 @@ import json
 
 import pytest
 
-from bat_gym.protocol import PROTOCOLS, ToolCall, get_protocol, validate_call
+from bat_gym.protocol import (
+    PROTOCOLS,
+    ToolCall,
+    bash_call,
+    get_protocol,
+    python_call,
+    validate_call,
+)
 
 CALLS = [
     ToolCall(
@@ -113,3 +120,10 @@ def test_valid_call_passes_and_unknown_protocol_is_refused():
     assert validate_call(CALLS[0]) is None
     with pytest.raises(ValueError, match="unknown tool protocol 'xml'"):
         get_protocol("xml")
+
+
+def test_a_scripted_call_is_a_valid_execute_code_call_with_one_final_newline():
+    py, sh = python_call("\n\nprint(1)\n\n\n"), bash_call("  ls -l  ")
+    assert py.arguments == {"language": "python", "code": "print(1)\n"}
+    assert sh.arguments == {"language": "bash", "code": "ls -l\n"}
+    assert validate_call(py) is None and validate_call(sh) is None

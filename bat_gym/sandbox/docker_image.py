@@ -397,22 +397,14 @@ def _add_host_distributions(rootfs: Path, pinned: tuple[str, ...]) -> None:
         )
 
 
-_IMPORT_CHECK = """
-import importlib, sys
-bad = []
-for name in {modules!r}:
-    try:
-        importlib.import_module(name)
-    except Exception as exc:
-        bad.append(f"{{name}} ({{type(exc).__name__}}: {{exc}})")
-print("\\n".join(bad))
-sys.exit(1 if bad else 0)
-"""
+# Run with the image's python, never imported here.
+_IMPORT_CHECK = Path(__file__).with_name("_import_check.py")
 
 
 def import_check(modules: tuple[str, ...] | list[str]) -> str:
     """Python that imports each of ``modules``, prints those that fail, exits 1 if any did."""
-    return _IMPORT_CHECK.format(modules=list(modules))
+    source = _IMPORT_CHECK.read_text(encoding="utf-8")
+    return f"{source}\nraise SystemExit(main({list(modules)!r}))\n"
 
 
 class _CannotImport(SandboxUnavailable):

@@ -50,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from bat_gym.envs.medbench_lite.scripts import Source, stage_script
+
 __all__ = [
     "AFFINE_TOL",
     "FLOAT_RTOL",
@@ -267,6 +269,7 @@ def json_agree(mine: bytes, reference: bytes) -> bool:
 
 # -- reproduction ---------------------------------------------------------------------
 
+# The bash around the reproduction script (scripts/stages/reproduce.py).
 _REPRODUCE = """\
 set -e
 # The outputs of the episode are not evidence: the pipeline must write its own.
@@ -275,17 +278,7 @@ mkdir -p {out_dir}
 # -I: no PYTHON* variables or user site; a fresh pycache prefix, so that no compiled
 # file left in the workspace stands in for pipeline/infer.py's source.
 python3 -I -B -X pycache_prefix="$(mktemp -d)" - <<'REPRODUCE_EOF'
-import importlib.util, os, sys
-
-root = os.getcwd()
-sys.path[:0] = [os.path.join(root, "pipeline"), root]
-spec = importlib.util.spec_from_file_location("infer", os.path.join(root, "pipeline", "infer.py"))
-infer = importlib.util.module_from_spec(spec)
-sys.modules["infer"] = infer
-spec.loader.exec_module(infer)
-# The case ids and the output directory are the task's, not read from the workspace.
-infer.run({ids}, "outputs/predictions.csv", {out_dir_py})
-REPRODUCE_EOF
+{script}REPRODUCE_EOF
 """
 
 
@@ -307,5 +300,10 @@ def reproduction_command(case_ids: list[str] | tuple[str, ...], out_dir: str) ->
     """
     if not out_dir.startswith("outputs") or any(c in out_dir for c in "'\"$`\\ \n;&|"):
         raise ValueError(f"unsafe output directory {out_dir!r}")
-    ids = json.dumps([str(i) for i in case_ids])
-    return _REPRODUCE.format(out_dir=out_dir, ids=ids, out_dir_py=json.dumps(out_dir))
+    # JSON: the ids and the directory written as double-quoted literals, as S4 reads them.
+    script = stage_script(
+        "reproduce",
+        ids=Source(json.dumps([str(i) for i in case_ids])),
+        out_dir=Source(json.dumps(out_dir)),
+    )
+    return _REPRODUCE.format(out_dir=out_dir, script=script)

@@ -21,6 +21,7 @@ __all__ = [
     "average_precision",
     "RECALL_POINTS",
     "ssim_map",
+    "box_filter",
     "interior",
     "ssim",
     "normalized_mae",
@@ -174,11 +175,14 @@ def average_precision(
     return float(sampled.mean())
 
 
-def _box_filter(a: np.ndarray, size: int) -> np.ndarray:
-    """Mean over a ``size`` x ``size`` window on the first two axes (edge padding)."""
+def box_filter(a: np.ndarray, size: int, axes: tuple[int, ...] | range = (0, 1)) -> np.ndarray:
+    """Mean over a ``size``-wide window along each of ``axes`` (edge padding), as float64.
+
+    A running sum: the result has ``a``'s shape; ``size`` is in voxels along each axis.
+    """
     r = size // 2
-    out = a.astype(np.float64)
-    for axis in (0, 1):
+    out = np.asarray(a, dtype=np.float64)
+    for axis in axes:
         pad = [(0, 0)] * out.ndim
         pad[axis] = (r + 1, r)
         c = np.cumsum(np.pad(out, pad, mode="edge"), axis=axis)
@@ -187,6 +191,11 @@ def _box_filter(a: np.ndarray, size: int) -> np.ndarray:
             np.take(c, np.arange(size, size + n), axis=axis) - np.take(c, np.arange(n), axis=axis)
         ) / size
     return out
+
+
+def _box_filter(a: np.ndarray, size: int) -> np.ndarray:
+    """Mean over a ``size`` x ``size`` window on the first two axes (edge padding)."""
+    return box_filter(a, size)
 
 
 def ssim_map(x: np.ndarray, y: np.ndarray, data_range: float, win: int = 7) -> np.ndarray:

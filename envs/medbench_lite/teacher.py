@@ -2,8 +2,9 @@
 
 Every track works through the same five stages with the same receipts; what differs is
 the code that inspects the data, the pipeline, and the pilot's quality check. A track
-supplies those as a :class:`Recipe` (code strings that run inside the sandbox) and
-:func:`teacher_turns` assembles them into turns:
+supplies those as a :class:`Recipe` (code that runs inside the sandbox, read from the
+track's files in :mod:`~bat_gym.envs.medbench_lite.scripts`) and :func:`teacher_turns`
+splices them into the stage scripts of ``scripts/stages/`` to make its turns:
 
 * S1: read TASK.md and the model card, then write ``plan/plan.md``.
 * S2: record the environment and data compatibility, pin and smoke-test the model,
@@ -22,22 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bat_gym.benchmark import TeacherTurn
-from bat_gym.protocol import ToolCall
+from bat_gym.envs.medbench_lite.scripts import fragment, stage_script
+from bat_gym.protocol import ToolCall, bash_call, python_call
 
 __all__ = ["Recipe", "RECEIPT", "teacher_turns", "naive_turns", "python_call", "bash_call"]
 
-RECEIPT = '''
-import hashlib, json, os
-
-def receipt(stage, artifact, path, **extra):
-    """Write a stage receipt: the artifact's real sha256 plus what the stage checked."""
-    digest = hashlib.sha256(open(artifact, "rb").read()).hexdigest()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump({"schema_version": 1, "stage": stage, "artifact": artifact,
-                   "sha256": digest, **extra}, f, indent=2,
-                  default=lambda o: o.item() if hasattr(o, "item") else str(o))
-'''.strip()
+# The receipt helper every receipt-writing stage script begins with.
+RECEIPT = fragment("stages", "receipt").strip()
 
 
 @dataclass(frozen=True)
@@ -77,20 +69,6 @@ class Recipe:
     says: dict[str, str]
 
 
-def python_call(code: str) -> ToolCall:
-    """An execute_code call running python."""
-    return ToolCall(
-        name="execute_code", arguments={"language": "python", "code": code.strip() + "\n"}
-    )
-
-
-def bash_call(code: str) -> ToolCall:
-    """An execute_code call running bash."""
-    return ToolCall(
-        name="execute_code", arguments={"language": "bash", "code": code.strip() + "\n"}
-    )
-
-
 def _finish(summary: str) -> ToolCall:
     return ToolCall(name="finish", arguments={"summary": summary})
 
@@ -120,141 +98,18 @@ def _plan_call(plan: tuple[str, str, str]) -> ToolCall:
     )
 
 
-_SETUP = """
-import importlib, json, os, platform, sys
-{receipt}
-
-os.makedirs("setup", exist_ok=True)
-versions = {{}}
-for name in ("numpy", "nibabel", "pydicom", "PIL"):
-    try:
-        versions[name] = importlib.import_module(name).__version__
-    except ImportError:
-        versions[name] = None
-with open("setup/environment.json", "w") as f:
-    json.dump({{"schema_version": 1, "stage": "S2", "python": platform.python_version(),
-               "packages": versions, "device": "cpu"}}, f, indent=2)
-print("packages:", versions)
-
-task = json.load(open("task.json"))
-case_ids = task["submission"]["case_ids"]
-{inspect}
-with open("setup/compatibility.json", "w") as f:
-    json.dump({{"schema_version": 1, "stage": "S2", **compat}}, f, indent=2)
-
-receipt("S2", "model/weights.npz", "model/checkpoint.json",
-        card="model/MODEL_CARD.md", entry_point="model/infer_lib.py")
-sys.path.insert(0, "model")
-import infer_lib
-W = infer_lib.load("model/weights.npz")
-{smoke}
-receipt("S2", "model/weights.npz", "setup/model_load.json",
-        loaded=True, parameters=sorted(W), smoke_test=smoke)
-print("model loaded:", sorted(W), "| smoke test:", smoke)
-"""
-
-_PILOT = """
-import csv, json, os, sys
-sys.path.insert(0, "pipeline")
-import infer
-{receipt}
-
-os.makedirs("validation", exist_ok=True)
-task = json.load(open("task.json"))
-case_ids = task["submission"]["case_ids"]
-{pilot}
-for name, c in checks.items():
-    print(("PASS" if c["ok"] else "FAIL"), name, "=", c["value"], "| expected", c["expect"])
-if not all(c["ok"] for c in checks.values()):
-    raise SystemExit("pilot on " + case_id + " failed its check; no S3 receipt written")
-receipt("S3", "validation/pilot.csv", "validation/s3_validation.json", case_id=case_id,
-        level={level!r}, checks=checks, passed=True)
-print("S3 receipt written for pilot case", case_id)
-"""
-
-_INFER = """
-import csv, json, os, sys
-sys.path.insert(0, "pipeline")
-import infer
-{receipt}
-
-task = json.load(open("task.json"))
-ids = task["submission"]["case_ids"]
-os.makedirs("outputs", exist_ok=True)
-rows = infer.run(ids, "outputs/predictions.csv", {out_dir!r})
-done = [r["id"] for r in rows]
-missing = [i for i in ids if i not in done]
-print(len(done), "of", len(ids), "cases predicted; missing:", missing)
-receipt("S4", "outputs/predictions.csv", "validation/s4_completion.json",
-        cases=len(ids), completed=len(done), missing=missing, output_dir={out_dir!r})
-"""
-
-_SUBMIT = """
-import csv, json, os
-{receipt}
-
-schema = json.load(open("task.json"))["submission"]
-cols, ids = schema["columns"], schema["case_ids"]
-pred = {{r["id"]: r for r in csv.DictReader(open("outputs/predictions.csv"))}}
-missing = [i for i in ids if i not in pred]
-assert not missing, f"cases missing from predictions: {{missing}}"
-rows = [{{c: pred[i][c] for c in cols}} for i in ids]
-problems = []
-{check}
-assert not problems, problems
-with open("outputs/submission.csv", "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=cols, lineterminator="\\n")
-    w.writeheader()
-    w.writerows(rows)
-receipt("S5", "outputs/submission.csv", "validation/s5_submission.json",
-        rows=len(rows), columns=cols, format_valid=True)
-print("submission:", len(rows), "rows, columns", cols)
-"""
-
-_NAIVE_INFER = """
-import csv, json, os, sys
-sys.path.insert(0, "pipeline")
-import infer
-
-task = json.load(open("task.json"))
-ids = task["submission"]["case_ids"]
-os.makedirs("outputs", exist_ok=True)
-infer.run(ids, "outputs/predictions.csv", {out_dir!r})
-print("predicted", len(ids), "cases")
-"""
-
-# The naive submission: the predictions in the submission's columns, with the receipt
-# the task asks for; nothing about them is checked.
-_NAIVE_SUBMIT = (
-    RECEIPT
-    + """
-import csv
-cols = json.load(open("task.json"))["submission"]["columns"]
-rows = list(csv.DictReader(open("outputs/predictions.csv")))
-with open("outputs/submission.csv", "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore", lineterminator="\\n")
-    w.writeheader()
-    w.writerows(rows)
-receipt("S5", "outputs/submission.csv", "validation/s5_submission.json", rows=len(rows))
-print("submitted", len(rows), "rows")
-"""
-)
-
-
 def teacher_turns(recipe: Recipe, outcome: str = "success") -> list[TeacherTurn]:
     """The careful engineer's turns for one task, stage by stage, ending in finish."""
     if outcome not in ("success", "recovery", "failure"):
         raise ValueError(f"outcome must be success, recovery or failure, got {outcome!r}")
     says = recipe.says
     first_pipeline = recipe.pipeline if outcome == "success" else recipe.pipeline_bug
-    setup = _SETUP.format(
-        receipt=RECEIPT, inspect=recipe.inspect.strip(), smoke=recipe.smoke.strip()
+    setup = stage_script("s2_setup", receipt=RECEIPT, inspect=recipe.inspect, smoke=recipe.smoke)
+    full = stage_script(
+        "s3_pilot", receipt=RECEIPT, pilot=recipe.pilot, level="one-case pilot + quality check"
     )
-    full = _PILOT.format(
-        receipt=RECEIPT, pilot=recipe.pilot.strip(), level="one-case pilot + quality check"
-    )
-    weak = _PILOT.format(
-        receipt=RECEIPT, pilot=recipe.weak_pilot.strip(), level="one-case pilot, shape check"
+    weak = stage_script(
+        "s3_pilot", receipt=RECEIPT, pilot=recipe.weak_pilot, level="one-case pilot, shape check"
     )
     turns = [
         TeacherTurn(
@@ -294,12 +149,12 @@ def teacher_turns(recipe: Recipe, outcome: str = "success") -> list[TeacherTurn]
         TeacherTurn(
             "S4",
             "The pilot is validated; running every case.",
-            (python_call(_INFER.format(receipt=RECEIPT, out_dir=recipe.out_dir)),),
+            (python_call(stage_script("s4_infer", receipt=RECEIPT, out_dir=recipe.out_dir)),),
         ),
         TeacherTurn(
             "S5",
             "Writing the submission in the task's schema and checking it.",
-            (python_call(_SUBMIT.format(receipt=RECEIPT, check=recipe.submit_check.strip())),),
+            (python_call(stage_script("s5_submit", receipt=RECEIPT, check=recipe.submit_check)),),
         ),
         TeacherTurn(
             "S5",
@@ -325,8 +180,12 @@ def naive_turns(recipe: Recipe) -> list[TeacherTurn]:
         TeacherTurn(
             "S4",
             "Running it on every case.",
-            (python_call(_NAIVE_INFER.format(out_dir=recipe.out_dir)),),
+            (python_call(stage_script("naive_s4_infer", out_dir=recipe.out_dir)),),
         ),
-        TeacherTurn("S5", "Submitting the predictions.", (python_call(_NAIVE_SUBMIT),)),
+        TeacherTurn(
+            "S5",
+            "Submitting the predictions.",
+            (python_call(stage_script("naive_s5_submit", receipt=RECEIPT)),),
+        ),
         TeacherTurn("S5", "Done.", (_finish("Submitted the model's outputs."),)),
     ]

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
-from bat_gym.protocol import ToolCall
+from bat_gym.protocol import ToolCall, bash_call, python_call
 from bat_gym.sandbox.requirements import SandboxRequirements
+from bat_gym.scripts import fill_slots, without_docstring
 from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Task, Track
 from bat_gym.stages import reference_stages
 
@@ -289,56 +290,23 @@ class ToyPipeline(Benchmark):
         return score_agreement(workspace, pilot_path, truth, complete=False)
 
 
-def _py(code: str) -> ToolCall:
-    return ToolCall(
-        name="execute_code", arguments={"language": "python", "code": code.strip() + "\n"}
-    )
+_SCRIPTS = Path(__file__).with_name("scripts")
 
 
-def _sh(code: str) -> ToolCall:
-    return ToolCall(
-        name="execute_code", arguments={"language": "bash", "code": code.strip() + "\n"}
-    )
+def _script(name: str) -> str:
+    """The text of ``scripts/<name>.py``, as it is on disk."""
+    return (_SCRIPTS / f"{name}.py").read_text(encoding="utf-8")
 
 
-_RECEIPT = """
-import hashlib, json, os
-def receipt(stage, artifact, path, **extra):
-    digest = hashlib.sha256(open(artifact, "rb").read()).hexdigest()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    json.dump({"schema_version": 1, "stage": stage, "artifact": artifact, "sha256": digest, **extra}, open(path, "w"), indent=2)
-"""
+def _stage(name: str, **slots: object) -> str:
+    """A stage script of ``scripts/``, docstring left out, slots filled."""
+    return fill_slots(without_docstring(_script(name)), f"scripts/{name}.py", **slots)
 
-_INFER = {
-    "threshold": """
-import csv, json, math, sys
-SCALE = {"mm": 0.1, "cm": 1.0, "m": 100.0}
-model = json.load(open("model/model.json"))
-unit = json.load(open("task.json"))["value_unit"]
-wanted = set(sys.argv[2:])
-out = sys.argv[1]
-rows = [r for r in csv.DictReader(open("data/cases.csv")) if not wanted or r["id"] in wanted]
-def score(cm):
-    return 1.0 / (1.0 + math.exp(-(cm - model["threshold"]) / model["width"]))
-with open(out, "w", newline="") as f:
-    w = csv.writer(f, lineterminator="\\n")
-    w.writerow(["id", "score"])
-    for r in rows:
-        w.writerow([r["id"], f"{score(float(r['value']) * SCALE[unit]):.4f}"])
-""",
-    "lookup": """
-import csv, json, sys
-model = json.load(open("model/model.json"))
-wanted = set(sys.argv[2:])
-out = sys.argv[1]
-rows = [r for r in csv.DictReader(open("data/cases.csv")) if not wanted or r["id"] in wanted]
-with open(out, "w", newline="") as f:
-    w = csv.writer(f, lineterminator="\\n")
-    w.writerow(["id", "score"])
-    for r in rows:
-        w.writerow([r["id"], f'{model["table"][r["code"].strip().lower()]:.4f}'])
-""",
-}
+
+# The receipt helper the S3-S5 scripts end with, and the pipeline of each track (sent
+# whole: the teacher writes it to pipeline/infer.py).
+_RECEIPT = without_docstring(_script("receipt"))
+_INFER = {track: _script(f"{track}_infer") for track in ("threshold", "lookup")}
 
 
 # The naive pipelines: the teacher's, less the unit conversion or the code normalization.
@@ -352,25 +320,18 @@ assert all(_NAIVE_INFER[t] != _INFER[t] for t in _INFER)
 
 
 def _naive_turns(track: str) -> list[TeacherTurn]:
-    setup = (
-        "import os\nos.makedirs('pipeline', exist_ok=True)\n"
-        f"open('pipeline/infer.py', 'w').write({_NAIVE_INFER[track]!r})"
-    )
+    setup = _stage("naive_s2_setup", pipeline=_NAIVE_INFER[track])
     run = "mkdir -p outputs && python pipeline/infer.py outputs/predictions.csv"
     submit = "cp outputs/predictions.csv outputs/submission.csv"
     return [
-        TeacherTurn("S2", "Writing the pipeline.", (_py(setup),)),
-        TeacherTurn("S4", "Running every case.", (_sh(run),)),
-        TeacherTurn("S5", "Submitting.", (_sh(submit),)),
+        TeacherTurn("S2", "Writing the pipeline.", (python_call(setup),)),
+        TeacherTurn("S4", "Running every case.", (bash_call(run),)),
+        TeacherTurn("S5", "Submitting.", (bash_call(submit),)),
         TeacherTurn("S5", "Done.", (ToolCall(name="finish", arguments={"summary": "Submitted."}),)),
     ]
 
 
 def _teacher_turns(track: str, *, cases: int, unit: str) -> list[TeacherTurn]:
-    check = {
-        "threshold": "unit = json.load(open('task.json'))['value_unit']; print('values are in', unit, '; model threshold is in cm')",
-        "lookup": "print('codes seen:', sorted({r['code'] for r in csv.DictReader(open('data/cases.csv'))}))",
-    }[track]
     plan = (
         "mkdir -p plan && cat > plan/plan.md <<'EOF'\n# Plan\n\n## Preprocess\n"
         f"Read data/cases.csv ({cases} cases) and task.json; "
@@ -383,43 +344,23 @@ def _teacher_turns(track: str, *, cases: int, unit: str) -> list[TeacherTurn]:
         "pipeline/infer.py, one row per case id.\n\n## Postprocess\nWrite outputs/submission.csv in the schema of "
         "task.json with four-decimal scores and a receipt.\nEOF\ncat task.json; head -3 data/cases.csv"
     )
-    setup = (
-        "import json, os, platform, numpy\nos.makedirs('setup', exist_ok=True)\n"
-        "json.dump({'python': platform.python_version(), 'numpy': numpy.__version__}, open('setup/environment.json', 'w'), indent=2)\n"
-        f"os.makedirs('pipeline', exist_ok=True)\nopen('pipeline/infer.py', 'w').write({_INFER[track]!r})\nprint('pipeline written')"
-    )
-    validate = (
-        f"import csv, json, subprocess\n{check}\nfirst = next(csv.DictReader(open('data/cases.csv')))['id']\n"
-        "import os; os.makedirs('validation', exist_ok=True)\n"
-        "subprocess.run(['python', 'pipeline/infer.py', 'validation/pilot.csv', first], check=True)\n"
-        "print(open('validation/pilot.csv').read())\n"
-        + _RECEIPT
-        + "receipt('S3', 'validation/pilot.csv', 'validation/s3_validation.json', cases=1)"
-    )
-    infer = (
-        "import csv, os, subprocess\nos.makedirs('outputs', exist_ok=True)\n"
-        "subprocess.run(['python', 'pipeline/infer.py', 'outputs/predictions.csv'], check=True)\n"
-        "n = sum(1 for _ in csv.DictReader(open('outputs/predictions.csv')))\nprint(n, 'cases predicted')\n"
-        + _RECEIPT
-        + "receipt('S4', 'outputs/predictions.csv', 'validation/s4_completion.json', cases=n)"
-    )
-    submit = (
-        "import csv, json, shutil\nschema = json.load(open('task.json'))['submission']\n"
-        "rows = list(csv.DictReader(open('outputs/predictions.csv')))\n"
-        "assert [r['id'] for r in rows] == [i for i in schema['case_ids'] if i in {r['id'] for r in rows}]\n"
-        "assert {r['id'] for r in rows} == set(schema['case_ids']), 'missing cases'\n"
-        "shutil.copyfile('outputs/predictions.csv', 'outputs/submission.csv')\n"
-        + _RECEIPT
-        + "receipt('S5', 'outputs/submission.csv', 'validation/s5_submission.json', cases=len(rows))\nprint('submitted', len(rows))"
-    )
+    setup = _stage("s2_setup", pipeline=_INFER[track])
+    check = without_docstring(_script(f"{track}_check"))
+    validate = _stage("s3_validate", check=check, receipt=_RECEIPT)
+    infer = _stage("s4_infer", receipt=_RECEIPT)
+    submit = _stage("s5_submit", receipt=_RECEIPT)
     return [
-        TeacherTurn("S1", "I will read the task and write the plan.", (_sh(plan),)),
-        TeacherTurn("S2", "Setting up the environment record and the pipeline.", (_py(setup),)),
+        TeacherTurn("S1", "I will read the task and write the plan.", (bash_call(plan),)),
         TeacherTurn(
-            "S3", "A one-case pilot, checked against the data description.", (_py(validate),)
+            "S2", "Setting up the environment record and the pipeline.", (python_call(setup),)
         ),
-        TeacherTurn("S4", "Full inference.", (_py(infer),)),
-        TeacherTurn("S5", "Submission in the required schema.", (_py(submit),)),
+        TeacherTurn(
+            "S3",
+            "A one-case pilot, checked against the data description.",
+            (python_call(validate),),
+        ),
+        TeacherTurn("S4", "Full inference.", (python_call(infer),)),
+        TeacherTurn("S5", "Submission in the required schema.", (python_call(submit),)),
         TeacherTurn(
             "S5",
             "All stages are done.",

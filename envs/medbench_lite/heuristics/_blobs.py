@@ -1,7 +1,9 @@
 """Model-free image tools the 2D heuristics share: reading, blob finding, texture angle.
 
 Everything here reads only public files and uses numpy (plus pydicom and Pillow to
-decode), never the task's model. The tools are as good as a careful engineer without
+decode), never the task's model: no weights, no matched filter. Two generic filters,
+the box mean and the component labels, are imported from the detection model's file,
+which holds them anyway. The tools are as good as a careful engineer without
 the model would write them: traps (rescale, MONOCHROME1) are handled.
 """
 
@@ -11,7 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["read_image", "box_mean", "components", "blobs", "texture_angle", "angle_clusters"]
+# Imported from the model file, not the other way round: a model file is shipped alone
+# as model/infer_lib.py and may import nothing but numpy.
+from bat_gym.envs.medbench_lite.models.detection import box_mean, label_components
+
+__all__ = ["read_image", "blobs", "texture_angle", "angle_clusters"]
 
 
 def read_image(path: Path) -> np.ndarray:
@@ -28,36 +34,6 @@ def read_image(path: Path) -> np.ndarray:
     return 1.0 - v if ds.PhotometricInterpretation == "MONOCHROME1" else v
 
 
-def box_mean(a: np.ndarray, size: int) -> np.ndarray:
-    """Mean over a ``size`` x ``size`` window around each pixel (edges repeated)."""
-    r = size // 2
-    out = a.astype(np.float64)
-    for axis in (0, 1):
-        pad = [(0, 0), (0, 0)]
-        pad[axis] = (r + 1, r)
-        c = np.cumsum(np.pad(out, pad, mode="edge"), axis=axis)
-        n = out.shape[axis]
-        out = (
-            np.take(c, np.arange(size, size + n), axis=axis) - np.take(c, np.arange(n), axis=axis)
-        ) / size
-    return out
-
-
-def components(mask: np.ndarray) -> np.ndarray:
-    """4-connected component labels of a boolean mask (0 = background)."""
-    lab = np.where(mask, np.arange(1, mask.size + 1).reshape(mask.shape), 0)
-    while True:
-        prev = lab
-        g = lab.copy()
-        g[1:] = np.maximum(g[1:], lab[:-1])
-        g[:-1] = np.maximum(g[:-1], lab[1:])
-        g[:, 1:] = np.maximum(g[:, 1:], lab[:, :-1])
-        g[:, :-1] = np.maximum(g[:, :-1], lab[:, 1:])
-        lab = np.where(mask, g, 0)
-        if np.array_equal(lab, prev):
-            return lab
-
-
 def blobs(x: np.ndarray, threshold: float, min_area: int = 12, max_area: int = 400) -> list[dict]:
     """Bright compact blobs: smoothed local contrast over ``threshold``, then components.
 
@@ -65,7 +41,7 @@ def blobs(x: np.ndarray, threshold: float, min_area: int = 12, max_area: int = 4
     ``box_rc`` is ``[row0, col0, row1, col1]`` in pixel edges.
     """
     resp = box_mean(x, 5) - box_mean(x, 21)
-    lab = components(resp > threshold)
+    lab = label_components(resp > threshold)
     out = []
     for k in np.unique(lab[lab > 0]):
         rows, cols = np.nonzero(lab == k)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bat_gym.envs.medbench_lite.metrics import box_filter
+
 __all__ = [
     "box_blur",
     "gaussian_blur",
@@ -20,17 +22,7 @@ __all__ = [
 
 def box_blur(a: np.ndarray, size: int, axes: tuple[int, ...] | None = None) -> np.ndarray:
     """Mean over a ``size``-wide window along ``axes`` (all by default), edges repeated."""
-    out = np.asarray(a, dtype=np.float64)
-    r = size // 2
-    for axis in range(out.ndim) if axes is None else axes:
-        pad = [(0, 0)] * out.ndim
-        pad[axis] = (r + 1, r)
-        c = np.cumsum(np.pad(out, pad, mode="edge"), axis=axis)
-        n = out.shape[axis]
-        out = (
-            np.take(c, np.arange(size, size + n), axis=axis) - np.take(c, np.arange(n), axis=axis)
-        ) / size
-    return out
+    return box_filter(a, size, range(np.ndim(a)) if axes is None else axes)
 
 
 def gaussian_blur(a: np.ndarray, sigma_px: float, axes: tuple[int, ...] = (0, 1)) -> np.ndarray:

@@ -22,10 +22,10 @@ import numpy as np
 from bat_gym.envs.medbench_lite.heuristics._blobs import (
     angle_clusters,
     blobs,
-    box_mean,
     read_image,
     texture_angle,
 )
+from bat_gym.envs.medbench_lite.models.detection import box_mean
 
 __all__ = ["HEURISTICS"]
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import dicom_bytes
+from bat_gym.envs.medbench_lite.scripts import recipe_scripts
 from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
@@ -90,124 +91,6 @@ task.json): 1 = focal lung opacity, 0 = none.
 Submission: `outputs/submission.csv` with columns `id,label,confidence`, one row per
 case id; label is 0 or 1, confidence the probability of the given label (0.5-1).
 Metric: balanced accuracy. A missing case scores the task 0.
-"""
-
-PIPELINE = '''
-"""Opacity classification for every case: run(ids, out_csv, out_dir)."""
-import csv, json, os, sys
-
-import numpy as np
-import pydicom
-from pydicom.pixels import apply_modality_lut
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "model"))
-import infer_lib
-
-W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
-FIELDS = ["id", "label", "confidence", "p_opacity"]
-
-
-def model_input(path):
-    """The image as the model wants it."""
-    ds = pydicom.dcmread(path)
-__INPUT__
-
-
-def run(ids, out_csv, out_dir=None):
-    rows = []
-    for cid in ids:
-        label, p = infer_lib.classify(model_input(os.path.join(ROOT, "data", "images", cid + ".dcm")), W)
-        rows.append({"id": cid, "label": label, "confidence": round(float(max(p, 1 - p)), 4), "p_opacity": round(float(p), 4)})
-    with open(out_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
-        w.writeheader()
-        w.writerows(rows)
-    return rows
-
-
-if __name__ == "__main__":
-    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
-    run(ids, sys.argv[1], sys.argv[2])
-'''
-
-_INPUT_GOOD = """    values = apply_modality_lut(ds.pixel_array, ds).astype(np.float64)
-    if ds.PhotometricInterpretation == "MONOCHROME1":
-        values = float(W["full_scale"]) - values  # stored inverted: high = dark
-    return values"""
-
-_INPUT_BUG = """    return apply_modality_lut(ds.pixel_array, ds).astype(np.float64)"""
-
-_INPUT_NAIVE = """    return ds.pixel_array.astype(np.float64)"""
-
-INSPECT = """
-import pydicom
-cases = {}
-for i in case_ids:
-    ds = pydicom.dcmread(f"data/images/{i}.dcm")
-    cases[i] = {"shape": [int(ds.Rows), int(ds.Columns)], "photometric": str(ds.PhotometricInterpretation),
-                "slope": float(ds.get("RescaleSlope", 1)), "intercept": float(ds.get("RescaleIntercept", 0))}
-mono1 = [i for i, c in cases.items() if c["photometric"] == "MONOCHROME1"]
-rescaled = [i for i, c in cases.items() if (c["slope"], c["intercept"]) != (1.0, 0.0)]
-compat = {"input_format": "DICOM", "readable": len(cases), "expected": len(case_ids), "cases": cases,
-          "model_input": "modality values, MONOCHROME2 sense, 0..4095 (model card)",
-          "monochrome1": mono1, "rescaled": rescaled}
-print(len(cases), "of", len(case_ids), "files readable")
-print("MONOCHROME1 (inverted):", mono1)
-print("rescale (slope, intercept) values:", sorted({(c["slope"], c["intercept"]) for c in cases.values()}))
-"""
-
-SMOKE = """
-import numpy as np
-flat = np.full((64, 64), 800.0)
-label, p = infer_lib.classify(flat, W)
-smoke = {"input": "flat 64x64 image at 800", "label": label, "p_opacity": round(p, 4)}
-"""
-
-PILOT = """
-import numpy as np
-import pydicom
-# Pilot the riskiest file: MONOCHROME1 with a non-trivial rescale if there is one;
-# among those, the one the model is surest about, so that a wrong label means a wrong
-# pipeline rather than a hard case.
-def risk(i):
-    ds = pydicom.dcmread(f"data/images/{i}.dcm")
-    return (ds.PhotometricInterpretation == "MONOCHROME1") * 2 + ((float(ds.RescaleSlope), float(ds.RescaleIntercept)) != (1.0, 0.0))
-def sure(i):
-    _, p = infer.infer_lib.classify(infer.model_input(f"data/images/{i}.dcm"), infer.W)
-    return abs(p - 0.5)
-case_id = max(case_ids, key=lambda i: (risk(i), sure(i)))
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-v = infer.model_input(f"data/images/{case_id}.dcm")
-roi = infer.infer_lib.lung_roi(v.shape, infer.W)
-c0, c1 = int(v.shape[1] * 0.45), int(v.shape[1] * 0.55)
-lung, mediastinum = float(v[roi].mean()), float(v[:, c0:c1].mean())
-ds = pydicom.dcmread(f"data/images/{case_id}.dcm")
-print("pilot", case_id, ds.PhotometricInterpretation, "slope", ds.RescaleSlope, "intercept", ds.RescaleIntercept, "->", rows[0])
-checks = {
-    "model input within 0..4095": {"value": [round(float(v.min())), round(float(v.max()))], "expect": "0..4095",
-                                   "ok": bool(v.min() >= -50 and v.max() <= 4145)},
-    "lung ROI mean (card: 500-1300)": {"value": round(lung), "expect": "500-1300", "ok": bool(500 <= lung <= 1300)},
-    "lungs darker than mediastinum": {"value": round(mediastinum - lung), "expect": "> 600", "ok": bool(mediastinum - lung > 600)},
-    "label and confidence valid": {"value": [rows[0]["label"], rows[0]["confidence"]], "expect": "label 0/1, confidence 0.5-1",
-                                   "ok": rows[0]["label"] in (0, 1) and 0.5 <= rows[0]["confidence"] <= 1},
-}
-"""
-
-WEAK_PILOT = """
-case_id = case_ids[0]
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-print("pilot", case_id, "->", rows[0])
-checks = {"one row with id,label,confidence": {"value": sorted(rows[0]), "expect": "id, label, confidence",
-                                              "ok": len(rows) == 1 and {"id", "label", "confidence"} <= set(rows[0])}}
-"""
-
-SUBMIT_CHECK = """
-for r in rows:
-    if r["label"] not in ("0", "1"):
-        problems.append(r["id"] + ": label must be 0 or 1")
-    if not 0.0 <= float(r["confidence"]) <= 1.0:
-        problems.append(r["id"] + ": confidence outside 0..1")
 """
 
 
@@ -399,15 +282,8 @@ class Classification(TrackBase):
                 "Confidence = max(p, 1 - p). Write outputs/predictions.csv, then outputs/submission.csv "
                 "(id,label,confidence) in task.json order with integer labels, each with a receipt.",
             ),
-            inspect=INSPECT,
-            smoke=SMOKE,
-            pipeline=PIPELINE.replace("__INPUT__", _INPUT_GOOD),
-            pipeline_bug=PIPELINE.replace("__INPUT__", _INPUT_BUG),
-            naive_pipeline=PIPELINE.replace("__INPUT__", _INPUT_NAIVE),
-            pilot=PILOT,
-            weak_pilot=WEAK_PILOT,
             out_dir="outputs",
-            submit_check=SUBMIT_CHECK,
+            **recipe_scripts(self.name),
             says={
                 "inspect": "Recording the environment, reading every DICOM header (photometric "
                 "interpretation, rescale), then pinning and smoke-testing the model.",

@@ -29,6 +29,7 @@ import numpy as np
 
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import dicom_bytes, png_bytes
+from bat_gym.envs.medbench_lite.scripts import recipe_scripts
 from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
@@ -82,147 +83,6 @@ y1, score], ...]}` in pixels, **x = column, y = row**, origin at the image's top
 corner, x1 > x0 and y1 > y0. Submission: `outputs/submission.csv` with columns
 `id,detections_file,n_boxes`, one row per case id.
 Metric: mAP@0.5 (single class, all images pooled). A missing case scores the task 0.
-"""
-
-PIPELINE = '''
-"""Lesion detection for every case: run(ids, out_csv, out_dir)."""
-import csv, json, os, sys
-
-import numpy as np
-import pydicom
-from PIL import Image
-from pydicom.pixels import apply_modality_lut
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "model"))
-import infer_lib
-
-W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
-FIELDS = ["id", "detections_file", "n_boxes"]
-
-
-def image_path(cid):
-    for ext in (".png", ".dcm"):
-        p = os.path.join(ROOT, "data", "images", cid + ext)
-        if os.path.exists(p):
-            return p
-    raise FileNotFoundError(cid)
-
-
-def load_image(path):
-    """The image as a float array in [0, 1]."""
-    if path.endswith(".png"):
-        return np.asarray(Image.open(path), dtype=np.float64) / 255.0
-    ds = pydicom.dcmread(path)
-    return apply_modality_lut(ds.pixel_array, ds).astype(np.float64) / 4095.0
-
-
-def boxes(image):
-    """Submission boxes [x0, y0, x1, y1, score]."""
-    out = []
-    for det in infer_lib.detect(image, W):
-        r0, c0, r1, c1 = det["box_rc"]
-__CONVERT__
-    return out
-
-
-def run(ids, out_csv, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
-    rows = []
-    for cid in ids:
-        found = boxes(load_image(image_path(cid)))
-        path = os.path.join(out_dir, cid + ".json")
-        with open(path, "w") as f:
-            json.dump({"id": cid, "boxes": found}, f)
-        rows.append({"id": cid, "detections_file": os.path.relpath(os.path.abspath(path), ROOT), "n_boxes": len(found)})
-    with open(out_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
-        w.writeheader()
-        w.writerows(rows)
-    return rows
-
-
-if __name__ == "__main__":
-    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
-    run(ids, sys.argv[1], sys.argv[2])
-'''
-
-_CONVERT_GOOD = """        # The model gives (row, col) order; the submission wants x = column, y = row.
-        out.append([c0, r0, c1, r1, det["score"]])"""
-
-_CONVERT_BUG = """        out.append([r0, c0, r1, c1, det["score"]])"""
-
-INSPECT = """
-import numpy as np
-import pydicom
-from PIL import Image
-cases = {}
-for i in case_ids:
-    if os.path.exists(f"data/images/{i}.png"):
-        im = Image.open(f"data/images/{i}.png")
-        cases[i] = {"format": "PNG", "mode": im.mode, "shape": [im.height, im.width]}
-    else:
-        ds = pydicom.dcmread(f"data/images/{i}.dcm")
-        cases[i] = {"format": "DICOM", "photometric": str(ds.PhotometricInterpretation),
-                    "shape": [int(ds.Rows), int(ds.Columns)], "bits_stored": int(ds.BitsStored)}
-formats = sorted({c["format"] for c in cases.values()})
-compat = {"input_format": formats, "readable": len(cases), "expected": len(case_ids), "cases": cases,
-          "model_input": "float image in [0, 1]; boxes returned in (row, col) order (model card)",
-          "submission_boxes": "[x0, y0, x1, y1, score], x = column (TASK.md)"}
-print(len(cases), "of", len(case_ids), "images readable; formats:", {f: sum(c["format"] == f for c in cases.values()) for f in formats})
-print("shapes:", sorted({tuple(c["shape"]) for c in cases.values()}))
-"""
-
-SMOKE = """
-import numpy as np
-toy = np.full((48, 48), 0.3)
-rr, cc = np.mgrid[:48, :48]
-toy[(rr - 10) ** 2 + (cc - 30) ** 2 <= 25] = 0.8
-dets = infer_lib.detect(toy, W)
-smoke = {"input": "48x48, one disk at row 10, col 30", "detections": dets}
-"""
-
-PILOT = """
-import json
-import numpy as np
-# Pilot the image with the model's most confident detection, so there is a box to
-# check and a wrong box means a wrong pipeline rather than a hard case.
-def confidence(i):
-    found = infer.infer_lib.detect(infer.load_image(infer.image_path(i)), infer.W)
-    return found[0]["score"] if found else 0.0
-case_id = max(case_ids, key=confidence)
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-x = infer.load_image(infer.image_path(case_id))
-found = sorted(json.load(open(rows[0]["detections_file"]))["boxes"], key=lambda b: -b[4])
-h, w = x.shape
-inside = all(0 <= b[0] < b[2] <= w and 0 <= b[1] < b[3] <= h for b in found)
-# Read each box the way the scorer will: x = column, y = row.
-contrast = [float(x[int(b[1]):int(np.ceil(b[3])), int(b[0]):int(np.ceil(b[2]))].mean() - np.median(x)) for b in found]
-print("pilot", case_id, "image", x.shape, "boxes", found)
-checks = {
-    "at least one box on the pilot image": {"value": len(found), "expect": ">= 1", "ok": len(found) >= 1},
-    "boxes inside the image": {"value": inside, "expect": True, "ok": bool(inside)},
-    "top-scored box contrast over image median, read as [y0:y1, x0:x1]": {
-        "value": round(contrast[0], 3) if contrast else None, "expect": ">= 0.1 (card)",
-        "ok": bool(contrast) and contrast[0] >= 0.1},
-}
-"""
-
-WEAK_PILOT = """
-import json
-case_id = case_ids[0]
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-found = json.load(open(rows[0]["detections_file"]))["boxes"]
-print("pilot", case_id, "boxes", found)
-checks = {"detections JSON has boxes of 5 numbers": {"value": len(found), "expect": "list of [x0, y0, x1, y1, score]",
-                                                     "ok": all(len(b) == 5 for b in found)}}
-"""
-
-SUBMIT_CHECK = """
-for r in rows:
-    d = json.load(open(r["detections_file"]))
-    if d.get("id") != r["id"] or not all(len(b) == 5 and b[2] > b[0] and b[3] > b[1] for b in d["boxes"]):
-        problems.append(r["id"] + ": detections file malformed")
 """
 
 
@@ -395,15 +255,8 @@ class Detection(TrackBase):
                 "Write outputs/detections/<id>.json ({id, boxes}) for every case, outputs/predictions.csv, "
                 "then outputs/submission.csv (id,detections_file,n_boxes) in task.json order, with receipts.",
             ),
-            inspect=INSPECT,
-            smoke=SMOKE,
-            pipeline=PIPELINE.replace("__CONVERT__", _CONVERT_GOOD),
-            pipeline_bug=PIPELINE.replace("__CONVERT__", _CONVERT_BUG),
-            naive_pipeline=PIPELINE.replace("__CONVERT__", _CONVERT_BUG),
-            pilot=PILOT,
-            weak_pilot=WEAK_PILOT,
             out_dir="outputs/detections",
-            submit_check=SUBMIT_CHECK,
+            **recipe_scripts(self.name),
             says={
                 "inspect": "Recording the environment, opening every image (PNG and DICOM), then pinning "
                 "and smoke-testing the model on a disk at a known row and column.",

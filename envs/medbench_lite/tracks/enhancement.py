@@ -25,6 +25,7 @@ import numpy as np
 
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import nifti_bytes
+from bat_gym.envs.medbench_lite.scripts import recipe_scripts
 from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
@@ -77,122 +78,6 @@ Metric: SSIM to the clean reference in the soft-tissue window (HU clipped to
 [-160, 240]) over the body, as the share of the noisy input's gap to a perfect image
 that the output closes: (SSIM(output) - SSIM(input)) / (1 - SSIM(input)), clipped to
 [0, 1]. A missing case scores the task 0.
-"""
-
-PIPELINE = '''
-"""Low-dose CT denoising for every case: run(ids, out_csv, out_dir)."""
-import csv, json, os, sys
-
-import nibabel as nib
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "model"))
-import infer_lib
-
-W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
-FIELDS = ["id", "output_file"]
-
-
-def denoise_hu(hu):
-    """Denoised slices, in HU."""
-__DENOISE__
-
-
-def run(ids, out_csv, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
-    rows = []
-    for cid in ids:
-        img = nib.load(os.path.join(ROOT, "data", "images", cid + ".nii.gz"))
-        out = nib.Nifti1Image(denoise_hu(img.get_fdata()).astype(np.float32), img.affine)
-        out.set_sform(img.affine, code=1)
-        out.set_qform(img.affine, code=1)
-        path = os.path.join(out_dir, cid + ".nii.gz")
-        nib.save(out, path)
-        rows.append({"id": cid, "output_file": os.path.relpath(os.path.abspath(path), ROOT)})
-    with open(out_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
-        w.writeheader()
-        w.writerows(rows)
-    return rows
-
-
-if __name__ == "__main__":
-    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
-    run(ids, sys.argv[1], sys.argv[2])
-'''
-
-_DENOISE_GOOD = """    # The range kernel is tuned for the normalized window, not for HU.
-    return infer_lib.from_unit(infer_lib.denoise(infer_lib.to_unit(hu, W), W), W)"""
-
-_DENOISE_BUG = """    return infer_lib.denoise(hu, W)"""
-
-INSPECT = """
-import nibabel as nib
-cases = {}
-for i in case_ids:
-    img = nib.load(f"data/images/{i}.nii.gz")
-    hu = img.get_fdata()
-    cases[i] = {"shape": list(img.shape), "stored_dtype": str(img.get_data_dtype()),
-                "scl_slope_inter": [float(img.dataobj.slope), float(img.dataobj.inter)],
-                "hu_range": [round(float(hu.min())), round(float(hu.max()))]}
-compat = {"input_format": "NIfTI-1 .nii.gz", "readable": len(cases), "expected": len(case_ids), "cases": cases,
-          "model_input": "HU window [-1000, 1000] normalized to [0, 1] (model card)"}
-print(len(cases), "of", len(case_ids), "stacks readable")
-for i, c in cases.items():
-    print(i, c["shape"], c["stored_dtype"], "scl slope/inter", c["scl_slope_inter"], "HU", c["hu_range"])
-"""
-
-SMOKE = """
-import numpy as np
-rng = np.random.default_rng(0)
-flat = infer_lib.to_unit(40 + rng.normal(0, 40, (32, 32)), W)
-out = infer_lib.denoise(flat, W)
-smoke = {"input": "32x32 flat 40 HU, noise 40 HU (normalized)", "std_in_hu": round(float(infer_lib.from_unit(flat, W).std()), 1),
-         "std_out_hu": round(float(infer_lib.from_unit(out, W).std()), 1)}
-"""
-
-PILOT = """
-import nibabel as nib
-import numpy as np
-def noise_hu(a, body):
-    d = np.diff(a, axis=1)[body[:, 1:] & body[:, :-1]]
-    return float(1.4826 * np.median(np.abs(d - np.median(d))) / np.sqrt(2))
-case_id = case_ids[0]
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-img = nib.load(f"data/images/{case_id}.nii.gz")
-hu = img.get_fdata()
-out_img = nib.load(rows[0]["output_file"])
-out = out_img.get_fdata()
-body = (hu > -300) & (hu < 300)
-n_in, n_out = noise_hu(hu, body), noise_hu(out, body)
-shift = float(out[body].mean() - hu[body].mean())
-print("pilot", case_id, "noise HU in", round(n_in, 1), "out", round(n_out, 1))
-checks = {
-    "output on input grid": {"value": list(out.shape), "expect": list(hu.shape),
-                             "ok": out.shape == hu.shape and bool(np.allclose(out_img.affine, img.affine, atol=1e-3))},
-    "noise reduction factor (card: 2-4x)": {"value": round(n_in / max(n_out, 1e-6), 2), "expect": ">= 1.5", "ok": n_in / max(n_out, 1e-6) >= 1.5},
-    "mean body HU shift": {"value": round(shift, 1), "expect": "|shift| < 10", "ok": abs(shift) < 10},
-}
-"""
-
-WEAK_PILOT = """
-import nibabel as nib
-case_id = case_ids[0]
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-shape_in = nib.load(f"data/images/{case_id}.nii.gz").shape
-shape_out = nib.load(rows[0]["output_file"]).shape
-checks = {"output shape equals input shape": {"value": list(shape_out), "expect": list(shape_in), "ok": shape_out == shape_in}}
-"""
-
-SUBMIT_CHECK = """
-import nibabel as nib
-import numpy as np
-for r in rows:
-    img = nib.load(f"data/images/{r['id']}.nii.gz")
-    out = nib.load(r["output_file"])
-    if out.shape != img.shape or not np.allclose(out.affine, img.affine, atol=1e-3):
-        problems.append(r["id"] + ": output grid differs from the input")
 """
 
 
@@ -340,15 +225,8 @@ class Enhancement(TrackBase):
                 "outputs/predictions.csv, then outputs/submission.csv (id,output_file) in task.json order, "
                 "with receipts.",
             ),
-            inspect=INSPECT,
-            smoke=SMOKE,
-            pipeline=PIPELINE.replace("__DENOISE__", _DENOISE_GOOD),
-            pipeline_bug=PIPELINE.replace("__DENOISE__", _DENOISE_BUG),
-            naive_pipeline=PIPELINE.replace("__DENOISE__", _DENOISE_BUG),
-            pilot=PILOT,
-            weak_pilot=WEAK_PILOT,
             out_dir="outputs/denoised",
-            submit_check=SUBMIT_CHECK,
+            **recipe_scripts(self.name),
             says={
                 "inspect": "Recording the environment, opening every stack (dtype, scaling, HU range), then "
                 "pinning the model and smoke-testing it on a flat noisy patch.",

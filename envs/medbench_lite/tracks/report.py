@@ -29,6 +29,7 @@ import numpy as np
 
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import nifti_bytes
+from bat_gym.envs.medbench_lite.scripts import recipe_scripts
 from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
@@ -104,135 +105,6 @@ Metric: 0.5 x F1 of the findings (matched by lobe) + 0.5 x the fraction of nodul
 whose size is within max(2 mm, 15%). A report that lists no nodule and does not say
 `- No pulmonary nodules.` scores 0. A missing case scores the task 0.
 """
-
-PIPELINE = '''
-"""Nodule reports for every case: run(ids, out_csv, out_dir)."""
-import csv, json, os, sys
-
-import nibabel as nib
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "model"))
-import infer_lib
-
-W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
-META = json.load(open(os.path.join(ROOT, "data", "metadata.json")))
-FIELDS = ["id", "report_file", "n_findings"]
-
-
-def findings(img):
-    can = nib.as_closest_canonical(img)
-__FIND__
-
-
-def run(ids, out_csv, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
-    rows = []
-    for cid in ids:
-        found = findings(nib.load(os.path.join(ROOT, "data", "images", cid + ".nii.gz")))
-        path = os.path.join(out_dir, cid + ".txt")
-        with open(path, "w") as f:
-            f.write(infer_lib.format_report(cid, found, META[cid]))
-        with open(os.path.join(out_dir, cid + ".json"), "w") as f:
-            json.dump(found, f, indent=1)
-        rows.append({"id": cid, "report_file": os.path.relpath(os.path.abspath(path), ROOT), "n_findings": len(found)})
-    with open(out_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
-        w.writeheader()
-        w.writerows(rows)
-    return rows
-
-
-if __name__ == "__main__":
-    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
-    run(ids, sys.argv[1], sys.argv[2])
-'''
-
-_FIND_GOOD = """    # Sizes come out in the units of `spacing`: pass the voxel size in mm.
-    zooms = tuple(float(z) for z in can.header.get_zooms()[:3])
-    return infer_lib.find_nodules(can.get_fdata(), W, spacing=zooms)"""
-
-_FIND_BUG = """    return infer_lib.find_nodules(can.get_fdata(), W)"""
-
-INSPECT = """
-import nibabel as nib
-meta = json.load(open("data/metadata.json"))
-cases = {}
-for i in case_ids:
-    img = nib.load(f"data/images/{i}.nii.gz")
-    cases[i] = {"shape": list(img.shape), "axcodes": "".join(nib.aff2axcodes(img.affine)),
-                "spacing_mm": [round(float(z), 3) for z in img.header.get_zooms()[:3]], "has_metadata": i in meta}
-compat = {"input_format": "NIfTI-1 .nii.gz + metadata.json", "readable": len(cases), "expected": len(case_ids),
-          "cases": cases, "model_input": "HU, RAS+; sizes in units of the spacing argument (model card)"}
-print(len(cases), "of", len(case_ids), "volumes readable; metadata for", sum(c["has_metadata"] for c in cases.values()))
-for i, c in cases.items():
-    print(i, c["shape"], c["axcodes"], "spacing mm", c["spacing_mm"])
-"""
-
-SMOKE = """
-import numpy as np
-v = np.full((40, 40, 20), 40.0)
-v[5:18, 8:32, 2:18] = -850.0
-v[22:35, 8:32, 2:18] = -850.0
-v[9:13, 18:22, 8:12] = 30.0
-found = infer_lib.find_nodules(v, W, spacing=(2.0, 2.0, 2.0))
-smoke = {"input": "toy chest 40x40x20, 2 mm voxels, one 8 mm cube nodule", "findings": found}
-"""
-
-PILOT = """
-import nibabel as nib
-import numpy as np
-# Pilot the case with the most conspicuous nodule so the size can be cross-checked.
-case_id, rows = None, None
-for cid in case_ids:
-    rows = infer.run([cid], "validation/pilot.csv", "validation/pilot")
-    if rows[0]["n_findings"] > 0:
-        case_id = cid
-        break
-found = json.load(open("validation/pilot/" + case_id + ".json")) if case_id else []
-can = nib.as_closest_canonical(nib.load(f"data/images/{case_id or case_ids[0]}.nii.gz"))
-v, sx = can.get_fdata(), float(can.header.get_zooms()[0])
-errs = []
-for f in found:
-    i, j, k = (int(round(c)) for c in f["center_vox"])
-    line = v[:, j, k] > -400  # independent measurement: extent across the centre along x
-    a = b = i
-    while a > 0 and line[a - 1]:
-        a -= 1
-    while b < len(line) - 1 and line[b + 1]:
-        b += 1
-    measured = (b - a + 1) * sx
-    errs.append((f["diameter_mm"], round(measured, 1)))
-print("pilot", case_id, "findings", [(f["lobe"], f["diameter_mm"]) for f in found], "| reported vs measured x-extent (mm):", errs)
-print(open("validation/pilot/" + (case_id or case_ids[0]) + ".txt").read())
-case_id = case_id or case_ids[0]
-checks = {
-    "a pilot case with a finding": {"value": len(found), "expect": ">= 1", "ok": len(found) >= 1},
-    "reported diameter vs measured x-extent, mm": {
-        "value": errs, "expect": "within max(1.5 voxels, 30%)",
-        "ok": bool(errs) and all(abs(r - m) <= max(1.5 * sx, 0.3 * m) for r, m in errs)},
-}
-"""
-
-WEAK_PILOT = """
-case_id = case_ids[0]
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-text = open(rows[0]["report_file"]).read()
-print(text)
-checks = {"report has a FINDINGS section": {"value": "FINDINGS:" in text, "expect": True, "ok": "FINDINGS:" in text}}
-"""
-
-SUBMIT_CHECK = """
-import re
-pat = re.compile(r"^- (Nodule: (right|left) (upper|middle|lower) lobe, [0-9.]+ mm\\.|No pulmonary nodules\\.)$")
-for r in rows:
-    text = open(r["report_file"]).read()
-    body = text.split("FINDINGS:")[1].split("IMPRESSION:")[0].strip().splitlines() if "FINDINGS:" in text else []
-    if not body or not all(pat.match(line) for line in body):
-        problems.append(r["id"] + ": FINDINGS lines not in the required format")
-"""
-
 
 _NO_FINDINGS = re.compile(r"^\s*-\s*no pulmonary nodules\b", re.I)
 
@@ -493,15 +365,8 @@ class Report(TrackBase):
                 "format), outputs/predictions.csv, then outputs/submission.csv (id,report_file,n_findings) "
                 "in task.json order, with receipts.",
             ),
-            inspect=INSPECT,
-            smoke=SMOKE,
-            pipeline=PIPELINE.replace("__FIND__", _FIND_GOOD),
-            pipeline_bug=PIPELINE.replace("__FIND__", _FIND_BUG),
-            naive_pipeline=PIPELINE.replace("__FIND__", _FIND_BUG),
-            pilot=PILOT,
-            weak_pilot=WEAK_PILOT,
             out_dir="outputs/reports",
-            submit_check=SUBMIT_CHECK,
+            **recipe_scripts(self.name),
             says={
                 "inspect": "Recording the environment, reading every volume's orientation and voxel spacing "
                 "and the metadata, then pinning and smoke-testing the model.",

@@ -29,6 +29,7 @@ import numpy as np
 
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import nifti_bytes
+from bat_gym.envs.medbench_lite.scripts import recipe_scripts
 from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
@@ -84,133 +85,6 @@ one row per case id; `mask_file` is the mask's path relative to the workspace.
 Metric: 0.5 x mean over cases of the liver Dice + 0.5 x the lesion Dice pooled over
 all cases' voxels (an empty lesion mask earns nothing; a lesion predicted where there
 is none costs precision). A missing case scores the task 0.
-"""
-
-PIPELINE = '''
-"""Liver and lesion segmentation for every case: run(ids, out_csv, out_dir)."""
-import csv, json, os, sys
-
-import nibabel as nib
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "model"))
-import infer_lib
-
-W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
-FIELDS = ["id", "mask_file", "liver_ml", "lesion_ml"]
-
-
-def predict(img):
-    """Labels on the input's own voxel grid."""
-__PREDICT__
-
-
-def run(ids, out_csv, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
-    rows = []
-    for cid in ids:
-        img = nib.load(os.path.join(ROOT, "data", "images", cid + ".nii.gz"))
-        labels = predict(img)
-        mask = nib.Nifti1Image(labels.astype(np.uint8), img.affine)
-        mask.set_sform(img.affine, code=1)
-        mask.set_qform(img.affine, code=1)
-        path = os.path.join(out_dir, cid + ".nii.gz")
-        nib.save(mask, path)
-        ml = float(np.prod(img.header.get_zooms()[:3])) / 1000.0
-        rows.append({"id": cid, "mask_file": os.path.relpath(os.path.abspath(path), ROOT),
-                     "liver_ml": round(float((labels > 0).sum()) * ml, 1),
-                     "lesion_ml": round(float((labels == 2).sum()) * ml, 1)})
-    with open(out_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
-        w.writeheader()
-        w.writerows(rows)
-    return rows
-
-
-if __name__ == "__main__":
-    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
-    run(ids, sys.argv[1], sys.argv[2])
-'''
-
-_PREDICT_GOOD = """    # The model wants RAS+ voxel order: reorient, segment, map the labels back.
-    can = nib.as_closest_canonical(img)
-    labels = infer_lib.segment(can.get_fdata(dtype=np.float32), can.header.get_zooms()[:3], W)
-    back = nib.Nifti1Image(labels, can.affine).as_reoriented(nib.io_orientation(img.affine))
-    assert np.allclose(back.affine, img.affine, atol=1e-4), "labels are not on the input grid"
-    return np.asarray(back.dataobj, dtype=np.uint8)"""
-
-_PREDICT_BUG = """    return infer_lib.segment(img.get_fdata(dtype=np.float32), img.header.get_zooms()[:3], W)"""
-
-INSPECT = """
-import nibabel as nib
-cases = {}
-for i in case_ids:
-    img = nib.load(f"data/images/{i}.nii.gz")
-    cases[i] = {"shape": list(img.shape), "axcodes": "".join(nib.aff2axcodes(img.affine)),
-                "spacing_mm": [round(float(z), 2) for z in img.header.get_zooms()[:3]]}
-not_ras = [i for i, c in cases.items() if c["axcodes"] != "RAS"]
-compat = {"input_format": "NIfTI-1 .nii.gz", "readable": len(cases), "expected": len(case_ids),
-          "cases": cases, "model_input": "HU, RAS+ voxel order (model card)",
-          "not_ras_plus": not_ras}
-print(len(cases), "of", len(case_ids), "volumes readable")
-print("orientations:", {i: c["axcodes"] for i, c in cases.items()})
-print("not RAS+ (need reorientation):", not_ras)
-"""
-
-SMOKE = """
-import numpy as np
-toy = np.full((8, 8, 8), -90.0, dtype=np.float32)
-toy[4:, 2:6, 2:6] = 60.0
-lab = infer_lib.segment(toy, (5.0, 5.0, 5.0), W)
-smoke = {"input": "8x8x8 block phantom", "labels": sorted(int(v) for v in np.unique(lab)),
-         "liver_voxels": int((lab == 1).sum())}
-"""
-
-PILOT = """
-import nibabel as nib
-import numpy as np
-# Pilot the riskiest case: one whose voxel axes are not in RAS+ order.
-codes = {i: "".join(nib.aff2axcodes(nib.load(f"data/images/{i}.nii.gz").affine)) for i in case_ids}
-case_id = next((i for i in case_ids if codes[i] != "RAS"), case_ids[0])
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-img = nib.load(f"data/images/{case_id}.nii.gz")
-mask = nib.load(rows[0]["mask_file"])
-lab = np.asarray(mask.dataobj)
-liver = lab > 0
-world_x = lambda m: float(nib.affines.apply_affine(img.affine, np.argwhere(m))[:, 0].mean())
-side = world_x(liver) - world_x(img.get_fdata() > -500) if liver.any() else float("nan")
-litres = float(liver.sum() * np.prod(img.header.get_zooms()[:3]) / 1e6)
-print("pilot case", case_id, "stored as", codes[case_id])
-checks = {
-    "mask on input grid": {"value": bool(lab.shape == img.shape and np.allclose(mask.affine, img.affine, atol=1e-3)),
-                           "expect": True, "ok": bool(lab.shape == img.shape and np.allclose(mask.affine, img.affine, atol=1e-3))},
-    "liver centre minus body centre, world x (mm; RAS +x = patient's right)": {
-        "value": round(side, 1), "expect": "> 20", "ok": bool(side > 20)},
-    "liver volume (L)": {"value": round(litres, 2), "expect": "0.7-2.5", "ok": bool(0.7 <= litres <= 2.5)},
-}
-"""
-
-WEAK_PILOT = """
-import nibabel as nib
-import numpy as np
-case_id = case_ids[0]
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-img = nib.load(f"data/images/{case_id}.nii.gz")
-lab = np.asarray(nib.load(rows[0]["mask_file"]).dataobj)
-checks = {"mask shape equals image shape": {"value": list(lab.shape), "expect": list(img.shape), "ok": lab.shape == img.shape},
-          "labels within {0,1,2}": {"value": sorted(int(v) for v in np.unique(lab)), "expect": "subset of [0, 1, 2]",
-                                    "ok": set(np.unique(lab).tolist()) <= {0, 1, 2}}}
-"""
-
-SUBMIT_CHECK = """
-import nibabel as nib
-import numpy as np
-for r in rows:
-    img = nib.load(f"data/images/{r['id']}.nii.gz")
-    m = nib.load(r["mask_file"])
-    if m.shape != img.shape or not np.allclose(m.affine, img.affine, atol=1e-3):
-        problems.append(r["id"] + ": mask grid differs from the input")
 """
 
 
@@ -423,15 +297,8 @@ class Segmentation(TrackBase):
                 "uint8 with the input affine, write outputs/predictions.csv, then outputs/submission.csv "
                 "(id,mask_file,liver_ml,lesion_ml) in task.json order, each with a receipt.",
             ),
-            inspect=INSPECT,
-            smoke=SMOKE,
-            pipeline=PIPELINE.replace("__PREDICT__", _PREDICT_GOOD),
-            pipeline_bug=PIPELINE.replace("__PREDICT__", _PREDICT_BUG),
-            naive_pipeline=PIPELINE.replace("__PREDICT__", _PREDICT_BUG),
-            pilot=PILOT,
-            weak_pilot=WEAK_PILOT,
             out_dir="outputs/masks",
-            submit_check=SUBMIT_CHECK,
+            **recipe_scripts(self.name),
             says={
                 "inspect": "Recording the environment, opening every volume to see its orientation and "
                 "spacing, then pinning and smoke-testing the model.",

@@ -28,6 +28,7 @@ import numpy as np
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import nifti_bytes
 from bat_gym.envs.medbench_lite.models import synthesis as model
+from bat_gym.envs.medbench_lite.scripts import recipe_scripts
 from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
@@ -89,125 +90,6 @@ input. Submission: `outputs/submission.csv` with columns `id,output_file`, one r
 per case id.
 Metric: SSIM inside the head, after dividing output and reference by their mean
 there. A missing case scores the task 0.
-"""
-
-PIPELINE = '''
-"""MR contrast A -> B for every case: run(ids, out_csv, out_dir)."""
-import csv, json, os, sys
-
-import nibabel as nib
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "model"))
-import infer_lib
-
-W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
-FIELDS = ["id", "output_file"]
-
-
-def a_path(cid):
-    """Test cases live in data/test, training pairs (for validation) in data/train."""
-    for sub in ("test", "train"):
-        p = os.path.join(ROOT, "data", sub, cid + "_A.nii.gz")
-        if os.path.exists(p):
-            return p
-    raise FileNotFoundError(cid)
-
-
-def synthesize(a):
-__SYNTH__
-
-
-def run(ids, out_csv, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
-    rows = []
-    for cid in ids:
-        img = nib.load(a_path(cid))
-        out = nib.Nifti1Image(synthesize(img.get_fdata()).astype(np.float32), img.affine)
-        out.set_sform(img.affine, code=1)
-        out.set_qform(img.affine, code=1)
-        path = os.path.join(out_dir, cid + ".nii.gz")
-        nib.save(out, path)
-        rows.append({"id": cid, "output_file": os.path.relpath(os.path.abspath(path), ROOT)})
-    with open(out_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
-        w.writeheader()
-        w.writerows(rows)
-    return rows
-
-
-if __name__ == "__main__":
-    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
-    run(ids, sys.argv[1], sys.argv[2])
-'''
-
-_SYNTH_GOOD = """    # The lookup table was fitted on foreground-normalized intensities.
-    a_norm, _ = infer_lib.normalize(a, W)
-    return infer_lib.predict(a_norm, W)"""
-
-_SYNTH_BUG = """    return infer_lib.predict(a, W)"""
-
-INSPECT = """
-import glob
-import nibabel as nib
-import numpy as np
-cases = {}
-for p in sorted(glob.glob("data/train/*.nii.gz")) + [f"data/test/{i}_A.nii.gz" for i in case_ids]:
-    img = nib.load(p)
-    a = img.get_fdata()
-    cases[os.path.basename(p)] = {"shape": list(img.shape), "p99_5": round(float(np.percentile(a, 99.5)), 1),
-                                  "axcodes": "".join(nib.aff2axcodes(img.affine))}
-pairs = sorted({os.path.basename(p).rsplit("_", 1)[0] for p in glob.glob("data/train/*_B.nii.gz")})
-compat = {"input_format": "NIfTI-1 .nii.gz", "readable": len(cases), "test_cases": len(case_ids), "training_pairs": pairs,
-          "volumes": cases, "model_input": "contrast A / 95th percentile of the foreground (model card)"}
-print(len(cases), "volumes readable;", len(pairs), "training pairs:", pairs)
-print("99.5th percentiles (scanner units):", {k: v["p99_5"] for k, v in cases.items()})
-"""
-
-SMOKE = """
-import numpy as np
-probe = np.array([0.05, 0.3, 0.65, 1.0])
-smoke = {"input": "normalized A values " + str(probe.tolist()), "output": [round(float(v), 3) for v in infer_lib.predict(probe, W)]}
-"""
-
-PILOT = """
-import glob
-import nibabel as nib
-import numpy as np
-# Pilot on a training pair: its contrast B is known, so quality can be measured.
-case_id = sorted(os.path.basename(p)[:-9] for p in glob.glob("data/train/*_B.nii.gz"))[0]
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-pred = nib.load(rows[0]["output_file"]).get_fdata()
-b = nib.load(f"data/train/{case_id}_B.nii.gz").get_fdata()
-head = b > 0.1 * np.percentile(b, 99.5)
-p, g = pred[head] / max(pred[head].mean(), 1e-9), b[head] / b[head].mean()
-r = float(np.corrcoef(p, g)[0, 1]) if p.std() > 0 else 0.0
-nmae = float(np.abs(p - g).mean() / np.abs(g).mean())
-print("pilot on training pair", case_id, "output range", round(float(pred.min()), 3), round(float(pred.max()), 3))
-checks = {
-    "Pearson r with the true contrast B in the head": {"value": round(r, 3), "expect": "> 0.8 (card)", "ok": r > 0.8},
-    "normalized MAE in the head": {"value": round(nmae, 3), "expect": "< 0.2 (card)", "ok": nmae < 0.2},
-}
-"""
-
-WEAK_PILOT = """
-import nibabel as nib
-case_id = case_ids[0]
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-shape_in = nib.load(f"data/test/{case_id}_A.nii.gz").shape
-shape_out = nib.load(rows[0]["output_file"]).shape
-checks = {"output shape equals input shape": {"value": list(shape_out), "expect": list(shape_in), "ok": shape_out == shape_in}}
-"""
-
-SUBMIT_CHECK = """
-import nibabel as nib
-import numpy as np
-for r in rows:
-    img = nib.load(f"data/test/{r['id']}_A.nii.gz")
-    out = nib.load(r["output_file"])
-    if out.shape != img.shape or not np.allclose(out.affine, img.affine, atol=1e-3):
-        problems.append(r["id"] + ": output grid differs from the input")
 """
 
 
@@ -449,15 +331,8 @@ class Synthesis(TrackBase):
                 "outputs/predictions.csv, then outputs/submission.csv (id,output_file) in task.json order, "
                 "with receipts.",
             ),
-            inspect=INSPECT,
-            smoke=SMOKE,
-            pipeline=PIPELINE.replace("__SYNTH__", _SYNTH_GOOD),
-            pipeline_bug=PIPELINE.replace("__SYNTH__", _SYNTH_BUG),
-            naive_pipeline=PIPELINE.replace("__SYNTH__", _SYNTH_BUG),
-            pilot=PILOT,
-            weak_pilot=WEAK_PILOT,
             out_dir="outputs/synth",
-            submit_check=SUBMIT_CHECK,
+            **recipe_scripts(self.name),
             says={
                 "inspect": "Recording the environment, opening the test volumes and the training pairs "
                 "(intensity ranges differ per session), then pinning and smoke-testing the model.",

@@ -38,6 +38,7 @@ import numpy as np
 
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import csv_text, png_bytes
+from bat_gym.envs.medbench_lite.scripts import recipe_scripts
 from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
@@ -98,118 +99,6 @@ Submission: `outputs/submission.csv` with columns `id,answer` (id = qid), one ro
 question id in task.json. Answers: "yes"/"no", a digit, "left"/"right" (the
 patient's side) or "none".
 Metric: exact match after normalization. A missing question scores the task 0.
-"""
-
-PIPELINE = '''
-"""Question answering for every question id: run(ids, out_csv, out_dir)."""
-import csv, json, os, sys
-
-import numpy as np
-from PIL import Image
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "model"))
-import infer_lib
-
-W = infer_lib.load(os.path.join(ROOT, "model", "weights.npz"))
-FIELDS = ["id", "answer"]
-QUESTIONS = {}
-for sub in ("", "dev"):
-    for line in open(os.path.join(ROOT, "data", sub, "questions.jsonl")):
-        q = json.loads(line)
-        QUESTIONS[q["qid"]] = dict(q, dir=os.path.join(ROOT, "data", sub, "images"))
-META = {r["image_id"]: r for r in csv.DictReader(open(os.path.join(ROOT, "data", "metadata.csv")))}
-
-
-def answer(qid):
-    q = QUESTIONS[qid]
-    image = np.asarray(Image.open(os.path.join(q["dir"], q["image_id"] + ".png")), dtype=np.float64) / 255.0
-    nodules = infer_lib.find_nodules(image, W)
-__ANSWER__
-
-
-def run(ids, out_csv, out_dir=None):
-    rows = [{"id": qid, "answer": answer(qid)} for qid in ids]
-    with open(out_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\\n")
-        w.writeheader()
-        w.writerows(rows)
-    return rows
-
-
-if __name__ == "__main__":
-    ids = sys.argv[3:] or json.load(open(os.path.join(ROOT, "task.json")))["submission"]["case_ids"]
-    run(ids, sys.argv[1], sys.argv[2])
-'''
-
-_ANSWER_GOOD = """    # Side answers depend on the display convention recorded for each image.
-    convention = META[q["image_id"]]["view_convention"]
-    return infer_lib.answer(q["question"], nodules, image.shape[1], convention=convention)"""
-
-_ANSWER_BUG = """    return infer_lib.answer(q["question"], nodules, image.shape[1])"""
-
-INSPECT = """
-import csv
-from PIL import Image
-qs = [json.loads(line) for line in open("data/questions.jsonl")]
-dev = [json.loads(line) for line in open("data/dev/questions.jsonl")]
-meta = {r["image_id"]: r for r in csv.DictReader(open("data/metadata.csv"))}
-images = {}
-for q in qs:
-    im = Image.open(f"data/images/{q['image_id']}.png")
-    images[q["image_id"]] = {"size": list(im.size), "mode": im.mode, "png_text": dict(im.text),
-                             "metadata_convention": meta[q["image_id"]]["view_convention"]}
-conv = {}
-for v in images.values():
-    conv[v["metadata_convention"]] = conv.get(v["metadata_convention"], 0) + 1
-compat = {"input_format": "PNG + JSONL", "questions": len(qs), "expected": len(case_ids), "dev_questions": len(dev),
-          "images": images, "display_conventions": conv,
-          "model_input": "float image in [0, 1]; convention argument, default neurological (model card)"}
-print(len(qs), "questions on", len(images), "images;", len(dev), "dev questions with answers")
-print("display conventions:", conv)
-print("question types:", sorted({q["question"] for q in qs}))
-"""
-
-SMOKE = """
-import numpy as np
-toy = np.full((64, 64), 0.85)
-toy[16:48, 8:28] = 0.2
-toy[16:48, 36:56] = 0.2
-toy[30:35, 14:19] = 0.85
-found = infer_lib.find_nodules(toy, W)
-smoke = {"input": "two dark lungs, one blob in the image-left lung", "nodules": found,
-         "answer_radiological": infer_lib.answer("Which lung contains the largest nodule, left or right (none if there is none)?", found, 64, convention="radiological")}
-"""
-
-PILOT = """
-import csv
-dev = [json.loads(line) for line in open("data/dev/questions.jsonl")]
-meta = {r["image_id"]: r for r in csv.DictReader(open("data/metadata.csv"))}
-# Pilot a worked example that depends on the display convention: a side question on a radiological image.
-side = [q for q in dev if "which lung" in q["question"].lower()]
-pick = next((q for q in side if meta[q["image_id"]]["view_convention"] == "radiological"), (side or dev)[0])
-case_id = pick["qid"]
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-got = rows[0]["answer"]
-print("pilot", case_id, "on", pick["image_id"], "(" + meta[pick["image_id"]]["view_convention"] + ")", repr(pick["question"]), "->", got, "| worked answer:", pick["answer"])
-checks = {
-    "answer matches the worked example": {"value": got, "expect": pick["answer"], "ok": got.strip().lower() == pick["answer"].strip().lower()},
-    "answer in the allowed vocabulary": {"value": got, "expect": "yes/no/digit/left/right/none", "ok": got in ("yes", "no", "left", "right", "none") or got.isdigit()},
-}
-"""
-
-WEAK_PILOT = """
-case_id = case_ids[0]
-rows = infer.run([case_id], "validation/pilot.csv", "validation/pilot")
-got = rows[0]["answer"]
-print("pilot", case_id, "->", got)
-checks = {"answer is non-empty text": {"value": got, "expect": "non-empty", "ok": bool(got.strip())}}
-"""
-
-SUBMIT_CHECK = """
-for r in rows:
-    if not (r["answer"] in ("yes", "no", "left", "right", "none") or r["answer"].isdigit()):
-        problems.append(r["id"] + ": answer outside the vocabulary: " + r["answer"])
 """
 
 
@@ -480,15 +369,8 @@ class Vqa(TrackBase):
                 "Write outputs/predictions.csv, then outputs/submission.csv (id,answer) with one row per qid "
                 "in task.json order and answers in the allowed vocabulary, with receipts.",
             ),
-            inspect=INSPECT,
-            smoke=SMOKE,
-            pipeline=PIPELINE.replace("__ANSWER__", _ANSWER_GOOD),
-            pipeline_bug=PIPELINE.replace("__ANSWER__", _ANSWER_BUG),
-            naive_pipeline=PIPELINE.replace("__ANSWER__", _ANSWER_BUG),
-            pilot=PILOT,
-            weak_pilot=WEAK_PILOT,
             out_dir="outputs",
-            submit_check=SUBMIT_CHECK,
+            **recipe_scripts(self.name),
             says={
                 "inspect": "Recording the environment, reading the questions, the images and their "
                 "metadata, then pinning and smoke-testing the model.",
