@@ -48,7 +48,11 @@ def wheel_names(tmp_path_factory) -> set[str]:
             shutil.copy2(ROOT / rel, src / rel)
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
-        [sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_wheel({str(out)!r})"],
+        [
+            sys.executable,
+            "-c",
+            f"from setuptools import build_meta; build_meta.build_wheel({str(out)!r})",
+        ],
         cwd=src,
         check=True,
         capture_output=True,
@@ -65,7 +69,9 @@ def test_the_wheel_ships_every_tracked_package_file(wheel_names):
         if top in PACKAGE_DIRS and rest and Path(rel).name not in NOT_SHIPPED:
             expected.add(f"{PACKAGE_DIRS[top]}/{rest}")
     missing = sorted(expected - wheel_names)
-    assert not missing, f"left out of the wheel (add to pyproject's packages/package-data): {missing}"
+    assert not missing, (
+        f"left out of the wheel (add to pyproject's packages/package-data): {missing}"
+    )
 
 
 def test_every_registered_suite_imports_from_the_wheel_layout(wheel_names):
