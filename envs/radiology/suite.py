@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
-from bat_gym.envs.radiology.studies import PatientSpec, _uid, make_patient, render_series
+from bat_gym.envs.radiology.studies import (
+    PatientSpec,
+    _uid,
+    make_patient,
+    render_patient,
+    render_series,
+)
 from bat_gym.protocol import ToolCall
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
@@ -103,45 +109,29 @@ SKILLS = {
     ),
     "S5": (
         "Write outputs/submission.csv in the schema of task.json and its receipt "
-        "validation/s5_submission.json, and submit each patient's finding on the server "
-        "(submit_finding on the current study)."
+        "validation/s5_submission.json. On the server, for each patient's current study: mark "
+        "the lesion on the series you measured (store_annotation: its slice, a centre voxel on "
+        "the lesion, the diameter) and submit the finding (submit_finding: that series, the "
+        "submitted diameter and change). The server keeps every record: store only right ones."
     ),
 }
+
+# id, name, agentic weight, and the artifacts the stage's contract reads.
+_STAGES = (
+    ("S1", "Plan", 0.25, ("plan/plan.md",)),
+    ("S2", "Setup", 0.15, ("setup/environment.json", "pipeline/infer.py")),
+    ("S3", "Validate", 0.35, ("validation/pilot.csv", "validation/s3_validation.json")),
+    ("S4", "Infer", 0.15, ("outputs/predictions.csv", "validation/s4_completion.json")),
+    ("S5", "Submit", 0.10, ("outputs/submission.csv", "validation/s5_submission.json")),
+)
 
 SPEC = BenchmarkSpec(
     name="radiology",
     version="0.1",
     description="Lesion growth across current and prior CT/MR studies on a live Orthanc server.",
-    stages=(
-        Stage(id="S1", name="Plan", weight=0.25, skill=SKILLS["S1"], artifacts=("plan/plan.md",)),
-        Stage(
-            id="S2",
-            name="Setup",
-            weight=0.15,
-            skill=SKILLS["S2"],
-            artifacts=("setup/environment.json", "pipeline/infer.py"),
-        ),
-        Stage(
-            id="S3",
-            name="Validate",
-            weight=0.35,
-            skill=SKILLS["S3"],
-            artifacts=("validation/pilot.csv", "validation/s3_validation.json"),
-        ),
-        Stage(
-            id="S4",
-            name="Infer",
-            weight=0.15,
-            skill=SKILLS["S4"],
-            artifacts=("outputs/predictions.csv", "validation/s4_completion.json"),
-        ),
-        Stage(
-            id="S5",
-            name="Submit",
-            weight=0.10,
-            skill=SKILLS["S5"],
-            artifacts=("outputs/submission.csv", "validation/s5_submission.json"),
-        ),
+    stages=tuple(
+        Stage(id=sid, name=name, weight=weight, skill=SKILLS[sid], artifacts=artifacts)
+        for sid, name, weight, artifacts in _STAGES
     ),
     tracks=(
         Track(
@@ -194,6 +184,11 @@ class Radiology(Benchmark):
 
     spec = SPEC
 
+    def __init__(self) -> None:
+        super().__init__()
+        # task seed -> _truth(seed): the scorer, the oracle and the teacher all ask.
+        self._truth_cache: dict[int, dict[str, dict[str, Any]]] = {}
+
     # -- generation ---------------------------------------------------------------------
 
     def _patients(self, task_seed: int) -> list[tuple[int, PatientSpec]]:
@@ -221,23 +216,50 @@ class Radiology(Benchmark):
         return files
 
     def _truth(self, task_seed: int) -> dict[str, dict[str, Any]]:
+        """Per patient: the model's diameters and change, and where it measured.
+
+        ``study_uid`` and ``series_uid`` name the current study and the series the
+        model card measures there (the CT, or the MR series whose echo time says T2);
+        ``current_series`` every series of the current study; ``lesion_voxels`` lists
+        the measured series' lesion voxels as the model sees them
+        (modality values above the threshold), ``[slice, row, col]`` with the slice
+        1-based in instance order, as the tools count it.
+        """
+        cached = self._truth_cache.get(task_seed)
+        if cached is not None:
+            return cached
         measure = _measure_fn()
+        files = self._files(task_seed)
         truth = {}
-        for pid, studies in self._files(task_seed).items():
-            values = []
-            for date in sorted(studies):
-                for files in studies[date].values():
-                    vol, spacing, first = _volume(files)
+        for _seed, patient in self._patients(task_seed):
+            pid = patient.patient_id
+            measured = []  # (study, series number, volume, spacing, threshold), oldest first
+            for study in patient.studies:
+                for series in study.series:
+                    vol, spacing, first = _volume(files[pid][study.date][series.number])
                     if first.Modality == "CT":
-                        values.append(measure(vol, spacing, MODEL["CT"]["threshold"]))
+                        threshold = MODEL["CT"]["threshold"]
                     elif float(first.EchoTime) > 60:
-                        values.append(measure(vol, spacing, MODEL["MR"]["threshold"]))
-            prior, current = values
+                        threshold = MODEL["MR"]["threshold"]
+                    else:
+                        continue
+                    measured.append((study, series.number, vol, spacing, threshold))
+            (_, _, p_vol, p_spacing, p_thr), (study, number, vol, spacing, thr) = measured
+            current, prior = measure(vol, spacing, thr), measure(p_vol, p_spacing, p_thr)
             truth[pid] = {
                 "diameter_mm": current,
                 "prior_mm": prior,
                 "change": _change(current, prior),
+                "study_uid": study.uid,
+                "series_uid": _uid("series", study.uid, number),
+                "current_series": [_uid("series", study.uid, s.number) for s in study.series],
+                "lesion_voxels": [
+                    [int(k) + 1, int(r), int(c)] for k, r, c in np.argwhere(vol > thr)
+                ],
             }
+        if len(self._truth_cache) >= 64:
+            self._truth_cache.clear()
+        self._truth_cache[task_seed] = truth
         return truth
 
     def make_task(self, track: str, seed: int, split: Split) -> Task:  # noqa: D102
@@ -298,14 +320,9 @@ class Radiology(Benchmark):
 
     def service_blobs(self, task: Task) -> dict[str, bytes]:
         """Every study of the task's patients, as the server stores them."""
-        blobs = {}
+        blobs: dict[str, bytes] = {}
         for seed, patient in self._patients(task.seed):
-            for study in patient.studies:
-                for series in study.series:
-                    series_uid = _uid("series", study.uid, series.number)
-                    for k, data in enumerate(render_series(patient, study, series, seed)):
-                        sop = _uid("sop", series_uid, k)
-                        blobs[f"dicom/{study.uid}/{series_uid}/{sop}.dcm"] = data
+            blobs.update(render_patient(patient, seed))
         return blobs
 
     def tools(self) -> tuple[Tool, ...]:
@@ -347,6 +364,7 @@ class Radiology(Benchmark):
 
     def contract_library(self) -> ContractLibrary:
         """The reference contracts, with S5 also asking for the findings on the server."""
+        from bat_gym.envs.radiology import checks  # noqa: F401 - registers the S5 checks
         from bat_gym.rubrics.contract import ContractLibrary
 
         return ContractLibrary.from_dir(Path(__file__).parent / "contracts")
@@ -365,27 +383,48 @@ class Radiology(Benchmark):
         meta = ToolCall(name="series_metadata", arguments={"series_uid": series_uid})
         turns = _teacher_turns(len(patients))
         turns[0] = TeacherTurn(turns[0].stage, turns[0].content, (*inspect, meta, *turns[0].calls))
-        findings = []
+        truth = self._truth(task.seed)
+        findings: list[ToolCall] = []
+        marks: list[ToolCall] = []
         for _seed, patient in patients:
-            study = patient.studies[-1]
+            want = truth[patient.patient_id]
+            # The pipeline's numbers, read back from the submission by the agent in a
+            # real run; the scripted teacher knows them beforehand. Likewise the mark:
+            # the lesion voxel nearest the lesion's centroid.
             findings.append(
                 ToolCall(
                     name="submit_finding",
                     arguments={
-                        "study_uid": study.uid,
-                        "series_uid": _uid("series", study.uid, _measured(study).number),
-                        # The pipeline's number, read back from the submission by the
-                        # agent in a real run; the scripted teacher knows it beforehand.
-                        "lesion_diameter_mm": self._truth(task.seed)[patient.patient_id][
-                            "diameter_mm"
-                        ],
-                        "change": self._truth(task.seed)[patient.patient_id]["change"],
+                        "study_uid": want["study_uid"],
+                        "series_uid": want["series_uid"],
+                        "lesion_diameter_mm": want["diameter_mm"],
+                        "change": want["change"],
+                    },
+                )
+            )
+            voxels = np.asarray(want["lesion_voxels"], dtype=float)
+            k, r, c = voxels[np.argmin(((voxels - voxels.mean(axis=0)) ** 2).sum(axis=1))]
+            marks.append(
+                ToolCall(
+                    name="store_annotation",
+                    arguments={
+                        "series_uid": want["series_uid"],
+                        "index": int(k),
+                        "row": float(r),
+                        "col": float(c),
+                        "diameter_mm": want["diameter_mm"],
+                        "label": "lesion",
                     },
                 )
             )
         submit_at = len(turns) - 1
         turns.insert(
-            submit_at, TeacherTurn("S5", "Submitting the findings on the server.", tuple(findings))
+            submit_at,
+            TeacherTurn(
+                "S5",
+                "Marking each lesion and submitting the findings on the server.",
+                (*marks, *findings),
+            ),
         )
         return turns
 
@@ -409,11 +448,6 @@ class Radiology(Benchmark):
                 "S5", "Done.", (ToolCall(name="finish", arguments={"summary": "Submitted."}),)
             ),
         ]
-
-
-def _measured(study: Any) -> Any:
-    """The series the model measures in ``study``: the CT, or the real T2."""
-    return next(s for s in study.series if s.weighting in ("CT", "T2"))
 
 
 def _agreement(
