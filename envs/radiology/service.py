@@ -16,8 +16,11 @@ tools write records only through :meth:`OrthancService.add_record`); the server 
 on the first restore, and starts again (empty, then loaded) if it died.
 
 Tools run in a child process per call (:mod:`bat_gym.tools`), so what a call writes is
-never in this object's memory: :meth:`OrthancService.after_tool_call` marks the records
-it remembers stale, and the next restore reads them from the server again.
+never in this object's memory. :meth:`OrthancService.add_record` notes the record it is
+about to write in a journal file beside the server's storage (before the write, so a
+call killed mid-write is noted too); :meth:`OrthancService.after_tool_call` reads it and
+marks those records unknown, and the next restore rewrites (or deletes) just them. A
+journal that cannot be read makes the next restore read every record again.
 
 Size: a state is capped by :attr:`OrthancService.limits` (the core's
 :class:`~bat_gym.service.ServiceLimits`: blobs and bytes) at every snapshot, and
@@ -31,9 +34,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
-from bat_gym.envs.radiology.orthanc import OrthancClient, OrthancServer
+from bat_gym.envs.radiology.orthanc import OrthancClient, OrthancError, OrthancServer
 from bat_gym.service import ServiceBlobs, ServiceLimits, ServiceState, ServiceStateTooLarge
 
 __all__ = ["ANNOTATIONS", "FINDINGS", "OrthancService", "canonical_json"]
@@ -42,6 +46,9 @@ ANNOTATIONS = "BatAnnotations"
 """The series metadata that holds the annotations stored on that series (a JSON list)."""
 FINDINGS = "BatFindings"
 """The study metadata that holds the findings submitted for that study (a JSON list)."""
+
+_UNKNOWN = b"\x00unknown"  # a remembered record a tool may have changed: equals no target
+_JOURNAL = "records.journal"
 
 
 def canonical_json(value: Any) -> bytes:
@@ -136,6 +143,7 @@ class OrthancService(ServiceState):
         blobs, size = self.usage(without=(level, uid))
         self.limits.check(blobs + 1, size + len(data))
         name = ANNOTATIONS if level == "series" else FINDINGS
+        self._note(level, uid)
         self.client.request("PUT", f"/{level}/{oid}/metadata/{name}", data)
         self._records[(level, uid)] = data
         return len(records)
@@ -153,9 +161,33 @@ class OrthancService(ServiceState):
                 blobs, size = blobs + 1, size + len(data)
         return blobs, size
 
+    def _journal(self) -> Path | None:
+        if self.server is None or self.server.workdir is None:
+            return None
+        return Path(self.server.workdir) / _JOURNAL
+
+    def _note(self, level: str, uid: str) -> None:
+        """Note in the journal that the records of ``uid`` are about to change."""
+        journal = self._journal()
+        if journal is None:
+            self._records_stale = True
+            return
+        with open(journal, "a", encoding="utf-8") as f:  # one short O_APPEND write
+            f.write(json.dumps([level, uid]) + "\n")
+
     def after_tool_call(self) -> None:
-        """A tool ran in a child process: what this object remembers of records is stale."""
-        self._records_stale = True
+        """A tool ran in a child process: forget what it may have changed (module docs)."""
+        journal = self._journal()
+        try:
+            if journal is None or not journal.exists():
+                return
+            lines = journal.read_text(encoding="utf-8").splitlines()
+            journal.unlink()
+            for line in lines:
+                level, uid = json.loads(line)
+                self._records[(str(level), str(uid))] = _UNKNOWN
+        except (OSError, ValueError, TypeError):
+            self._records_stale = True  # the next restore reads every record
 
     # -- ServiceState --------------------------------------------------------------------
 
@@ -184,6 +216,7 @@ class OrthancService(ServiceState):
             # It died (killed, out of memory): a new, empty one is loaded below.
             self.close()
         client = self.client
+        self.after_tool_call()  # whatever the journal holds, in case a call went unheard
         wanted = {n: blobs.digest(n) for n in blobs if n.startswith("dicom/")}
         changed = self._records_stale
         if set(client.get("/instances")) != {oid for _, oid in self._held.values()}:
@@ -219,7 +252,12 @@ class OrthancService(ServiceState):
             if key in target:
                 client.request("PUT", f"/{level}/{oid}/metadata/{meta}", target[key])
             else:
-                client.delete(f"/{level}/{oid}/metadata/{meta}")
+                try:
+                    client.delete(f"/{level}/{oid}/metadata/{meta}")
+                except OrthancError as exc:
+                    # A record noted as about to change may never have been written.
+                    if not (exc.status == 404 and self._records.get(key) == _UNKNOWN):
+                        raise
         self._records = {k: v for k, v in target.items() if self._orthanc_id(*k) is not None}
 
     def _scan_records(self) -> dict[tuple[str, str], bytes]:

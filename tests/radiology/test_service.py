@@ -120,3 +120,18 @@ def test_the_sandbox_cannot_reach_the_server(env):
     )
     obs, *_ = env.step(say("execute_code", language="python", code=code))
     assert "refused" in obs and "REACHED" not in obs
+
+
+def test_a_call_killed_between_its_note_and_its_write_still_resets_clean(env):
+    """The journal says a record was about to change; the server never got it."""
+    target = _target(env)
+    env.service._note("series", target["series_uid"])  # as a worker killed right after
+    env.service.after_tool_call()
+    env.reset(options={"state_id": env.state.state_id})
+    assert env.service.read_records("series", target["series_uid"]) == []
+    _mark(env, target["series_uid"])
+    journal = env.service._journal()
+    journal.write_text("not json\n")  # a journal that cannot be read: every record is read
+    env.service.after_tool_call()
+    env.reset(options={"state_id": env.state.state_id})
+    assert env.service.read_records("series", target["series_uid"]) == []
