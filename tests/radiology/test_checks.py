@@ -127,7 +127,7 @@ def test_a_spray_of_findings_with_one_right_among_them_fails(episode):
     decoy = _edit(finds[0], lesion_diameter_mm=1.0).model_copy(update={"index": 99})
     assert _findings(episode, [*finds, decoy]).passed is False
     # A right finding stored on another study (a prior one) is a wrong record too.
-    task = episode["env"].unwrapped.benchmark._patients(episode["task"].seed)
+    task = episode["env"].unwrapped.benchmark._patients("lesion_growth", episode["task"].seed)
     prior_uid = task[0][1].studies[0].uid
     on_prior = _edit(finds[0], study_uid=prior_uid)
     result = _findings(episode, [*finds, on_prior])
