@@ -399,12 +399,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child(tool: Tool, args: BaseModel, ctx: ToolContext, fd: int, cap: int) -> None:
+def _child(tool: Tool, args: BaseModel, ctx: ToolContext, fd: int, cap: int, parent: int) -> None:
     """The forked child: run the handler, send one frame on ``fd``, exit. Never returns."""
     code = 0
     try:
-        os.setpgid(0, 0)  # its own group: the parent kills whatever it started with it
-        parent = os.getppid()
+        with contextlib.suppress(OSError):  # the parent may have made the group already
+            os.setpgid(0, 0)  # its own group: the parent kills whatever it started with it
         _die_with_parent()
         if os.getppid() != parent:  # the parent died before the request took hold
             os._exit(1)
@@ -422,6 +422,7 @@ def _child(tool: Tool, args: BaseModel, ctx: ToolContext, fd: int, cap: int) -> 
 
 def _run_forked(tool: Tool, args: BaseModel, ctx: ToolContext, cap: int) -> ToolOutcome:
     read_fd, write_fd = os.pipe()
+    parent = os.getpid()
     try:
         with warnings.catch_warnings():
             # Python 3.12+ warns on fork in a threaded process; the child only runs the
@@ -435,7 +436,7 @@ def _run_forked(tool: Tool, args: BaseModel, ctx: ToolContext, cap: int) -> Tool
         return ToolOutcome("crashed", type(exc).__name__, time.monotonic() - ctx.started)
     if pid == 0:
         os.close(read_fd)
-        _child(tool, args, ctx, write_fd, cap)
+        _child(tool, args, ctx, write_fd, cap, parent)
     os.close(write_fd)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # also here, so the group exists whoever runs first

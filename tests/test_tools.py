@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -488,3 +489,38 @@ def test_a_timeout_in_one_env_does_not_stall_another_thread(states, tmp_path):
     finally:
         hostile.close()
         calm.close()
+
+
+_ORPHAN = """
+import os, sys, time
+from pydantic import BaseModel
+from bat_gym.tools import Tool, ToolContext, run_host_tool
+
+class A(BaseModel):
+    pass
+
+def hang(args, ctx):
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    while True:
+        time.sleep(1)
+
+run_host_tool(Tool("hang", "h", A, hang), A(), ToolContext("hang", None, None, 120.0))
+"""
+
+
+def test_a_worker_dies_with_the_process_that_forked_it(tmp_path):
+    pid_file = tmp_path / "worker"
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN, str(pid_file)])
+    try:
+        deadline = time.monotonic() + 20
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        assert _alive(worker)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 5
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)
