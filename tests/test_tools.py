@@ -393,13 +393,13 @@ def test_a_handler_that_hangs_is_killed_with_what_it_started_and_the_env_goes_on
     try:
         t0 = time.monotonic()
         obs, _, terminated, truncated, info = env.step(say("hang", path=str(pids)))
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 5.0  # 0.5 s, and a loaded machine's slack
         assert obs.startswith("[hang: timed out after ") and not (terminated or truncated)
         use = info["record"].tool_uses[-1]
         assert (use.status, use.output, use.arguments) == ("timed_out", "", {"path": str(pids)})
         worker, grandchild = (int(p) for p in pids.read_text().split())
         assert worker != os.getpid()
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 5
         while (_alive(worker) or _alive(grandchild)) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not _alive(worker) and not _alive(grandchild)
@@ -429,7 +429,7 @@ def test_a_huge_result_comes_back_capped_with_its_whole_length_and_digest(env):
     size = 2_000_000
     t0 = time.monotonic()
     obs, *_, info = env.step(say("chatty", size=size))
-    assert time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 < 10.0
     use = info["record"].tool_uses[-1]
     assert use.status == "ok" and use.output_chars == size and len(use.output) == 65536
     assert use.result_sha256 == hashlib.sha256(b"x" * size).hexdigest()
@@ -471,7 +471,7 @@ def test_run_host_tool_never_raises_and_a_thread_service_keeps_its_changes():
 
 def test_a_timeout_in_one_env_does_not_stall_another_thread(states, tmp_path):
     """Two envs step at once from two threads; the hung one costs only its own timeout."""
-    hostile = make_env(HostileBench(), states, budgets=Budgets(tool_timeout_s=1.0))
+    hostile = make_env(HostileBench(), states, budgets=Budgets(tool_timeout_s=5.0))
     calm = make_env(HostileBench(), states)
     try:
         done = {}
@@ -481,10 +481,10 @@ def test_a_timeout_in_one_env_does_not_stall_another_thread(states, tmp_path):
 
         t = threading.Thread(target=run_hang)
         t.start()
-        t0 = time.monotonic()
         obs, *_ = calm.step(say("chatty", size=10))
-        assert obs.startswith("[chatty: ok in ") and time.monotonic() - t0 < 1.0
-        t.join(5)
+        # The calm env's call ended while the other's hung call still waits on its timeout.
+        assert obs.startswith("[chatty: ok in ") and t.is_alive()
+        t.join(10)
         assert done["hang"].startswith("[hang: timed out after ")
     finally:
         hostile.close()
