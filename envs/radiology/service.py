@@ -18,9 +18,10 @@ on the first restore, and starts again (empty, then loaded) if it died.
 Tools run in a child process per call (:mod:`bat_gym.tools`), so what a call writes is
 never in this object's memory. :meth:`OrthancService.add_record` notes the record it is
 about to write in a journal file beside the server's storage (before the write, so a
-call killed mid-write is noted too); :meth:`OrthancService.after_tool_call` reads it and
-marks those records unknown, and the next restore rewrites (or deletes) just them. A
-journal that cannot be read makes the next restore read every record again.
+call killed mid-write is noted too); :meth:`OrthancService.after_tool_call` reads the
+journal and reads just those records back from the server, so this object knows every
+record again and the next restore rewrites (or deletes) only what differs. A journal
+that cannot be read makes the next restore read every record again.
 
 Size: a state is capped by :attr:`OrthancService.limits` (the core's
 :class:`~bat_gym.service.ServiceLimits`: blobs and bytes) at every snapshot, and
@@ -47,7 +48,6 @@ ANNOTATIONS = "BatAnnotations"
 FINDINGS = "BatFindings"
 """The study metadata that holds the findings submitted for that study (a JSON list)."""
 
-_UNKNOWN = b"\x00unknown"  # a remembered record a tool may have changed: equals no target
 _JOURNAL = "records.journal"
 
 
@@ -152,11 +152,13 @@ class OrthancService(ServiceState):
         """``(blobs, bytes)`` of the state a snapshot would take now.
 
         Instances as the server counts them (``/statistics``), plus every record blob
-        but ``without``'s (a (level, UID) about to be rewritten).
+        but ``without``'s (a (level, UID) about to be rewritten): as this object knows
+        them, or read from the server when that knowledge is stale.
         """
         stats = self.client.get("/statistics")
         blobs, size = int(stats["CountInstances"]), int(stats["TotalDiskSize"])
-        for key, data in self._scan_records().items():
+        records = self._scan_records() if self._records_stale else self._records
+        for key, data in records.items():
             if key != without:
                 blobs, size = blobs + 1, size + len(data)
         return blobs, size
@@ -176,18 +178,30 @@ class OrthancService(ServiceState):
             f.write(json.dumps([level, uid]) + "\n")
 
     def after_tool_call(self) -> None:
-        """A tool ran in a child process: forget what it may have changed (module docs)."""
+        """A tool ran in a child process: read again the records it noted (module docs)."""
         journal = self._journal()
         try:
             if journal is None or not journal.exists():
                 return
             lines = journal.read_text(encoding="utf-8").splitlines()
             journal.unlink()
-            for line in lines:
-                level, uid = json.loads(line)
-                self._records[(str(level), str(uid))] = _UNKNOWN
-        except (OSError, ValueError, TypeError):
+            for key in {tuple(json.loads(line)) for line in lines}:
+                level, uid = (str(k) for k in key)
+                data = self._read_raw(level, uid)
+                if data is None:
+                    self._records.pop((level, uid), None)
+                else:
+                    self._records[(level, uid)] = data
+        except (OSError, ValueError, TypeError, OrthancError):
             self._records_stale = True  # the next restore reads every record
+
+    def _read_raw(self, level: str, uid: str) -> bytes | None:
+        """The records blob the server holds on ``uid``, or None."""
+        oid = self._orthanc_id(level, uid)
+        name = ANNOTATIONS if level == "series" else FINDINGS
+        if oid is None or name not in (self.client.get(f"/{level}/{oid}/metadata") or []):
+            return None
+        return bytes(self.client.get(f"/{level}/{oid}/metadata/{name}", raw=True))
 
     # -- ServiceState --------------------------------------------------------------------
 
@@ -252,12 +266,7 @@ class OrthancService(ServiceState):
             if key in target:
                 client.request("PUT", f"/{level}/{oid}/metadata/{meta}", target[key])
             else:
-                try:
-                    client.delete(f"/{level}/{oid}/metadata/{meta}")
-                except OrthancError as exc:
-                    # A record noted as about to change may never have been written.
-                    if not (exc.status == 404 and self._records.get(key) == _UNKNOWN):
-                        raise
+                client.delete(f"/{level}/{oid}/metadata/{meta}")
         self._records = {k: v for k, v in target.items() if self._orthanc_id(*k) is not None}
 
     def _scan_records(self) -> dict[tuple[str, str], bytes]:
