@@ -18,7 +18,9 @@ description, its arguments as a pydantic model (the JSON Schema in the prompt an
   whose state lives in its Python object says so (``IN_PROCESS = True``); its handlers
   run in a thread of the env's process instead, where a handler past its timeout is
   left running (a thread cannot be killed). Only the first :data:`MAX_RESULT_CHARS`
-  characters of a result come back; its length and sha256 are measured in full.
+  characters of a result come back; its length and sha256 are measured in full. The
+  fork costs about 10 ms a call in a gym process (it grows with the process's memory,
+  to a few tens of ms at a few GiB), against a handler's own requests.
 * ``runs_in="sandbox"``: ``handler(args, ctx)`` returns a :class:`SandboxProgram`,
   which the env runs exactly as an ``execute_code`` call (same timeout, output cap,
   workspace accounting and provenance); its :class:`~bat_gym.record.ToolCallRecord`
