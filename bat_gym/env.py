@@ -387,7 +387,21 @@ class StageEnv(gym.Env[str, str]):
                 "this is not your call's fault, and its details are in the host's log]"
             )
         shown = "" if outcome.status == "crashed" else outcome.text
-        self._record_use(tool, args, index, outcome.status, outcome.duration_s, outcome.text)
+        if outcome.chars is not None and outcome.chars > len(outcome.text):
+            status += (
+                f"\n[the result has {outcome.chars} characters; "
+                f"its first {len(outcome.text)} came back]"
+            )
+        self._record_use(
+            tool,
+            args,
+            index,
+            outcome.status,
+            outcome.duration_s,
+            outcome.text,
+            chars=outcome.chars,
+            sha256=outcome.sha256,
+        )
         return _clip(f"{status}\n{shown}".rstrip("\n"), self.budgets.max_observation_chars)
 
     def _use_sandbox_tool(self, tool: Tool, args: Any, ctx: ToolContext) -> str:
@@ -425,7 +439,11 @@ class StageEnv(gym.Env[str, str]):
         duration_s: float,
         text: str,
         call: int | None = None,
+        *,
+        chars: int | None = None,
+        sha256: str | None = None,
     ) -> None:
+        # chars and sha256: of the whole result when ``text`` is only its head.
         assert self.record is not None
         cap = SandboxLimits().record_output_bytes
         self.record.append_tool_use(
@@ -437,8 +455,9 @@ class StageEnv(gym.Env[str, str]):
                 status=status,  # type: ignore[arg-type]
                 duration_s=max(0.0, duration_s),
                 output=text[:cap],
-                output_chars=len(text),
-                result_sha256=hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
+                output_chars=len(text) if chars is None else chars,
+                result_sha256=sha256
+                or hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
                 call=call,
             )
         )

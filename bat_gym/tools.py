@@ -5,13 +5,22 @@ A benchmark declares its own tools beside ``execute_code`` and ``finish``
 description, its arguments as a pydantic model (the JSON Schema in the prompt and in
 ``info["tools"]`` is that model's), and a handler:
 
-* ``runs_in="host"``: ``handler(args, ctx)`` runs in the host process against the env's
-  service (:attr:`ToolContext.service`) and returns the result: a ``str`` shown as
-  it is, or anything JSON can hold (a pydantic model too), shown as JSON. It runs in a
-  worker thread under the episode's ``tool_timeout_s``; a handler past it is left
-  behind (a thread cannot be killed), the call reports a timeout, and the episode goes
-  on. Handlers that wait on a server pass :attr:`ToolContext.remaining_s` as their own
-  timeout so none is ever left behind.
+* ``runs_in="host"``: ``handler(args, ctx)`` runs against the env's service
+  (:attr:`ToolContext.service`) and returns the result: a ``str`` shown as it is, or
+  anything JSON can hold (a pydantic model too), shown as JSON. It runs in a child
+  process forked for the call, in its own process group, under the episode's
+  ``tool_timeout_s``: past it the child and everything it started are killed
+  (``SIGKILL``), the call reports ``timed_out``, and the env goes on as before, so a
+  handler that hangs costs one timeout and nothing after it. The child sees the env's
+  objects as they were at the call and its changes to them are lost: what a handler
+  changes must live outside the process (a server, files), and the service hears of
+  every call through :meth:`~bat_gym.service.ServiceState.after_tool_call`. A service
+  whose state lives in its Python object says so (``IN_PROCESS = True``); its handlers
+  run in a thread of the env's process instead, where a handler past its timeout is
+  left running (a thread cannot be killed). Only the first :data:`MAX_RESULT_CHARS`
+  characters of a result come back; its length and sha256 are measured in full. The
+  fork costs about 10 ms a call in a gym process (it grows with the process's memory,
+  to a few tens of ms at a few GiB), against a handler's own requests.
 * ``runs_in="sandbox"``: ``handler(args, ctx)`` returns a :class:`SandboxProgram`,
   which the env runs exactly as an ``execute_code`` call (same timeout, output cap,
   workspace accounting and provenance); its :class:`~bat_gym.record.ToolCallRecord`
@@ -25,8 +34,9 @@ and its sha256) that rubric checks use as evidence (the ``tool_called`` check).
 Nothing the agent sends makes ``step`` raise: arguments the model refuses come back
 as a ``[tool call error]`` naming the field and what it must be; a handler that raises
 :class:`ToolError` (the agent asked for something that is not there) shows its
-message; any other exception is logged with its traceback and the agent sees only
-that the tool failed, never the exception's text (it may quote private data).
+message; any other exception (or a worker that dies) is logged with its traceback in
+the host's log and the agent sees only that the tool failed, never the exception's text
+(it may quote private data).
 
 A handler sees the private answers only when its tool says ``sees_private=True``
 (:meth:`ToolContext.private_answers`), as a submission tool that scores on the spot
@@ -36,13 +46,19 @@ the answers to reveal.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
+import os
 import re
+import select
+import signal
 import threading
 import time
+import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -59,7 +75,9 @@ __all__ = [
     "ToolError",
     "ToolOutcome",
     "PrivateAnswersWithheld",
+    "MAX_RESULT_CHARS",
     "check_tools",
+    "isolates_handlers",
     "run_host_tool",
 ]
 
@@ -70,6 +88,13 @@ RESERVED_NAMES = frozenset({"execute_code", "finish"})
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 _MAX_ERROR_CHARS = 600  # of a validation error shown to the agent
+_MAX_TRACEBACK_CHARS = 20_000  # of a crash's traceback sent to the host's log
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+MAX_RESULT_CHARS = 65_536
+"""Characters of a host tool's result that reach the env by default: what the execution
+record keeps of a call's output (:attr:`bat_gym.sandbox.SandboxLimits.record_output_bytes`).
+The whole result's length and sha256 are measured before the cut."""
 
 
 class ToolError(BatGymError):
@@ -237,18 +262,28 @@ class ToolOutcome:
 
     Attributes:
         status: ``ok``, ``error`` (a :class:`ToolError`), ``timed_out`` or ``crashed``.
-        text: the full result text (before any clipping).
+        text: the result text, at most the runner's ``max_result_chars`` of it (for a
+            crash: the exception's type only).
         duration_s: wall-clock seconds until the result (or the timeout).
+        chars: characters of the whole result text (default: ``len(text)``).
+        sha256: the sha256 of the whole result text, UTF-8 (default: of ``text``).
     """
 
     status: Literal["ok", "error", "timed_out", "crashed"]
     text: str
     duration_s: float
+    chars: int | None = None
+    sha256: str | None = None
 
-    @property
-    def sha256(self) -> str:
-        """The sha256 of the full result text (UTF-8)."""
-        return hashlib.sha256(self.text.encode("utf-8", "replace")).hexdigest()
+    def __post_init__(self) -> None:
+        if self.chars is None:
+            object.__setattr__(self, "chars", len(self.text))
+        if self.sha256 is None:
+            object.__setattr__(self, "sha256", _digest(self.text))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
 
 
 def _as_text(result: Any) -> str:
@@ -270,35 +305,208 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def run_host_tool(tool: Tool, args: BaseModel, ctx: ToolContext) -> ToolOutcome:
+def _call(tool: Tool, args: BaseModel, ctx: ToolContext) -> tuple[str, str, str]:
+    """``(status, text, traceback)`` of one handler call; never raises."""
+    try:
+        return "ok", _as_text(tool.handler(args, ctx)), ""
+    except ToolError as exc:
+        return "error", str(exc), ""
+    except BaseException as exc:  # noqa: BLE001 - nothing a handler does may escape
+        # The exception's text may hold private data: only its type reaches the agent.
+        return "crashed", type(exc).__name__, traceback.format_exc()[-_MAX_TRACEBACK_CHARS:]
+
+
+def isolates_handlers(service: Any) -> bool:
+    """Whether host handlers against ``service`` run in a child process (see the module docs).
+
+    They do unless the service keeps its state in this process's memory
+    (:attr:`bat_gym.service.ServiceState.IN_PROCESS`) or the platform cannot fork.
+    """
+    return hasattr(os, "fork") and not getattr(service, "IN_PROCESS", False)
+
+
+def run_host_tool(
+    tool: Tool,
+    args: BaseModel,
+    ctx: ToolContext,
+    *,
+    max_result_chars: int = MAX_RESULT_CHARS,
+) -> ToolOutcome:
     """Run a host tool's handler under ``ctx.timeout_s``; never raises.
 
-    The handler runs in a daemon thread: past the timeout it is abandoned, and a
-    warning is logged.
+    The handler runs in a child process forked for the call (killed, with anything it
+    started, at the timeout) unless :func:`isolates_handlers` says otherwise; then in
+    a daemon thread that is abandoned at the timeout. Afterwards the service's
+    :meth:`~bat_gym.service.ServiceState.after_tool_call` hook runs (in this process).
+
+    Args:
+        tool: the tool.
+        args: its validated arguments.
+        ctx: the call's context; ``ctx.timeout_s`` bounds the call, seconds.
+        max_result_chars: characters of the result that come back (the whole result's
+            length and sha256 are measured where it was made).
     """
-    box: dict[str, Any] = {}
+    isolated = isolates_handlers(ctx.service)
+    try:
+        if isolated:
+            outcome = _run_forked(tool, args, ctx, max_result_chars)
+        else:
+            outcome = _run_in_thread(tool, args, ctx, max_result_chars)
+    finally:
+        hook = getattr(ctx.service, "after_tool_call", None)
+        if isolated and callable(hook):
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - a hook's fault must not end the episode
+                log.exception("the service's after_tool_call hook failed")
+    return outcome
 
-    def work() -> None:
-        try:
-            box["text"] = _as_text(tool.handler(args, ctx))
-        except ToolError as exc:
-            box["error"] = str(exc)
-        except BaseException as exc:  # noqa: BLE001 - nothing a handler does may escape
-            log.error("tool %s failed", tool.name, exc_info=exc)
-            box["crash"] = type(exc).__name__
 
-    thread = threading.Thread(target=work, name=f"bat-gym-tool-{tool.name}", daemon=True)
+def _clipped(status: str, text: str, duration: float, cap: int) -> ToolOutcome:
+    return ToolOutcome(status, text[:cap], duration, len(text), _digest(text))  # type: ignore[arg-type]
+
+
+def _run_in_thread(tool: Tool, args: BaseModel, ctx: ToolContext, cap: int) -> ToolOutcome:
+    box: list[tuple[str, str, str]] = []
+    thread = threading.Thread(
+        target=lambda: box.append(_call(tool, args, ctx)),
+        name=f"bat-gym-tool-{tool.name}",
+        daemon=True,
+    )
     thread.start()
     thread.join(ctx.timeout_s)
     duration = time.monotonic() - ctx.started
-    if thread.is_alive():
+    if not box:
         log.warning(
-            "tool %s passed its %.1f s timeout and was left running", tool.name, ctx.timeout_s
+            "tool %s passed its %.1f s timeout and was left running (its service keeps "
+            "state in this process, so the handler could not run in a child process)",
+            tool.name,
+            ctx.timeout_s,
         )
         return ToolOutcome("timed_out", "", duration)
-    if "text" in box:
-        return ToolOutcome("ok", box["text"], duration)
-    if "error" in box:
-        return ToolOutcome("error", box["error"], duration)
-    # A crash: the exception's text may hold private data, so only its type is shown.
-    return ToolOutcome("crashed", box.get("crash", "unknown"), duration)
+    status, text, trace = box[0]
+    if trace:
+        log.error("tool %s failed:\n%s", tool.name, trace)
+    return _clipped(status, text, duration, cap)
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux; best effort)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _child(tool: Tool, args: BaseModel, ctx: ToolContext, fd: int, cap: int, parent: int) -> None:
+    """The forked child: run the handler, send one frame on ``fd``, exit. Never returns."""
+    code = 0
+    try:
+        with contextlib.suppress(OSError):  # the parent may have made the group already
+            os.setpgid(0, 0)  # its own group: the parent kills whatever it started with it
+        _die_with_parent()
+        if os.getppid() != parent:  # the parent died before the request took hold
+            os._exit(1)
+        status, text, trace = _call(tool, args, ctx)
+        head = {"status": status, "chars": len(text), "sha256": _digest(text), "trace": trace}
+        frame = json.dumps(head).encode() + b"\n" + text[:cap].encode("utf-8", "surrogatepass")
+        view = memoryview(frame)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:  # noqa: BLE001 - the parent reports a frame that never came
+        code = 1
+    finally:
+        os._exit(code)  # no atexit, no finalizers of the parent's objects
+
+
+def _run_forked(tool: Tool, args: BaseModel, ctx: ToolContext, cap: int) -> ToolOutcome:
+    read_fd, write_fd = os.pipe()
+    parent = os.getpid()
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns on fork in a threaded process; the child only runs the
+            # handler and exits, and a handler stuck on an inherited lock times out.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError as exc:
+        os.close(read_fd)
+        os.close(write_fd)
+        log.error("tool %s: could not fork its worker (%s)", tool.name, exc)
+        return ToolOutcome("crashed", type(exc).__name__, time.monotonic() - ctx.started)
+    if pid == 0:
+        os.close(read_fd)
+        _child(tool, args, ctx, write_fd, cap, parent)
+    os.close(write_fd)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # also here, so the group exists whoever runs first
+    try:
+        # A frame: a JSON head (with at most the traceback's characters, escaped), then
+        # at most ``cap`` characters of UTF-8.
+        data, finished = _read(
+            read_fd, ctx.started + ctx.timeout_s, 4 * cap + 6 * _MAX_TRACEBACK_CHARS + 4096
+        )
+    finally:
+        os.close(read_fd)
+        _reap(pid)
+    duration = time.monotonic() - ctx.started
+    if not finished:
+        log.warning(
+            "tool %s passed its %.1f s timeout; its worker was killed", tool.name, ctx.timeout_s
+        )
+        return ToolOutcome("timed_out", "", duration)
+    head_bytes, _, body = data.partition(b"\n")
+    try:
+        head = json.loads(head_bytes)
+        status, chars, sha = str(head["status"]), int(head["chars"]), str(head["sha256"])
+    except (ValueError, KeyError, TypeError):
+        # The worker died before it could answer (a signal, os._exit in the handler).
+        log.error("tool %s: its worker exited without a result", tool.name)
+        return ToolOutcome("crashed", "WorkerDied", duration)
+    if head.get("trace"):
+        log.error("tool %s failed:\n%s", tool.name, head["trace"])
+    text = body.decode("utf-8", "surrogatepass")
+    if status not in ("ok", "error", "crashed"):
+        return ToolOutcome("crashed", "WorkerDied", duration)
+    return ToolOutcome(status, text, duration, chars, sha)  # type: ignore[arg-type]
+
+
+def _read(fd: int, deadline: float, limit: int) -> tuple[bytes, bool]:
+    """Read ``fd`` to EOF or ``deadline`` (monotonic s), keeping at most ``limit`` bytes.
+
+    Returns the bytes and whether EOF came in time.
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    chunks: list[bytes] = []
+    kept = 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return b"".join(chunks), False
+        try:
+            ready = poller.poll(max(1, int(left * 1000)))
+        except InterruptedError:
+            continue
+        if not ready:
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks), True
+        if kept < limit:
+            chunks.append(chunk[: limit - kept])
+            kept += len(chunks[-1])
+
+
+def _reap(pid: int) -> None:
+    """Kill the worker's group (it may have started processes) and collect the worker."""
+    for kill, target in ((os.killpg, pid), (os.kill, pid)):
+        try:
+            kill(target, signal.SIGKILL)
+            break
+        except (ProcessLookupError, PermissionError):
+            continue
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

@@ -14,13 +14,16 @@ from bat_gym.bank import build_bank
 from bat_gym.bank.states import MemoryStates, initial_state
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.env import StageEnv
-from bat_gym.errors import ConfigError, EnvNotCopyable
+from bat_gym.errors import BatGymError, ConfigError, EnvNotCopyable
 from bat_gym.protocol import ToolCall, get_protocol
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.service import (
     ServiceBlobs,
+    ServiceLimits,
     ServiceState,
+    ServiceStateTooLarge,
     capture_service,
+    load_service_snapshot,
     put_service_blobs,
     restore_service,
 )
@@ -29,6 +32,8 @@ from bat_gym.tools import Tool, ToolContext, ToolError
 
 class KVService(ServiceState):
     """A tiny in-process key-value service that restores only the keys that differ."""
+
+    IN_PROCESS = True  # its state is this object: handlers must run in this process
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
@@ -52,6 +57,9 @@ class KVService(ServiceState):
         self.data, self.digests = data, digests
 
     def put(self, key: str, value: bytes) -> None:
+        # The tool boundary: refuse a write that would take the state past its limits.
+        after = {**self.data, key: value}
+        self.limits.check(len(after), sum(len(v) for v in after.values()))
         self.data[key] = value
         self.digests.pop(key, None)  # no longer what any stored blob holds
 
@@ -221,3 +229,55 @@ def test_reset_with_a_service_stays_fast(bench, store):
             env.close()
     print({k: f"{v * 1000:.2f} ms" for k, v in times.items()})
     assert times["workspace+service"] < times["workspace"] + 0.05
+
+
+def _stored(store):
+    return sorted(p for p in store.root.rglob("*") if p.is_file()) if store.root.exists() else []
+
+
+def test_a_state_past_its_limits_is_refused_before_anything_is_stored(store):
+    service = KVService()
+    service.limits = ServiceLimits(max_blobs=3, max_bytes=100)
+    service.data = {f"k{i}": b"x" for i in range(4)}
+    before = _stored(store)
+    with pytest.raises(ServiceStateTooLarge) as caught:
+        capture_service(service, store)
+    exc = caught.value
+    assert isinstance(exc, BatGymError)
+    assert (exc.limit, exc.value, exc.maximum) == ("ServiceLimits.max_blobs", 4, 3)
+    assert "ServiceLimits(max_blobs=...)" in str(exc)
+    service.data = {"k": b"x" * 101}
+    with pytest.raises(ServiceStateTooLarge, match=r"101 bytes.*ServiceLimits\.max_bytes"):
+        capture_service(service, store)
+    assert _stored(store) == before
+    service.data = {"a": b"x" * 50, "b": b"y" * 50}  # exactly at the limits: taken
+    assert load_service_snapshot(store, capture_service(service, store)).blobs.keys() == {
+        "kv/a",
+        "kv/b",
+    }
+
+
+def test_the_default_limits_hold_and_a_benchmarks_own_start_is_not_capped(store):
+    limits = ServiceLimits()
+    assert (limits.max_blobs, limits.max_bytes) == (4096, 256 * 2**20)
+    big = {f"kv/k{i}": b"x" for i in range(limits.max_blobs + 1)}
+    put_service_blobs(store, big)  # the benchmark's own starting content
+    with pytest.raises(ServiceStateTooLarge, match="max_blobs"):
+        put_service_blobs(store, big, limits=limits)
+
+
+def test_a_tool_write_past_the_limits_is_an_error_the_agent_sees(bench, store):
+    states = MemoryStates(store, [initial_state(bench, 2, "lookup", store, "hermes")])
+    (state_id,) = states.select()
+    env = StageEnv("E2E", benchmark=bench, states=states)
+    try:
+        env.reset(options={"state_id": state_id})
+        env.service.limits = ServiceLimits(max_blobs=2, max_bytes=2000)
+        obs, *_ = env.step(say("kv_put", key="one", value="x" * 10))
+        assert obs.endswith("\nstored")
+        obs, _, terminated, truncated, info = env.step(say("kv_put", key="two", value="x"))
+        assert obs.startswith("[kv_put: error in ") and "ServiceLimits.max_blobs" in obs
+        assert not (terminated or truncated) and info["record"].tool_uses[-1].status == "error"
+        assert set(env.service.data) == {"cases", "one"}
+    finally:
+        env.close()

@@ -5,7 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +28,7 @@ from bat_gym.rubrics.context import CheckContext, TaskOracle
 from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import Budgets
-from bat_gym.tools import Tool
+from bat_gym.tools import Tool, ToolContext, run_host_tool
 
 HERMES = get_protocol("hermes")
 
@@ -129,7 +135,11 @@ def test_a_tool_error_is_shown_and_a_crash_hides_its_text(env, caplog):
         obs, _, terminated, truncated, info = env.step(say("boom"))
     assert "internal error (RuntimeError)" in obs and SECRET not in obs
     assert SECRET not in json.dumps(info["messages"])
-    assert any(r.exc_info and SECRET in str(r.exc_info[1]) for r in caplog.records)
+    assert SECRET not in info["record"].tool_uses[-1].output
+    # The handler ran in a child process: its traceback reaches the host's log.
+    assert any(
+        SECRET in r.getMessage() and "RuntimeError" in r.getMessage() for r in caplog.records
+    )
     assert info["record"].tool_uses[-1].status == "crashed" and not (terminated or truncated)
 
 
@@ -327,3 +337,190 @@ def test_a_sandbox_tool_that_builds_no_program_is_not_run(states):
         assert (use.status, use.call, info["tool_calls"]) == ("not_run", None, 1)
     finally:
         env.close()
+
+
+# -- host handlers run in a worker process that a timeout kills -------------------------
+
+
+class PathArgs(BaseModel):
+    model_config = {"extra": "forbid"}
+    path: str
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet collected, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def hang(args: PathArgs, ctx: ToolContext) -> str:
+    """Start a grandchild, ignore SIGTERM, and never return."""
+    child = subprocess.Popen(["sleep", "1000"])
+    Path(args.path).write_text(f"{os.getpid()} {child.pid}")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(1)
+
+
+def die(args: PathArgs, ctx: ToolContext) -> str:
+    os._exit(3)
+
+
+def touch_memory(args: PathArgs, ctx: ToolContext) -> str:
+    """Changes the env's objects; in a worker process that changes nothing of the env's."""
+    ctx.task.params["touched"] = True
+    return "touched"
+
+
+class HostileBench(ToolBench):
+    """The tool benchmark plus handlers that hang, die, or touch the env's memory."""
+
+    def tools(self):
+        return (
+            *super().tools(),
+            Tool("hang", "Never return.", PathArgs, hang),
+            Tool("die", "Exit the worker.", PathArgs, die),
+            Tool("touch_memory", "Change the task object.", PathArgs, touch_memory),
+        )
+
+
+def test_a_handler_that_hangs_is_killed_with_what_it_started_and_the_env_goes_on(states, tmp_path):
+    env = make_env(HostileBench(), states, budgets=Budgets(tool_timeout_s=0.5))
+    pids = tmp_path / "pids"
+    try:
+        t0 = time.monotonic()
+        obs, _, terminated, truncated, info = env.step(say("hang", path=str(pids)))
+        assert time.monotonic() - t0 < 5.0  # 0.5 s, and a loaded machine's slack
+        assert obs.startswith("[hang: timed out after ") and not (terminated or truncated)
+        use = info["record"].tool_uses[-1]
+        assert (use.status, use.output, use.arguments) == ("timed_out", "", {"path": str(pids)})
+        worker, grandchild = (int(p) for p in pids.read_text().split())
+        assert worker != os.getpid()
+        deadline = time.monotonic() + 5
+        while (_alive(worker) or _alive(grandchild)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(worker) and not _alive(grandchild)
+        # The very next call, right after the kill, runs as ever.
+        case = first_case(HostileBench(), env)
+        obs, *_, info = env.step(say("lookup_case", case_id=case))
+        assert obs.startswith("[lookup_case: ok in ")
+        obs, *_, info = env.step(say("execute_code", language="bash", code="echo fine"))
+        assert "fine" in obs and info["record"].calls[-1].succeeded
+    finally:
+        env.close()
+
+
+def test_a_worker_that_dies_is_a_crash_and_a_handler_cannot_touch_the_env(states, tmp_path):
+    env = make_env(HostileBench(), states)
+    try:
+        obs, _, terminated, truncated, info = env.step(say("die", path="x"))
+        assert "internal error (WorkerDied)" in obs and not (terminated or truncated)
+        assert info["record"].tool_uses[-1].status == "crashed"
+        obs, *_ = env.step(say("touch_memory", path="x"))
+        assert obs.endswith("\ntouched") and "touched" not in env._task.params
+    finally:
+        env.close()
+
+
+def test_a_huge_result_comes_back_capped_with_its_whole_length_and_digest(env):
+    size = 2_000_000
+    t0 = time.monotonic()
+    obs, *_, info = env.step(say("chatty", size=size))
+    assert time.monotonic() - t0 < 10.0
+    use = info["record"].tool_uses[-1]
+    assert use.status == "ok" and use.output_chars == size and len(use.output) == 65536
+    assert use.result_sha256 == hashlib.sha256(b"x" * size).hexdigest()
+    assert len(obs) <= env.budgets.max_observation_chars
+    assert f"the result has {size} characters" in obs
+
+
+def test_run_host_tool_never_raises_and_a_thread_service_keeps_its_changes():
+    class InProcess:
+        IN_PROCESS = True
+
+        def __init__(self):
+            self.calls = 0
+
+    def count(args, ctx):
+        ctx.service.calls += 1
+        return {"calls": ctx.service.calls}
+
+    service = InProcess()
+    tool = Tool("count", "Count.", PathArgs, count)
+    out = run_host_tool(tool, PathArgs(path="x"), ToolContext("count", None, service, 5.0))
+    assert (out.status, out.text, service.calls) == ("ok", '{"calls": 1}', 1)
+
+    class Remote:
+        def __init__(self):
+            self.heard = 0
+
+        def after_tool_call(self):
+            self.heard += 1
+
+    remote = Remote()
+    for handler, status in ((count, "crashed"), (die, "crashed"), (touch_memory, "crashed")):
+        tool = Tool("t", "t.", PathArgs, handler)
+        out = run_host_tool(tool, PathArgs(path="x"), ToolContext("t", None, remote, 5.0))
+        assert out.status == status and out.chars == len(out.text)
+    # The worker's failures all reached the service's hook, in this process.
+    assert remote.heard == 3
+
+
+def test_a_timeout_in_one_env_does_not_stall_another_thread(states, tmp_path):
+    """Two envs step at once from two threads; the hung one costs only its own timeout."""
+    hostile = make_env(HostileBench(), states, budgets=Budgets(tool_timeout_s=5.0))
+    calm = make_env(HostileBench(), states)
+    try:
+        done = {}
+
+        def run_hang():
+            done["hang"] = hostile.step(say("hang", path=str(tmp_path / "p")))[0]
+
+        t = threading.Thread(target=run_hang)
+        t.start()
+        obs, *_ = calm.step(say("chatty", size=10))
+        # The calm env's call ended while the other's hung call still waits on its timeout.
+        assert obs.startswith("[chatty: ok in ") and t.is_alive()
+        t.join(10)
+        assert done["hang"].startswith("[hang: timed out after ")
+    finally:
+        hostile.close()
+        calm.close()
+
+
+_ORPHAN = """
+import os, sys, time
+from pydantic import BaseModel
+from bat_gym.tools import Tool, ToolContext, run_host_tool
+
+class A(BaseModel):
+    pass
+
+def hang(args, ctx):
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    while True:
+        time.sleep(1)
+
+run_host_tool(Tool("hang", "h", A, hang), A(), ToolContext("hang", None, None, 120.0))
+"""
+
+
+def test_a_worker_dies_with_the_process_that_forked_it(tmp_path):
+    pid_file = tmp_path / "worker"
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN, str(pid_file)])
+    try:
+        deadline = time.monotonic() + 20
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        assert _alive(worker)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 5
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)

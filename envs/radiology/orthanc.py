@@ -56,7 +56,15 @@ class OrthancMissing(BatGymError):
 
 
 class OrthancError(BatGymError):
-    """The server did not start, or answered a request with an error."""
+    """The server did not start, or answered a request with an error.
+
+    Attributes:
+        status: the HTTP status of an error answer, or None.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def find_orthanc() -> str:
@@ -110,7 +118,7 @@ class OrthancClient:
             with opener.open(req, timeout=timeout_s or self.timeout_s) as resp:
                 payload = resp.read()
         except urllib.error.HTTPError as exc:
-            raise OrthancError(f"{method} {path}: HTTP {exc.code} {exc.reason}") from None
+            raise OrthancError(f"{method} {path}: HTTP {exc.code} {exc.reason}", exc.code) from None
         except (urllib.error.URLError, OSError) as exc:
             raise OrthancError(f"{method} {path}: the server did not answer ({exc})") from None
         if raw:

@@ -13,17 +13,33 @@ instances it does not hold (the digest of what was uploaded is remembered, and t
 server looked at again when its instances are not the ones remembered), and rewrites
 the records that differ from the target's (the service remembers what it wrote, and
 tools write records only through :meth:`OrthancService.add_record`); the server starts
-on the first restore.
+on the first restore, and starts again (empty, then loaded) if it died.
+
+Tools run in a child process per call (:mod:`bat_gym.tools`), so what a call writes is
+never in this object's memory. :meth:`OrthancService.add_record` notes the record it is
+about to write in a journal file beside the server's storage (before the write, so a
+call killed mid-write is noted too); :meth:`OrthancService.after_tool_call` reads the
+journal and reads just those records back from the server, so this object knows every
+record again and the next restore rewrites (or deletes) only what differs. A journal
+that cannot be read makes the next restore read every record again.
+
+Size: a state is capped by :attr:`OrthancService.limits` (the core's
+:class:`~bat_gym.service.ServiceLimits`: blobs and bytes) at every snapshot, and
+:meth:`OrthancService.add_record` refuses, before writing, a record that would pass
+them or :attr:`OrthancService.max_records` records on one series or study; the agent
+sees a :class:`~bat_gym.service.ServiceStateTooLarge` naming the limit. The server
+listens on 127.0.0.1 only, which no sandbox reaches (each runs without a network).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
-from bat_gym.envs.radiology.orthanc import OrthancClient, OrthancServer
-from bat_gym.service import ServiceBlobs, ServiceState
+from bat_gym.envs.radiology.orthanc import OrthancClient, OrthancError, OrthancServer
+from bat_gym.service import ServiceBlobs, ServiceLimits, ServiceState, ServiceStateTooLarge
 
 __all__ = ["ANNOTATIONS", "FINDINGS", "OrthancService", "canonical_json"]
 
@@ -31,6 +47,8 @@ ANNOTATIONS = "BatAnnotations"
 """The series metadata that holds the annotations stored on that series (a JSON list)."""
 FINDINGS = "BatFindings"
 """The study metadata that holds the findings submitted for that study (a JSON list)."""
+
+_JOURNAL = "records.journal"
 
 
 def canonical_json(value: Any) -> bytes:
@@ -46,10 +64,22 @@ class _Server(OrthancServer):
 
 
 class OrthancService(ServiceState):
-    """A private Orthanc server as a benchmark service (started on first restore)."""
+    """A private Orthanc server as a benchmark service (started on first restore).
 
-    def __init__(self) -> None:
+    Args:
+        limits: the cap of one state (default: the core's :class:`ServiceLimits`).
+        max_records: records (annotations, findings) one series or study may hold.
+    """
+
+    def __init__(self, limits: ServiceLimits | None = None, max_records: int = 64) -> None:
+        if max_records < 1:
+            raise ValueError(f"max_records must be at least 1, got {max_records}")
+        if limits is not None:
+            self.limits = limits
+        self.max_records = max_records
         self.server: _Server | None = None
+        # Set after a tool call: the records below may not be what the server holds.
+        self._records_stale = False
         # blob name of each instance held -> (sha256 of what was uploaded, Orthanc id)
         self._held: dict[str, tuple[str, str]] = {}
         # (level, UID) -> the records the server holds there, as canonical JSON bytes
@@ -93,16 +123,85 @@ class OrthancService(ServiceState):
 
         Raises:
             KeyError: no study or series has that UID.
+            ServiceStateTooLarge: ``uid`` holds :attr:`max_records` already, or the
+                state would pass :attr:`limits` (nothing is written).
         """
         oid = self._orthanc_id(level, uid)
         if oid is None:
             raise KeyError(uid)
         records = [*self.read_records(level, uid), record]
-        name = ANNOTATIONS if level == "series" else FINDINGS
+        kind = "series" if level == "series" else "study"
+        if len(records) > self.max_records:
+            raise ServiceStateTooLarge(
+                "OrthancService.max_records",
+                len(records),
+                self.max_records,
+                f"records on one {kind}",
+                "the benchmark raises it with OrthancService(max_records=...)",
+            )
         data = canonical_json(records)
+        blobs, size = self.usage(without=(level, uid))
+        self.limits.check(blobs + 1, size + len(data))
+        name = ANNOTATIONS if level == "series" else FINDINGS
+        self._note(level, uid)
         self.client.request("PUT", f"/{level}/{oid}/metadata/{name}", data)
         self._records[(level, uid)] = data
         return len(records)
+
+    def usage(self, without: tuple[str, str] | None = None) -> tuple[int, int]:
+        """``(blobs, bytes)`` of the state a snapshot would take now.
+
+        Instances as the server counts them (``/statistics``), plus every record blob
+        but ``without``'s (a (level, UID) about to be rewritten): as this object knows
+        them, or read from the server when that knowledge is stale.
+        """
+        stats = self.client.get("/statistics")
+        blobs, size = int(stats["CountInstances"]), int(stats["TotalDiskSize"])
+        records = self._scan_records() if self._records_stale else self._records
+        for key, data in records.items():
+            if key != without:
+                blobs, size = blobs + 1, size + len(data)
+        return blobs, size
+
+    def _journal(self) -> Path | None:
+        if self.server is None or self.server.workdir is None:
+            return None
+        return Path(self.server.workdir) / _JOURNAL
+
+    def _note(self, level: str, uid: str) -> None:
+        """Note in the journal that the records of ``uid`` are about to change."""
+        journal = self._journal()
+        if journal is None:
+            self._records_stale = True
+            return
+        with open(journal, "a", encoding="utf-8") as f:  # one short O_APPEND write
+            f.write(json.dumps([level, uid]) + "\n")
+
+    def after_tool_call(self) -> None:
+        """A tool ran in a child process: read again the records it noted (module docs)."""
+        journal = self._journal()
+        try:
+            if journal is None or not journal.exists():
+                return
+            lines = journal.read_text(encoding="utf-8").splitlines()
+            journal.unlink()
+            for key in {tuple(json.loads(line)) for line in lines}:
+                level, uid = (str(k) for k in key)
+                data = self._read_raw(level, uid)
+                if data is None:
+                    self._records.pop((level, uid), None)
+                else:
+                    self._records[(level, uid)] = data
+        except (OSError, ValueError, TypeError, OrthancError):
+            self._records_stale = True  # the next restore reads every record
+
+    def _read_raw(self, level: str, uid: str) -> bytes | None:
+        """The records blob the server holds on ``uid``, or None."""
+        oid = self._orthanc_id(level, uid)
+        name = ANNOTATIONS if level == "series" else FINDINGS
+        if oid is None or name not in (self.client.get(f"/{level}/{oid}/metadata") or []):
+            return None
+        return bytes(self.client.get(f"/{level}/{oid}/metadata/{name}", raw=True))
 
     # -- ServiceState --------------------------------------------------------------------
 
@@ -127,9 +226,13 @@ class OrthancService(ServiceState):
         return blobs
 
     def restore(self, blobs: ServiceBlobs) -> None:  # noqa: D102
+        if self.server is not None and not self.server.running:
+            # It died (killed, out of memory): a new, empty one is loaded below.
+            self.close()
         client = self.client
+        self.after_tool_call()  # whatever the journal holds, in case a call went unheard
         wanted = {n: blobs.digest(n) for n in blobs if n.startswith("dicom/")}
-        changed = False
+        changed = self._records_stale
         if set(client.get("/instances")) != {oid for _, oid in self._held.values()}:
             self._held = self._scan()  # changed behind this object's back: look again
             changed = True
@@ -144,6 +247,7 @@ class OrthancService(ServiceState):
                 changed = True
         if changed:
             self._records = self._scan_records()
+            self._records_stale = False
         # Records: every study and series gets exactly the target's (or none), and
         # only those that differ are written.
         target = {}
@@ -197,3 +301,4 @@ class OrthancService(ServiceState):
             self.server.stop()
             self.server = None
         self._held, self._records, self._oids = {}, {}, {}
+        self._records_stale = False

@@ -8,7 +8,11 @@ date, the same patient, the same kind of study, the lesion smaller). Kinds:
 * ``mr_brain``: two axial MR series, ``T1 AX`` and ``T2 AX``; the lesion is dark on
   T1 and bright on T2. In a *mislabelled* study the two series descriptions are
   swapped: only the acquisition parameters (echo and repetition times) tell them apart.
-* ``dx_chest``: one projection radiograph (``DX``), a single frame.
+* ``dx_chest``: one projection radiograph (``DX``), a single frame. As on a real
+  detector, the header gives the spacing at the detector (``ImagerPixelSpacing``) and
+  the magnification (``EstimatedRadiographicMagnificationFactor``, 1.08 to 1.25), and no
+  ``PixelSpacing``: the spacing at the patient is their quotient. An *inverted* study
+  is stored ``MONOCHROME1`` (bright anatomy as low values: ``4095 - value``).
 
 Headers are those a reader relies on: patient and study identity, study date,
 modality, series description and number, instance number, image position and
@@ -89,6 +93,8 @@ class StudySpec:
     series: tuple[SeriesSpec, ...]
     lesion: Lesion
     mislabelled: bool = False
+    inverted: bool = False
+    magnification: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -121,12 +127,13 @@ def _series_for(kind: StudyKind, mislabelled: bool) -> tuple[SeriesSpec, ...]:
 
 
 def make_patient(
-    seed: int, kind: StudyKind, *, prior: bool, mislabelled: bool = False
+    seed: int, kind: StudyKind, *, prior: bool, mislabelled: bool = False, inverted: bool = False
 ) -> PatientSpec:
     """A patient with a current study of ``kind`` and, with ``prior``, an earlier one.
 
     The lesion grows between the prior and the current study. ``mislabelled`` swaps
-    the MR series descriptions in the current study (MR only).
+    the MR series descriptions in the current study (MR only); ``inverted`` stores the
+    current radiograph ``MONOCHROME1`` (DX only).
     """
     rng = np.random.default_rng([seed, 22])
     pid = f"BAT{seed:06d}"
@@ -142,6 +149,9 @@ def make_patient(
     studies = []
     dates = [(f"{year - 1}{month:02d}{day:02d}", before)] if prior else []
     dates.append((f"{year}{month:02d}{day:02d}", now))
+    sex = "F" if rng.random() < 0.5 else "M"
+    # Drawn after every other draw, so the other kinds' patients stay as they were.
+    magnification = float(np.round(rng.uniform(1.08, 1.25), 3)) if kind == "dx_chest" else 1.0
     for i, (date, diameter) in enumerate(dates):
         current = i == len(dates) - 1
         bad = mislabelled and current and kind == "mr_brain"
@@ -158,9 +168,10 @@ def make_patient(
                 series=_series_for(kind, bad),
                 lesion=Lesion(center, diameter),
                 mislabelled=bad,
+                inverted=inverted and current and kind == "dx_chest",
+                magnification=magnification,
             )
         )
-    sex = "F" if rng.random() < 0.5 else "M"
     return PatientSpec(
         pid, f"SYNTH^{pid}", f"{1940 + int(rng.integers(0, 50))}0101", sex, tuple(studies)
     )
@@ -237,13 +248,20 @@ def render_series(
         half_c = (series.cols - 1) / 2 * series.pixel_mm
         half_r = (series.rows - 1) / 2 * series.pixel_mm
         ds.ImagePositionPatient = [f"{-half_c:g}", f"{-half_r:g}", f"{z:g}"]
-        ds.PixelSpacing = [f"{series.pixel_mm:g}", f"{series.pixel_mm:g}"]
+        if series.modality == "DX":
+            detector = f"{series.pixel_mm * study.magnification:.4f}"
+            ds.ImagerPixelSpacing = [detector, detector]
+            ds.EstimatedRadiographicMagnificationFactor = f"{study.magnification:.3f}"
+        else:
+            ds.PixelSpacing = [f"{series.pixel_mm:g}", f"{series.pixel_mm:g}"]
         if series.slices > 1:
             ds.SliceThickness = f"{series.thickness_mm:g}"
             ds.SliceLocation = f"{z:g}"
         ds.Rows, ds.Columns = series.rows, series.cols
         ds.SamplesPerPixel = 1
-        ds.PhotometricInterpretation = "MONOCHROME2"
+        ds.PhotometricInterpretation = "MONOCHROME1" if study.inverted else "MONOCHROME2"
+        if study.inverted:
+            pixels = (4095 - pixels).astype(np.uint16)
         ds.BitsAllocated, ds.BitsStored, ds.HighBit = 16, 12, 11
         ds.PixelRepresentation = 0
         if series.weighting == "CT":

@@ -1,17 +1,25 @@
 """The radiology benchmark: lesion growth across a patient's current and prior studies.
 
-Each task is two or three synthetic patients (:mod:`.studies`), each with a current and
-a prior study of the same kind (CT chest or MR brain). The studies sit on the env's
+Two tracks. ``lesion_growth``: each task is two or three synthetic patients
+(:mod:`.studies`), each with a current and a prior study of the same kind (CT chest or
+MR brain). ``nodule_dx``: two or three patients, each with a current and a prior chest
+radiograph (DX), measured in 2-D. The studies sit on the env's
 own Orthanc server (:mod:`.service`), reached through typed DICOM tools
 (:mod:`.tools`), and are also exported under ``data/dicom/<patient>/<date>/<series>/``
 for the pipeline. The provided measurement model (``model/measure.py``) turns a
-lesion mask into an equivalent-sphere diameter; the submission is, per patient, the
-current and prior diameters (mm, one decimal) and the change.
+lesion mask into an equivalent-sphere diameter (``measure_2d``: an equivalent-circle
+diameter for a radiograph); the submission is, per patient, the current and prior
+diameters (mm, one decimal) and the change.
 
 Traps a validated pipeline catches and a naive one does not: CT stored values are not
 Hounsfield units until the header's rescale is applied, and on MR the lesion is
 measured on T2, which the echo time says; in a mislabelled study the series
-descriptions are swapped.
+descriptions are swapped. On a radiograph the header's spacing is the detector's and
+must be divided by the magnification, and a ``MONOCHROME1`` image (every current
+radiograph in the hard tier) stores the lesion dark: it is inverted before the
+threshold.
+
+What the agent stores on the server through the tools is scored by :mod:`.checks`.
 """
 
 from __future__ import annotations
@@ -26,7 +34,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
-from bat_gym.envs.radiology.studies import PatientSpec, _uid, make_patient, render_series
+from bat_gym.envs.radiology.studies import (
+    PatientSpec,
+    _uid,
+    make_patient,
+    render_patient,
+    render_series,
+)
 from bat_gym.protocol import ToolCall
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
@@ -59,9 +73,23 @@ def measure(volume, spacing_mm, threshold):
     voxels = int((np.asarray(volume) > threshold).sum())
     cc = voxels * spacing_mm[0] * spacing_mm[1] * spacing_mm[2]
     return round((6.0 * cc / math.pi) ** (1.0 / 3.0), 1)
+
+
+def measure_2d(image, spacing_mm, threshold):
+    """A projection image's lesion: the diameter of a circle of the area above threshold.
+
+    image: (rows, cols) array of displayed values; spacing_mm: (row, column) at the patient.
+    """
+    pixels = int((np.asarray(image) > threshold).sum())
+    area = pixels * spacing_mm[0] * spacing_mm[1]
+    return round(2.0 * math.sqrt(area / math.pi), 1)
 '''
 
-MODEL = {"CT": {"threshold": 60.0, "units": "HU"}, "MR": {"sequence": "T2", "threshold": 800.0}}
+MODEL = {
+    "CT": {"threshold": 60.0, "units": "HU"},
+    "MR": {"sequence": "T2", "threshold": 800.0},
+    "DX": {"threshold": 2200.0, "units": "displayed (MONOCHROME2) values", "measure": "measure_2d"},
+}
 
 MODEL_CARD = """# Model card: lesion diameter
 
@@ -76,6 +104,12 @@ modality units. Thresholds are in `model/model.json`:
 
 Stack a series' slices in InstanceNumber order; the spacing is
 (SliceThickness, PixelSpacing row, PixelSpacing column).
+
+* DX (chest radiographs, one frame): measure with `measure_2d` on displayed values. A
+  `MONOCHROME1` image stores bright anatomy as low values: use
+  `2 ** BitsStored - 1 - stored` first. The header's `ImagerPixelSpacing` is the
+  spacing at the detector; at the patient it is divided by
+  `EstimatedRadiographicMagnificationFactor`.
 """
 
 SKILLS = {
@@ -93,7 +127,8 @@ SKILLS = {
     ),
     "S3": (
         "Run pipeline/infer.py on ONE patient and check the result against the images (the header "
-        "rescale, the series the card asks for; measure_roi and get_slice help). Fix the pipeline if "
+        "rescale, the series the card asks for, a radiograph's photometry and spacing; measure_roi "
+        "and get_slice help). Fix the pipeline if "
         "the pilot is wrong. Save validation/pilot.csv and the receipt validation/s3_validation.json "
         '{"stage": "S3", "artifact": "validation/pilot.csv", "sha256": <its sha256>}.'
     ),
@@ -103,51 +138,43 @@ SKILLS = {
     ),
     "S5": (
         "Write outputs/submission.csv in the schema of task.json and its receipt "
-        "validation/s5_submission.json, and submit each patient's finding on the server "
-        "(submit_finding on the current study)."
+        "validation/s5_submission.json. On the server, for each patient's current study: mark "
+        "the lesion on the series you measured (store_annotation: its slice, a centre voxel on "
+        "the lesion, the diameter) and submit the finding (submit_finding: that series, the "
+        "submitted diameter and change). The server keeps every record: store only right ones."
     ),
 }
 
+# id, name, agentic weight, and the artifacts the stage's contract reads.
+_STAGES = (
+    ("S1", "Plan", 0.25, ("plan/plan.md",)),
+    ("S2", "Setup", 0.15, ("setup/environment.json", "pipeline/infer.py")),
+    ("S3", "Validate", 0.35, ("validation/pilot.csv", "validation/s3_validation.json")),
+    ("S4", "Infer", 0.15, ("outputs/predictions.csv", "validation/s4_completion.json")),
+    ("S5", "Submit", 0.10, ("outputs/submission.csv", "validation/s5_submission.json")),
+)
+
 SPEC = BenchmarkSpec(
     name="radiology",
-    version="0.1",
+    version="0.2",
     description="Lesion growth across current and prior CT/MR studies on a live Orthanc server.",
-    stages=(
-        Stage(id="S1", name="Plan", weight=0.25, skill=SKILLS["S1"], artifacts=("plan/plan.md",)),
-        Stage(
-            id="S2",
-            name="Setup",
-            weight=0.15,
-            skill=SKILLS["S2"],
-            artifacts=("setup/environment.json", "pipeline/infer.py"),
-        ),
-        Stage(
-            id="S3",
-            name="Validate",
-            weight=0.35,
-            skill=SKILLS["S3"],
-            artifacts=("validation/pilot.csv", "validation/s3_validation.json"),
-        ),
-        Stage(
-            id="S4",
-            name="Infer",
-            weight=0.15,
-            skill=SKILLS["S4"],
-            artifacts=("outputs/predictions.csv", "validation/s4_completion.json"),
-        ),
-        Stage(
-            id="S5",
-            name="Submit",
-            weight=0.10,
-            skill=SKILLS["S5"],
-            artifacts=("outputs/submission.csv", "validation/s5_submission.json"),
-        ),
+    stages=tuple(
+        Stage(id=sid, name=name, weight=weight, skill=SKILLS[sid], artifacts=artifacts)
+        for sid, name, weight, artifacts in _STAGES
     ),
     tracks=(
         Track(
             name="lesion_growth",
             metric="diameter_agreement",
             description="Current and prior lesion diameters and the change, per patient.",
+        ),
+        Track(
+            name="nodule_dx",
+            metric="diameter_agreement",
+            description=(
+                "Current and prior nodule diameters on chest radiographs (magnification, "
+                "MONOCHROME1), and the change, per patient."
+            ),
         ),
     ),
     budgets=Budgets(max_turns=32, max_tool_calls=40),
@@ -158,10 +185,11 @@ SPEC = BenchmarkSpec(
 )
 
 
-def _measure_fn() -> Any:
+def _measure_fns() -> tuple[Any, Any]:
+    """``measure`` and ``measure_2d`` of the provided model."""
     namespace: dict[str, Any] = {}
     exec(compile(MEASURE_PY, "model/measure.py", "exec"), namespace)  # noqa: S102 - our own source
-    return namespace["measure"]
+    return namespace["measure"], namespace["measure_2d"]
 
 
 def _change(current: float, prior: float) -> str:
@@ -173,11 +201,24 @@ def _change(current: float, prior: float) -> str:
 
 
 def _volume(files: list[bytes]) -> tuple[np.ndarray, tuple[float, float, float], Any]:
+    """A series as the model card reads it: (slices, rows, cols) values, spacing, header.
+
+    A radiograph is one slice of displayed values (``MONOCHROME1`` inverted) at the
+    patient's spacing (the detector's over the magnification); its slice spacing is 0.
+    """
     import pydicom
 
     dss = sorted(
         (pydicom.dcmread(io.BytesIO(f)) for f in files), key=lambda d: int(d.InstanceNumber)
     )
+    if dss[0].Modality == "DX":
+        ds = dss[0]
+        image = ds.pixel_array.astype(np.float64)
+        if ds.PhotometricInterpretation == "MONOCHROME1":
+            image = (2 ** int(ds.BitsStored) - 1) - image
+        magnification = float(ds.get("EstimatedRadiographicMagnificationFactor", 1))
+        dy, dx = (float(v) / magnification for v in ds.ImagerPixelSpacing)
+        return image[None], (0.0, dy, dx), ds
     vol = np.stack(
         [
             d.pixel_array * float(d.get("RescaleSlope", 1)) + float(d.get("RescaleIntercept", 0))
@@ -194,9 +235,21 @@ class Radiology(Benchmark):
 
     spec = SPEC
 
+    def __init__(self) -> None:
+        super().__init__()
+        # (track, task seed) -> _truth: the scorer, the oracle and the teacher all ask.
+        self._truth_cache: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+
     # -- generation ---------------------------------------------------------------------
 
-    def _patients(self, task_seed: int) -> list[tuple[int, PatientSpec]]:
+    def _patients(self, track: str, task_seed: int) -> list[tuple[int, PatientSpec]]:
+        if track == "nodule_dx":
+            rng = np.random.default_rng([task_seed, 8])
+            # Odd task seeds are the hard tier: every current radiograph is MONOCHROME1.
+            return [
+                (seed, make_patient(seed, "dx_chest", prior=True, inverted=task_seed % 2 == 1))
+                for seed in (task_seed * 10 + 5 + i for i in range(int(rng.integers(2, 4))))
+            ]
         rng = np.random.default_rng([task_seed, 7])
         n = int(rng.integers(2, 4))
         first = int(rng.integers(0, 2))
@@ -209,10 +262,10 @@ class Radiology(Benchmark):
             out.append((seed, make_patient(seed, kind, prior=True, mislabelled=task_seed % 2 == 1)))
         return out
 
-    def _files(self, task_seed: int) -> dict[str, dict[str, dict[int, list[bytes]]]]:
+    def _files(self, track: str, task_seed: int) -> dict[str, dict[str, dict[int, list[bytes]]]]:
         """Patient id -> study date -> series number -> instance bytes."""
         files: dict[str, dict[str, dict[int, list[bytes]]]] = {}
-        for seed, patient in self._patients(task_seed):
+        for seed, patient in self._patients(track, task_seed):
             for study in patient.studies:
                 for series in study.series:
                     files.setdefault(patient.patient_id, {}).setdefault(study.date, {})[
@@ -220,29 +273,61 @@ class Radiology(Benchmark):
                     ] = render_series(patient, study, series, seed)
         return files
 
-    def _truth(self, task_seed: int) -> dict[str, dict[str, Any]]:
-        measure = _measure_fn()
+    def _truth(self, track: str, task_seed: int) -> dict[str, dict[str, Any]]:
+        """Per patient: the model's diameters and change, and where it measured.
+
+        ``study_uid`` and ``series_uid`` name the current study and the series the
+        model card measures there (the CT, the MR series whose echo time says T2, or
+        the radiograph);
+        ``current_series`` every series of the current study; ``lesion_voxels`` lists
+        the measured series' lesion voxels as the model sees them
+        (modality values above the threshold), ``[slice, row, col]`` with the slice
+        1-based in instance order, as the tools count it.
+        """
+        cached = self._truth_cache.get((track, task_seed))
+        if cached is not None:
+            return cached
+        measure, measure_2d = _measure_fns()
+        files = self._files(track, task_seed)
         truth = {}
-        for pid, studies in self._files(task_seed).items():
-            values = []
-            for date in sorted(studies):
-                for files in studies[date].values():
-                    vol, spacing, first = _volume(files)
-                    if first.Modality == "CT":
-                        values.append(measure(vol, spacing, MODEL["CT"]["threshold"]))
+        for _seed, patient in self._patients(track, task_seed):
+            pid = patient.patient_id
+            measured = []  # (study, series number, volume, spacing, threshold), oldest first
+            for study in patient.studies:
+                for series in study.series:
+                    vol, spacing, first = _volume(files[pid][study.date][series.number])
+                    if first.Modality in ("CT", "DX"):
+                        threshold = MODEL[first.Modality]["threshold"]
                     elif float(first.EchoTime) > 60:
-                        values.append(measure(vol, spacing, MODEL["MR"]["threshold"]))
-            prior, current = values
+                        threshold = MODEL["MR"]["threshold"]
+                    else:
+                        continue
+                    measured.append((study, series.number, vol, spacing, threshold))
+            (_, _, p_vol, p_spacing, p_thr), (study, number, vol, spacing, thr) = measured
+            if len(study.series) == 1 and study.series[0].modality == "DX":
+                current = measure_2d(vol[0], spacing[1:], thr)
+                prior = measure_2d(p_vol[0], p_spacing[1:], p_thr)
+            else:
+                current, prior = measure(vol, spacing, thr), measure(p_vol, p_spacing, p_thr)
             truth[pid] = {
                 "diameter_mm": current,
                 "prior_mm": prior,
                 "change": _change(current, prior),
+                "study_uid": study.uid,
+                "series_uid": _uid("series", study.uid, number),
+                "current_series": [_uid("series", study.uid, s.number) for s in study.series],
+                "lesion_voxels": [
+                    [int(k) + 1, int(r), int(c)] for k, r, c in np.argwhere(vol > thr)
+                ],
             }
+        if len(self._truth_cache) >= 64:
+            self._truth_cache.clear()
+        self._truth_cache[(track, task_seed)] = truth
         return truth
 
     def make_task(self, track: str, seed: int, split: Split) -> Task:  # noqa: D102
         self.spec.track(track)
-        n = len(self._patients(seed))
+        n = len(self._patients(track, seed))
         card = (
             f"Task ({track}): for each of the {n} patients in task.json, measure the lesion on the "
             "current and the prior study with the provided model and submit outputs/submission.csv. "
@@ -260,7 +345,7 @@ class Radiology(Benchmark):
         )
 
     def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102
-        files = self._files(task.seed)
+        files = self._files(task.track, task.seed)
         for pid, studies in files.items():
             for date, series in studies.items():
                 for number, instances in series.items():
@@ -286,7 +371,7 @@ class Radiology(Benchmark):
         )
 
     def private_answers(self, task: Task) -> dict[str, Any]:  # noqa: D102
-        return {"patients": self._truth(task.seed)}
+        return {"patients": self._truth(task.track, task.seed)}
 
     # -- service and tools ----------------------------------------------------------------
 
@@ -298,14 +383,9 @@ class Radiology(Benchmark):
 
     def service_blobs(self, task: Task) -> dict[str, bytes]:
         """Every study of the task's patients, as the server stores them."""
-        blobs = {}
-        for seed, patient in self._patients(task.seed):
-            for study in patient.studies:
-                for series in study.series:
-                    series_uid = _uid("series", study.uid, series.number)
-                    for k, data in enumerate(render_series(patient, study, series, seed)):
-                        sop = _uid("sop", series_uid, k)
-                        blobs[f"dicom/{study.uid}/{series_uid}/{sop}.dcm"] = data
+        blobs: dict[str, bytes] = {}
+        for seed, patient in self._patients(task.track, task.seed):
+            blobs.update(render_patient(patient, seed))
         return blobs
 
     def tools(self) -> tuple[Tool, ...]:
@@ -330,15 +410,21 @@ class Radiology(Benchmark):
 
     def task_score(self, task: Task, workspace: FrozenWorkspace) -> float:
         """Share of patients whose row agrees with the model on both studies and the change."""
-        return _agreement(workspace, SUBMISSION, self._truth(task.seed), complete=True)
+        return _agreement(workspace, SUBMISSION, self._truth(task.track, task.seed), complete=True)
 
     def pilot_score(self, task: Task, workspace: FrozenWorkspace, pilot_path: str) -> float:
         """The same agreement over the pilot's rows."""
-        return _agreement(workspace, pilot_path, self._truth(task.seed), complete=False)
+        return _agreement(workspace, pilot_path, self._truth(task.track, task.seed), complete=False)
 
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
         """The number of patients, and what each kind of study needs."""
-        n = len(self._patients(task.seed))
+        n = len(self._patients(task.track, task.seed))
+        if task.track == "nodule_dx":
+            return (
+                PlanFact("the number of patients", (rf"\b{n}\b",)),
+                PlanFact("inverting MONOCHROME1 radiographs", (r"MONOCHROME1",)),
+                PlanFact("the spacing at the patient", (r"magnification",)),
+            )
         return (
             PlanFact("the number of patients", (rf"\b{n}\b",)),
             PlanFact("the CT rescale to HU", (r"rescale", r"\bHU\b", r"hounsfield")),
@@ -347,6 +433,7 @@ class Radiology(Benchmark):
 
     def contract_library(self) -> ContractLibrary:
         """The reference contracts, with S5 also asking for the findings on the server."""
+        from bat_gym.envs.radiology import checks  # noqa: F401 - registers the S5 checks
         from bat_gym.rubrics.contract import ContractLibrary
 
         return ContractLibrary.from_dir(Path(__file__).parent / "contracts")
@@ -354,7 +441,7 @@ class Radiology(Benchmark):
     # -- teacher --------------------------------------------------------------------------
 
     def teacher_turns(self, task: Task) -> list[TeacherTurn]:  # noqa: D102
-        patients = self._patients(task.seed)
+        patients = self._patients(task.track, task.seed)
         truth_free_first = patients[0][1]
         current = truth_free_first.studies[-1]
         inspect = (
@@ -363,29 +450,50 @@ class Radiology(Benchmark):
         )
         series_uid = _uid("series", current.uid, current.series[-1].number)
         meta = ToolCall(name="series_metadata", arguments={"series_uid": series_uid})
-        turns = _teacher_turns(len(patients))
+        turns = _teacher_turns(len(patients), task.track)
         turns[0] = TeacherTurn(turns[0].stage, turns[0].content, (*inspect, meta, *turns[0].calls))
-        findings = []
+        truth = self._truth(task.track, task.seed)
+        findings: list[ToolCall] = []
+        marks: list[ToolCall] = []
         for _seed, patient in patients:
-            study = patient.studies[-1]
+            want = truth[patient.patient_id]
+            # The pipeline's numbers, read back from the submission by the agent in a
+            # real run; the scripted teacher knows them beforehand. Likewise the mark:
+            # the lesion voxel nearest the lesion's centroid.
             findings.append(
                 ToolCall(
                     name="submit_finding",
                     arguments={
-                        "study_uid": study.uid,
-                        "series_uid": _uid("series", study.uid, _measured(study).number),
-                        # The pipeline's number, read back from the submission by the
-                        # agent in a real run; the scripted teacher knows it beforehand.
-                        "lesion_diameter_mm": self._truth(task.seed)[patient.patient_id][
-                            "diameter_mm"
-                        ],
-                        "change": self._truth(task.seed)[patient.patient_id]["change"],
+                        "study_uid": want["study_uid"],
+                        "series_uid": want["series_uid"],
+                        "lesion_diameter_mm": want["diameter_mm"],
+                        "change": want["change"],
+                    },
+                )
+            )
+            voxels = np.asarray(want["lesion_voxels"], dtype=float)
+            k, r, c = voxels[np.argmin(((voxels - voxels.mean(axis=0)) ** 2).sum(axis=1))]
+            marks.append(
+                ToolCall(
+                    name="store_annotation",
+                    arguments={
+                        "series_uid": want["series_uid"],
+                        "index": int(k),
+                        "row": float(r),
+                        "col": float(c),
+                        "diameter_mm": want["diameter_mm"],
+                        "label": "lesion",
                     },
                 )
             )
         submit_at = len(turns) - 1
         turns.insert(
-            submit_at, TeacherTurn("S5", "Submitting the findings on the server.", tuple(findings))
+            submit_at,
+            TeacherTurn(
+                "S5",
+                "Marking each lesion and submitting the findings on the server.",
+                (*marks, *findings),
+            ),
         )
         return turns
 
@@ -409,11 +517,6 @@ class Radiology(Benchmark):
                 "S5", "Done.", (ToolCall(name="finish", arguments={"summary": "Submitted."}),)
             ),
         ]
-
-
-def _measured(study: Any) -> Any:
-    """The series the model measures in ``study``: the CT, or the real T2."""
-    return next(s for s in study.series if s.weighting in ("CT", "T2"))
 
 
 def _agreement(
@@ -475,7 +578,7 @@ import csv, glob, json, os, sys
 import numpy as np
 import pydicom
 sys.path.insert(0, "model")
-from measure import measure
+from measure import measure, measure_2d
 model = json.load(open("model/model.json"))
 task = json.load(open("task.json"))
 out, wanted = sys.argv[1], sys.argv[2:]
@@ -487,8 +590,20 @@ def load(folder):
     first = dss[0]
     return first, vol, (float(first.get("SliceThickness", 1)), *(float(v) for v in first.PixelSpacing))
 
+def radiograph(folder):
+    ds = pydicom.dcmread(glob.glob(os.path.join(folder, "*.dcm"))[0])
+    img = ds.pixel_array.astype(float)
+    if ds.PhotometricInterpretation == "MONOCHROME1":  # bright anatomy stored low
+        img = (2 ** int(ds.BitsStored) - 1) - img
+    mag = float(ds.get("EstimatedRadiographicMagnificationFactor", 1))
+    return img, [float(v) / mag for v in ds.ImagerPixelSpacing]  # at the patient
+
 def diameter(study_dir):
     for folder in sorted(glob.glob(os.path.join(study_dir, "*"))):
+        head = pydicom.dcmread(glob.glob(os.path.join(folder, "*.dcm"))[0], stop_before_pixels=True)
+        if head.Modality == "DX":
+            img, spacing = radiograph(folder)
+            return measure_2d(img, spacing, model["DX"]["threshold"])
         first, vol, spacing = load(folder)
         if first.Modality == "CT":
             return measure(vol, spacing, model["CT"]["threshold"])
@@ -508,15 +623,26 @@ with open(out, "w", newline="") as f:
         w.writerow([pid, f"{d:.1f}", f"{p:.1f}", change])
 """
 
-# The naive pipeline: series picked by description, stored values taken as HU.
-_NAIVE_INFER = _INFER.replace(
-    'd.pixel_array * float(d.get("RescaleSlope", 1)) + float(d.get("RescaleIntercept", 0))',
-    "d.pixel_array.astype(float)",
-).replace(
-    'first.Modality == "MR" and float(first.EchoTime) > 60',
-    'first.Modality == "MR" and "T2" in str(first.SeriesDescription)',
+# The naive pipeline: series picked by description, stored values taken as HU, a
+# radiograph's stored values and detector spacing taken as they are.
+_NAIVE_INFER = (
+    _INFER.replace(
+        'd.pixel_array * float(d.get("RescaleSlope", 1)) + float(d.get("RescaleIntercept", 0))',
+        "d.pixel_array.astype(float)",
+    )
+    .replace(
+        'first.Modality == "MR" and float(first.EchoTime) > 60',
+        'first.Modality == "MR" and "T2" in str(first.SeriesDescription)',
+    )
+    .replace(
+        '    if ds.PhotometricInterpretation == "MONOCHROME1":  # bright anatomy stored low\n'
+        "        img = (2 ** int(ds.BitsStored) - 1) - img\n",
+        "",
+    )
+    .replace("float(v) / mag for v in", "float(v) for v in")
 )
-assert _NAIVE_INFER.count("pixel_array.astype") == 1 and '"T2" in' in _NAIVE_INFER
+assert _NAIVE_INFER.count("pixel_array.astype") == 2 and '"T2" in' in _NAIVE_INFER
+assert "MONOCHROME1" not in _NAIVE_INFER and "/ mag" not in _NAIVE_INFER
 
 _RECEIPT = """
 import hashlib, json, os
@@ -527,16 +653,35 @@ def receipt(stage, artifact, path, **extra):
 """
 
 
-def _teacher_turns(patients: int) -> list[TeacherTurn]:
+_DX_PLAN = (
+    "{n} patients, each with a prior and a current chest radiograph in data/dicom (and on the "
+    "server). A MONOCHROME1 radiograph stores bright anatomy as low values: invert it "
+    "(2**BitsStored - 1 - stored) before the threshold. ImagerPixelSpacing is the detector's "
+    "spacing: divide it by EstimatedRadiographicMagnificationFactor for the spacing at the "
+    "patient.\n\n## Inference\nRun measure_2d from model/measure.py with the model.json DX "
+    "threshold on each radiograph, in pipeline/infer.py."
+)
+
+
+def _teacher_turns(patients: int, track: str) -> list[TeacherTurn]:
+    body = (
+        _DX_PLAN.format(n=patients)
+        if track == "nodule_dx"
+        else (
+            f"{patients} patients, each with a prior and a current study in data/dicom (and on "
+            "the server). For CT, apply the header rescale (RescaleSlope, RescaleIntercept) so "
+            "values are HU before thresholding. For MR, measure the T2 series, chosen by its echo "
+            "time (TE > 60 ms), not by its description.\n\n## Inference\nStack each series in "
+            "InstanceNumber order and run model/measure.py with the model.json threshold, in "
+            "pipeline/infer.py."
+        )
+    )
     plan = (
         "mkdir -p plan && cat > plan/plan.md <<'EOF'\n# Plan\n\n## Preprocess\n"
-        f"{patients} patients, each with a prior and a current study in data/dicom (and on the "
-        "server). For CT, apply the header rescale (RescaleSlope, RescaleIntercept) so values are "
-        "HU before thresholding. For MR, measure the T2 series, chosen by its echo time (TE > 60 ms), "
-        "not by its description.\n\n## Inference\nStack each series in InstanceNumber order and run "
-        "model/measure.py with the model.json threshold, in pipeline/infer.py.\n\n## Postprocess\n"
+        f"{body}\n\n## Postprocess\n"
         "Write id,diameter_mm,prior_mm,change per patient in the schema of task.json, with receipts, "
-        "and submit each finding on the server.\nEOF\ncat task.json; cat model/model.json"
+        "mark each lesion and submit each finding on the server.\nEOF\n"
+        "cat task.json; cat model/model.json"
     )
     setup = (
         "import json, os, platform, numpy, pydicom\nos.makedirs('setup', exist_ok=True)\n"

@@ -8,11 +8,13 @@ server itself, so it is part of the service state a stage hands on.
 
 * ``find_studies``: the studies, optionally of one patient or modality;
 * ``list_series``: a study's series (number, description, modality, instances);
-* ``series_metadata``: the header fields a reader relies on, from the first instance;
+* ``series_metadata``: the header fields a reader relies on, from the first instance
+  (for a radiograph also its photometric interpretation, detector spacing and
+  magnification);
 * ``get_slice``: one slice, window/levelled to 0..255 and block-averaged to at most
   ``max_size`` pixels a side, with the stored-to-modality rescale applied;
 * ``measure_roi``: mean, standard deviation, minimum and maximum (modality units, HU
-  for CT) in a disc, and its area in mm²;
+  for CT; stored values for a radiograph) in a disc, and its area in mm² at the patient;
 * ``store_annotation``: a lesion mark on a series (slice, centre, diameter, label);
 * ``submit_finding``: the structured finding for a study.
 """
@@ -27,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym.tools import Tool, ToolContext, ToolError
 
-__all__ = ["dicom_tools", "read_volume"]
+__all__ = ["dicom_tools", "pixel_spacing", "read_volume"]
 
 _STRICT = ConfigDict(extra="forbid")
 Uid = Annotated[
@@ -138,6 +140,20 @@ def _modality_values(ds: Any) -> np.ndarray:
     return ds.pixel_array.astype(np.float64) * slope + intercept
 
 
+def pixel_spacing(ds: Any) -> tuple[float, float]:
+    """(row, column) spacing at the patient, mm.
+
+    ``PixelSpacing`` where the header has it; for a projection radiograph, the detector's
+    ``ImagerPixelSpacing`` divided by ``EstimatedRadiographicMagnificationFactor``.
+    """
+    if getattr(ds, "PixelSpacing", None):
+        dy, dx = (float(v) for v in ds.PixelSpacing)
+        return dy, dx
+    magnification = float(getattr(ds, "EstimatedRadiographicMagnificationFactor", 1) or 1)
+    dy, dx = (float(v) / magnification for v in ds.ImagerPixelSpacing)
+    return dy, dx
+
+
 def read_volume(client: Any, series_oid: str) -> tuple[np.ndarray, tuple[float, float, float]]:
     """A series as a (slices, rows, cols) array in modality units, and its (z, y, x) spacing, mm."""
     import pydicom
@@ -150,7 +166,7 @@ def read_volume(client: Any, series_oid: str) -> tuple[np.ndarray, tuple[float, 
         first = first or ds
         slices.append(_modality_values(ds))
     assert first is not None
-    dy, dx = (float(v) for v in first.PixelSpacing)
+    dy, dx = pixel_spacing(first)
     dz = float(getattr(first, "SliceThickness", 0) or 0)
     return np.stack(slices), (dz, dy, dx)
 
@@ -218,7 +234,11 @@ def series_metadata(args: SeriesRef, ctx: ToolContext) -> dict[str, Any]:
         "rows": int(ds.Rows),
         "columns": int(ds.Columns),
         "slices": slices,
+        "photometric_interpretation": str(getattr(ds, "PhotometricInterpretation", "")),
+        "bits_stored": int(getattr(ds, "BitsStored", 0) or 0),
         "pixel_spacing_mm": _float_list(getattr(ds, "PixelSpacing", None)),
+        "imager_pixel_spacing_mm": _float_list(getattr(ds, "ImagerPixelSpacing", None)),
+        "magnification_factor": num("EstimatedRadiographicMagnificationFactor"),
         "slice_thickness_mm": num("SliceThickness"),
         "image_orientation_patient": _float_list(getattr(ds, "ImageOrientationPatient", None)),
         "image_position_patient": _float_list(getattr(ds, "ImagePositionPatient", None)),
@@ -255,6 +275,8 @@ def get_slice(args: GetSlice, ctx: ToolContext) -> dict[str, Any]:
     )
     small = _blocks(values, args.max_size)
     shown = np.clip((small - (center - width / 2)) / width * 255, 0, 255).round().astype(int)
+    if getattr(ds, "PhotometricInterpretation", "") == "MONOCHROME1":
+        shown = 255 - shown  # low values are displayed bright
     return {
         "index": args.index,
         "shape": list(values.shape),
@@ -274,7 +296,7 @@ def measure_roi(args: MeasureRoi, ctx: ToolContext) -> dict[str, Any]:
     mask = (rr - args.row) ** 2 + (cc - args.col) ** 2 <= args.radius_px**2
     if not mask.any():
         raise ToolError("the disc holds no pixel of the slice; check row, col and radius_px")
-    dy, dx = (float(v) for v in ds.PixelSpacing)
+    dy, dx = pixel_spacing(ds)
     inside = values[mask]
     return {
         "pixels": int(mask.sum()),

@@ -49,3 +49,26 @@ def test_a_mislabelled_study_swaps_descriptions_but_not_parameters():
     dss = _read(render_patient(patient, 9))
     by_desc = {d.SeriesDescription: float(d.EchoTime) for d in dss}
     assert by_desc == {"T1 AX": 95.0, "T2 AX": 12.0}
+
+
+def test_a_radiograph_gives_the_detector_spacing_and_an_inverted_one_is_monochrome1():
+    plain = make_patient(21, "dx_chest", prior=True)
+    dark = make_patient(21, "dx_chest", prior=True, inverted=True)
+    ds_plain, ds_dark = (
+        next(d for d in _read(render_patient(p, 21)) if d.StudyDate == p.studies[-1].date)
+        for p in (plain, dark)
+    )
+    magnification = plain.studies[-1].magnification
+    assert 1.08 <= magnification <= 1.25 and "PixelSpacing" not in ds_plain
+    assert float(ds_plain.EstimatedRadiographicMagnificationFactor) == pytest.approx(magnification)
+    assert float(ds_plain.ImagerPixelSpacing[0]) == pytest.approx(4.0 * magnification, abs=1e-4)
+    assert (ds_plain.PhotometricInterpretation, ds_dark.PhotometricInterpretation) == (
+        "MONOCHROME2",
+        "MONOCHROME1",
+    )
+    assert (ds_dark.pixel_array.astype(int) + ds_plain.pixel_array == 4095).all()
+    # Only the current study is inverted; the prior stays MONOCHROME2.
+    assert {d.PhotometricInterpretation for d in _read(render_patient(dark, 21))} == {
+        "MONOCHROME1",
+        "MONOCHROME2",
+    }

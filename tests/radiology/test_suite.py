@@ -107,7 +107,7 @@ def test_the_teacher_earns_full_reward_and_the_naive_baseline_does_not(env, stat
 @pytest.mark.slow
 def test_a_validate_state_starts_with_the_server_as_setup_left_it(orthanc, radiology, tmp_path):
     bank = build_bank(radiology, tmp_path / "bank", tasks_per_track=1)
-    (s3,) = bank.select(focus="S3")
+    s3 = bank.select(focus="S3")[0]  # one per track
     env = gym.make("bat/Validate-v0", benchmark=radiology, states=bank)
     try:
         _, info = env.reset(options={"state_id": s3})
@@ -145,3 +145,36 @@ def test_hostile_arguments_to_the_dicom_tools_never_make_step_raise(env, states,
         return
     obs, reward, *_ = env.step(text)
     assert isinstance(obs, str) and "Traceback" not in obs
+
+
+@pytest.mark.parametrize("seed", [2_000_000, 2_000_001])
+def test_the_radiograph_track_on_held_out_cells(orthanc, radiology, tmp_path, seed):
+    """Both tiers (odd: MONOCHROME1 current radiographs); magnification in every study."""
+    store = BlobStore(tmp_path / "store")
+    state = initial_state(radiology, seed, "nodule_dx", store, "hermes", "heldout")
+    env = RubricReward(StageEnv("E2E", benchmark=radiology, states=MemoryStates(store, [state])))
+    try:
+        task = radiology.task_of_state(state)
+        env.reset(options={"state_id": state.state_id})
+        reward, info = play(env, radiology.teacher_script(task))
+        assert reward >= 0.95 and info["verdict"].task_score == 1.0
+        items = {i.id: i.passed for s in info["verdict"].stages for i in s.items}
+        assert items["findings_agree"] and items["lesions_marked"]
+        env.reset(options={"state_id": state.state_id})
+        naive, info = play(env, radiology.naive_turns(task))
+        assert naive <= 0.5 and info["verdict"].task_score == 0.0
+        obs, *_ = env.reset(options={"state_id": state.state_id})
+        obs, *_ = env.step(say("find_studies", modality="DX"))
+        studies = json.loads(obs.split("\n", 1)[1])
+        assert len(studies) == 2 * task.params["cases"]
+        obs, *_ = env.step(say("list_series", study_uid=studies[-1]["study_uid"]))
+        series = json.loads(obs.split("\n", 1)[1])[0]["series_uid"]
+        obs, *_ = env.step(say("series_metadata", series_uid=series))
+        meta = json.loads(obs.split("\n", 1)[1])
+        assert meta["pixel_spacing_mm"] is None and meta["magnification_factor"] > 1
+        assert meta["photometric_interpretation"] in ("MONOCHROME1", "MONOCHROME2")
+        obs, *_ = env.step(say("measure_roi", series_uid=series, index=1, row=48, col=48,
+                               radius_px=2))  # fmt: skip
+        assert obs.startswith("[measure_roi: ok")
+    finally:
+        env.close()
