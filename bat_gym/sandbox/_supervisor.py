@@ -58,7 +58,14 @@ import sys
 import time
 import types
 
-__all__ = ["BASH_SERVER", "OutputCapture", "bash_server", "recv_frame", "send_frame"]
+__all__ = [
+    "BASH_SERVER",
+    "LINK_FDS",
+    "OutputCapture",
+    "bash_server",
+    "recv_frame",
+    "send_frame",
+]
 
 _HEADER = struct.Struct("!Q")
 
@@ -639,8 +646,43 @@ def _add_site_dirs(dirs: list[str]) -> None:
                             sys.path.append(extra)
 
 
+# The channels a connecting supervisor receives, in the order the host sends them.
+LINK_FDS = ("req_fd", "resp_fd", "bash_ctl", "bash_out", "bash_status")
+
+
+def _connect(path: str) -> dict:
+    """Take the configuration and the channels from the host over the unix socket ``path``.
+
+    How the docker backend starts this file: as its container's main process, which
+    cannot inherit descriptors from the host. The host listens at ``path`` (in a
+    directory bound read-only), accepts this one connection, unlinks the socket and
+    sends one frame (the configuration) with the supervisor's ends of the pipes of
+    :data:`LINK_FDS` attached. From then on the protocol is the local backend's, over
+    pipes that run straight from the host into the container. The socket stays the
+    channel on which the exec listener goes back (``exec_sock``).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, len(LINK_FDS))
+    data = bytearray(data)
+    while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack_from(data)[0]:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            raise EOFError("the host closed the link before its configuration was complete")
+        data += chunk
+    if len(fds) != len(LINK_FDS):
+        raise EOFError(f"the host sent {len(fds)} descriptors, not {len(LINK_FDS)}")
+    (n,) = _HEADER.unpack_from(data)
+    cfg = json.loads(bytes(data[_HEADER.size : _HEADER.size + n]))
+    named = dict(zip(LINK_FDS, fds, strict=True))
+    cfg["req_fd"], cfg["resp_fd"] = named["req_fd"], named["resp_fd"]
+    cfg["bash_fds"] = [named["bash_ctl"], named["bash_out"], named["bash_status"]]
+    cfg["exec_sock"] = sock.detach()
+    return cfg
+
+
 def main() -> None:
-    cfg = json.loads(sys.argv[1])
+    cfg = _connect(sys.argv[2]) if sys.argv[1] == "--connect" else json.loads(sys.argv[1])
     _add_site_dirs(cfg.get("site_dirs", []))
     # Into the supervisor's own (uncapped) cgroup first: an agent process that runs
     # the sandbox out of memory is then the one the kernel kills, never this one.
