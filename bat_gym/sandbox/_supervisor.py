@@ -272,6 +272,20 @@ class Supervisor:
         # Joins the agent cgroup: handed to every process that runs agent code, which
         # writes to it and closes it first. Never inherited past that.
         self.agent_fds = [_above_4(fd) for fd in cfg.get("agent_cgroup_fds", [])]
+        # Where this process shares its memory limit with agent code (a container),
+        # agent processes start with a higher OOM score (see _agent_oom).
+        self.pid = os.getpid()
+        self.oom = int(cfg.get("agent_oom_score_adj") or 0)
+        self.oom_fd, self.oom_base = -1, b"0"
+        if cfg.get("oom_fd", -1) >= 0:
+            self.oom_fd = _above_4(cfg["oom_fd"])
+            self.oom_base = os.pread(self.oom_fd, 16, 0).strip()
+            try:  # lowering it back must work, or it is never raised
+                os.pwrite(self.oom_fd, b"%d" % min(int(self.oom_base) + 1, 1000), 0)
+                os.pwrite(self.oom_fd, self.oom_base, 0)
+            except OSError:
+                os.close(self.oom_fd)
+                self.oom_fd = -1
         self.bash: int | None = None  # pid (and process group) of the bash server
         self.bash_pidfd = -1
         self.child: int | None = None  # pid of the python call running now
@@ -337,6 +351,7 @@ class Supervisor:
         ]
         actions += [(os.POSIX_SPAWN_DUP2, fd, _JOIN_FD + i) for i, fd in enumerate(self.agent_fds)]
         try:
+            self._agent_oom(True)
             pid = os.posix_spawn(
                 self.cfg["bash"],
                 ["bash", "--noprofile", "--norc", "-c", bash_server(len(self.agent_fds))],
@@ -350,9 +365,23 @@ class Supervisor:
             )
         except OSError:
             return  # agent code holds every process slot; retried after the next request
+        finally:
+            self._agent_oom(False)
         self.bash = pid
         self.bash_pidfd = os.pidfd_open(pid)
         self.pgids.add(pid)
+
+    def _agent_oom(self, raised: bool) -> None:
+        """Raise (or restore) this process's OOM score around the start of agent code.
+
+        The process started inherits the raised score, so when the container runs out
+        of memory the kernel kills agent code first, not this process (whose death
+        costs a restart). The descriptor was opened before this process became
+        non-dumpable: from then on only a descriptor opened earlier may write it.
+        """
+        if self.oom_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.pwrite(self.oom_fd, b"%d" % self.oom if raised else self.oom_base, 0)
 
     def _forget_bash(self) -> None:
         assert self.bash is not None
@@ -468,11 +497,15 @@ class Supervisor:
         except OSError as exc:
             return _not_started(exc, start)
         try:
+            self._agent_oom(True)
             pid = os.fork()
         except OSError as exc:
             os.close(out_r)
             os.close(out_w)
             return _not_started(exc, start)
+        finally:
+            if self.oom_fd >= 0 and os.getpid() == self.pid:  # not in the child
+                self._agent_oom(False)
         if pid == 0:
             os.close(out_r)
             try:
@@ -692,6 +725,8 @@ def main() -> None:
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)  # from root: every capability is gone after this
+    if cfg.get("agent_oom_score_adj") is not None:  # see Supervisor._agent_oom
+        cfg["oom_fd"] = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
     _prctl(_PR_SET_DUMPABLE, 0)
     # Unisolated there is no PID namespace: orphans must still come here to be reaped
     # and waited for.

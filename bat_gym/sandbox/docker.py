@@ -84,6 +84,9 @@ _IN_CONTAINER = {
 # Where the image keeps bash; the first that is a regular file is copied out.
 _IMAGE_BASH = ("/usr/bin/bash", "/bin/bash")
 _PRELOAD = ("numpy", "numpy.random")
+# Out of memory, the kernel kills an agent process before the supervisor (whose death
+# would cost a container restart).
+_AGENT_OOM_SCORE_ADJ = 1000
 
 _checked_images: set[tuple[str, tuple[str, ...]]] = set()
 _image_bash: dict[str, bytes] = {}  # image id -> its bash, read once per process
@@ -436,6 +439,8 @@ class DockerSandbox(Sandbox):
             "preload": list(_PRELOAD),
             "site_dirs": [],
             "drop_to": None,  # the container's user is the agent's already
+            # The supervisor shares the container's memory limit with agent code.
+            "agent_oom_score_adj": _AGENT_OOM_SCORE_ADJ,
             "exec_filter": f"{_RUN_DIR}/exec_filter.py" if self.observe else None,
             "rlimits": {
                 "RLIMIT_FSIZE": self.limits.max_file_mb << 20,

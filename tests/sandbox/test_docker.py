@@ -356,3 +356,18 @@ def test_reset_is_warm_and_clears_scratch_space(sb: Any, engine: Any) -> None:
     assert r.output == "/\n/\n0\n", r.output
     r = sb.execute_code("bash", _COUNT_SLEEPS)
     assert r.output == "0\n"
+
+
+def test_agent_processes_go_before_the_supervisor_when_memory_runs_out(sb: Any) -> None:
+    # The supervisor shares the container's memory limit; its death would cost a restart.
+    r = sb.execute_code("bash", "cat /proc/self/oom_score_adj /proc/1/oom_score_adj")
+    assert r.output == "1000\n0\n"
+    r = sb.execute_code("python", "print(open('/proc/self/oom_score_adj').read().strip())")
+    assert r.output == "1000\n"
+    # Many processes that together exceed the limit: agent processes die, not it.
+    code = "for i in $(seq 6); do python3 -c 'x = bytearray(60 << 20); import time; "
+    code += "time.sleep(3)' & done; wait; echo done"
+    r = sb.execute_code("bash", code, timeout_s=20)
+    assert r.exit_code == 0 and r.output.endswith("done\n") and not r.restarted, r
+    assert "Killed" in r.output  # the limit was reached, and an agent process paid
+    assert sb.execute_code("python", "print('fine')").output == "fine\n"
