@@ -192,8 +192,9 @@ class DockerSandbox(Sandbox):
         store: blob store for snapshots (default: one under the slot directory).
         client: a Docker SDK client (default: :func:`connect`); one passed in is not
             closed with the sandbox.
-        observe: record every program a call runs (as the ``local`` backend does).
-            Workspace reads are recorded either way.
+        observe: record every program a call runs (as the ``local`` backend does); it
+            needs root or ``CAP_SYS_PTRACE`` on the host, and without it
+            :attr:`observe_note` says so. Workspace reads are recorded either way.
 
     ``limits.total_memory_mb`` bounds the whole container (a cgroup limit, which also
     counts files in ``/tmp``), as on the ``local`` backend; ``limits.memory_mb`` (a
@@ -226,8 +227,17 @@ class DockerSandbox(Sandbox):
         self.limits = limits or SandboxLimits()
         self.requirements = requirements
         self.isolation = Isolation.CONTAINER
-        self.observe = observe
-        self._observe_note = "" if observe else "programs run are not recorded: observe=False"
+        # Reading each program's argv from a container process's memory needs the
+        # right to ptrace it: the host is not its ancestor.
+        self.observe = observe and _may_ptrace_any()
+        self._observe_note = (
+            ""
+            if self.observe
+            else "programs run are not recorded: observe=False"
+            if not observe
+            else "programs run are not recorded: the host needs root or CAP_SYS_PTRACE "
+            "to read what a container's processes execute"
+        )
         self._sdk = load_sdk()
         self._client = client or connect()
         self._api = self._client.api
@@ -703,6 +713,16 @@ class DockerSandbox(Sandbox):
         self._tasks.reset()
         self.index.close()
         self._finalizer()
+
+
+def _may_ptrace_any() -> bool:
+    """Whether this process holds ``CAP_SYS_PTRACE`` (root normally does)."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(caps >> 19 & 1)
 
 
 def _read_image_file(api: Any, cid: str, paths: tuple[str, ...]) -> bytes | None:
