@@ -1,11 +1,13 @@
-"""The process that runs inside a local sandbox and executes agent code.
+"""The process that runs inside a sandbox and executes agent code.
 
-It is started once per sandbox, as PID 1 of the sandbox's PID namespace. The kernel
-drops every signal sent to PID 1 from inside its namespace unless PID 1 handles it,
-and the only signal handled here is ``SIGCHLD``, which just wakes the reaper: agent
-code can neither kill nor stop the supervisor. It marks itself non-dumpable (so code
-it forks cannot read or write its memory through ``/proc``; ``ptrace`` is denied by
-seccomp), reaps the orphans agent code leaves behind (their zombies would otherwise
+It is started once per sandbox, as PID 1 of the sandbox's PID namespace: the local
+backend's bubblewrap namespace, or the docker backend's container, whose main process
+it is (it then takes its configuration and pipes from the host over a unix socket,
+see ``_connect``; the protocol is the same). The kernel drops every signal sent to
+PID 1 from inside its namespace unless PID 1 handles it, and the only signal handled
+here is ``SIGCHLD``, which just wakes the reaper: agent code can neither kill nor stop
+the supervisor. It marks itself non-dumpable (so code it forks cannot read or write its
+memory or descriptors through ``/proc``, nor ``ptrace`` it), reaps the orphans agent code leaves behind (their zombies would otherwise
 count against ``RLIMIT_NPROC``), and answers framed JSON requests on one pipe,
 replying on another. Agent code never sees these descriptors: every call runs in a
 fresh child with its own output pipe.

@@ -474,8 +474,11 @@ class DockerSandbox(Sandbox):
             path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         conn: socket.socket | None = None
+        run = os.open(self._run, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            listener.bind(str(path))
+            # Through the directory's descriptor: a socket's path may be at most 107
+            # bytes, and the runtime directory can be anywhere.
+            listener.bind(f"/proc/self/fd/{run}/{_LINK}")
             if self._root:
                 os.chown(path, self._uid, self._gid)
             os.chmod(path, 0o600)
@@ -491,6 +494,7 @@ class DockerSandbox(Sandbox):
             # One connection only, taken before any agent code could run: nothing
             # else in the container can ever connect.
             listener.close()
+            os.close(run)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         with conn:
