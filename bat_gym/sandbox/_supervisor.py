@@ -188,6 +188,22 @@ class OutputCapture:
         return (bytes(self.head) + middle + tail).decode("utf-8", errors="replace")
 
 
+_RLIMITS = tuple(getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_"))
+
+
+def _own_state() -> tuple:
+    """What a process of the same uid may change about this one from outside.
+
+    Its resource limits, its nice value and its CPU affinity: about twenty system
+    calls, some microseconds.
+    """
+    return (
+        tuple(resource.getrlimit(r) for r in _RLIMITS),
+        os.getpriority(os.PRIO_PROCESS, 0),
+        tuple(sorted(os.sched_getaffinity(0))),
+    )
+
+
 def _exit_code(info: os.waitid_result) -> int:
     """``waitid`` result as an exit code: the status, or minus the killing signal."""
     return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
@@ -298,6 +314,7 @@ class Supervisor:
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.own_state = _own_state()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -320,6 +337,13 @@ class Supervisor:
             try:
                 req = recv_frame(self.req_fd)
             except EOFError:
+                self._kill_all()
+                return
+            if _own_state() != self.own_state:
+                # Agent code of this uid lowered a limit or the priority of this process
+                # (prlimit, setpriority and sched_setaffinity need no more than the
+                # same uid). It cannot be undone from here, and it would outlast every
+                # reset: stop without a reply, and the host starts a fresh sandbox.
                 self._kill_all()
                 return
             op = req.get("op")

@@ -7,6 +7,9 @@ or the base image cannot be had (``.ci/docker-setup.sh`` sets all three up).
 from __future__ import annotations
 
 import gc
+import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -323,10 +326,6 @@ def test_a_call_past_its_timeout_is_killed_with_its_children(sb: Any) -> None:
 
 
 def test_a_lost_reply_restarts_the_container_and_is_reported_lost(sb: Any, engine: Any) -> None:
-    import os
-    import signal
-    import threading
-
     assert sb.execute_code("bash", "echo kept > f").ok
     for language, code in (("python", "import time\ntime.sleep(30)"), ("bash", "sleep 30")):
         pid = _supervisor_pid(engine, sb)  # what the OOM killer or the engine could do
@@ -371,3 +370,31 @@ def test_agent_processes_go_before_the_supervisor_when_memory_runs_out(sb: Any) 
     assert r.exit_code == 0 and r.output.endswith("done\n") and not r.restarted, r
     assert "Killed" in r.output  # the limit was reached, and an agent process paid
     assert sb.execute_code("python", "print('fine')").output == "fine\n"
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        "resource.prlimit(1, resource.RLIMIT_NOFILE, (12, 12))",
+        "resource.prlimit(1, resource.RLIMIT_CPU, (1, 1))",
+        "os.setpriority(os.PRIO_PROCESS, 1, 19)",
+        "os.sched_setaffinity(1, {min(os.sched_getaffinity(1))})",
+    ],
+)
+def test_a_supervisor_whose_limits_agent_code_changed_is_replaced(sb: Any, tamper: str) -> None:
+    # Same uid suffices to change these of another process, and they would outlive
+    # every reset; the supervisor notices at its next request and the host restarts.
+    if "affinity" in tamper and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no affinity to narrow")
+    before = sb.execute_code("bash", "cat /proc/1/limits; cat /proc/1/stat | cut -d' ' -f19")
+    r = sb.execute_code("python", f"import os, resource\n{tamper}\nprint('done')")
+    assert (r.exit_code, r.output) == (0, "done\n")
+    assert sb.execute_code("bash", "echo fine").output == "fine\n"  # bash needs no request
+    sb.restore(sb.capture())  # the next request: a fresh container answers it
+    after = sb.execute_code("bash", "cat /proc/1/limits; cat /proc/1/stat | cut -d' ' -f19")
+    assert after.output == before.output
+    r = sb.execute_code(
+        "python",
+        f"import os\nprint(sorted(os.sched_getaffinity(0)) == {sorted(os.sched_getaffinity(0))!r})",
+    )
+    assert (r.exit_code, r.output, r.restarted) == (0, "True\n", False)
