@@ -74,6 +74,9 @@ class SupervisorLink:
         self.seq = 0  # tags bash calls; only the status line with this call's tag is accepted
         self._status_buf = b""
         self._fds = list(fds)
+        # Set once a reply failed to come: a late one could be taken for the answer to
+        # a later request, so nothing more is asked of this supervisor.
+        self.broken = False
         os.set_blocking(self.bash_out, False)
 
     def close(self) -> None:
@@ -85,6 +88,14 @@ class SupervisorLink:
 
     def recv(self, timeout_s: float) -> dict | None:
         """The next reply frame, or ``None`` if none came in time or it was malformed."""
+        reply = self._recv(timeout_s)
+        if reply is None:
+            self.broken = True
+        return reply
+
+    def _recv(self, timeout_s: float) -> dict | None:
+        if self.broken:
+            return None
         deadline = time.monotonic() + timeout_s
         while not fdwait.readable([self.resp], _wait_s(deadline)):
             if time.monotonic() >= deadline:
@@ -97,9 +108,12 @@ class SupervisorLink:
 
     def call(self, request: dict, timeout_s: float) -> dict | None:
         """One round trip; ``None`` means the supervisor died or went silent."""
+        if self.broken:
+            return None
         try:
             _supervisor.send_frame(self.req, request)
         except OSError:
+            self.broken = True
             return None
         return self.recv(timeout_s)
 

@@ -677,13 +677,18 @@ class DockerSandbox(Sandbox):
         # A child that exited just now counts until the supervisor reaps it, and it
         # reaps what has exited before it answers a request; an orphan's last exit may
         # still be on its way, so look again for a few milliseconds.
-        pinged = self._links[0].ok("ping") if self._links else False
-        for _ in range(_LEFTOVER_POLLS):
-            count = self._tasks.read()
-            if pinged and (count is None or count <= self._tasks.idle):
-                return False
-            time.sleep(0.001)
-        self._stop_agent()
+        try:
+            if not self._links or not self._links[0].ok("ping"):
+                self._restart()
+                return True
+            for _ in range(_LEFTOVER_POLLS):
+                count = self._tasks.read()
+                if count is None or count <= self._tasks.idle:
+                    return False
+                time.sleep(0.001)
+            self._stop_agent()
+        except SandboxUnavailable as exc:  # the call's result stands; the next call retries
+            log.warning("docker sandbox %s: the restart failed: %s", self._slot.dir, exc)
         return True
 
     @property
