@@ -1,11 +1,13 @@
-"""The process that runs inside a local sandbox and executes agent code.
+"""The process that runs inside a sandbox and executes agent code.
 
-It is started once per sandbox, as PID 1 of the sandbox's PID namespace. The kernel
-drops every signal sent to PID 1 from inside its namespace unless PID 1 handles it,
-and the only signal handled here is ``SIGCHLD``, which just wakes the reaper: agent
-code can neither kill nor stop the supervisor. It marks itself non-dumpable (so code
-it forks cannot read or write its memory through ``/proc``; ``ptrace`` is denied by
-seccomp), reaps the orphans agent code leaves behind (their zombies would otherwise
+It is started once per sandbox, as PID 1 of the sandbox's PID namespace: the local
+backend's bubblewrap namespace, or the docker backend's container, whose main process
+it is (it then takes its configuration and pipes from the host over a unix socket,
+see ``_connect``; the protocol is the same). The kernel drops every signal sent to
+PID 1 from inside its namespace unless PID 1 handles it, and the only signal handled
+here is ``SIGCHLD``, which just wakes the reaper: agent code can neither kill nor stop
+the supervisor. It marks itself non-dumpable (so code it forks cannot read or write its
+memory or descriptors through ``/proc``, nor ``ptrace`` it), reaps the orphans agent code leaves behind (their zombies would otherwise
 count against ``RLIMIT_NPROC``), and answers framed JSON requests on one pipe,
 replying on another. Agent code never sees these descriptors: every call runs in a
 fresh child with its own output pipe.
@@ -58,7 +60,14 @@ import sys
 import time
 import types
 
-__all__ = ["BASH_SERVER", "OutputCapture", "bash_server", "recv_frame", "send_frame"]
+__all__ = [
+    "BASH_SERVER",
+    "LINK_FDS",
+    "OutputCapture",
+    "bash_server",
+    "recv_frame",
+    "send_frame",
+]
 
 _HEADER = struct.Struct("!Q")
 
@@ -179,6 +188,22 @@ class OutputCapture:
         return (bytes(self.head) + middle + tail).decode("utf-8", errors="replace")
 
 
+_RLIMITS = tuple(getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_"))
+
+
+def _own_state() -> tuple:
+    """What a process of the same uid may change about this one from outside.
+
+    Its resource limits, its nice value and its CPU affinity: about twenty system
+    calls, some microseconds.
+    """
+    return (
+        tuple(resource.getrlimit(r) for r in _RLIMITS),
+        os.getpriority(os.PRIO_PROCESS, 0),
+        tuple(sorted(os.sched_getaffinity(0))),
+    )
+
+
 def _exit_code(info: os.waitid_result) -> int:
     """``waitid`` result as an exit code: the status, or minus the killing signal."""
     return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
@@ -265,6 +290,20 @@ class Supervisor:
         # Joins the agent cgroup: handed to every process that runs agent code, which
         # writes to it and closes it first. Never inherited past that.
         self.agent_fds = [_above_4(fd) for fd in cfg.get("agent_cgroup_fds", [])]
+        # Where this process shares its memory limit with agent code (a container),
+        # agent processes start with a higher OOM score (see _agent_oom).
+        self.pid = os.getpid()
+        self.oom = int(cfg.get("agent_oom_score_adj") or 0)
+        self.oom_fd, self.oom_base = -1, b"0"
+        if cfg.get("oom_fd", -1) >= 0:
+            self.oom_fd = _above_4(cfg["oom_fd"])
+            self.oom_base = os.pread(self.oom_fd, 16, 0).strip()
+            try:  # lowering it back must work, or it is never raised
+                os.pwrite(self.oom_fd, b"%d" % min(int(self.oom_base) + 1, 1000), 0)
+                os.pwrite(self.oom_fd, self.oom_base, 0)
+            except OSError:
+                os.close(self.oom_fd)
+                self.oom_fd = -1
         self.bash: int | None = None  # pid (and process group) of the bash server
         self.bash_pidfd = -1
         self.child: int | None = None  # pid of the python call running now
@@ -275,6 +314,7 @@ class Supervisor:
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.own_state = _own_state()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -297,6 +337,13 @@ class Supervisor:
             try:
                 req = recv_frame(self.req_fd)
             except EOFError:
+                self._kill_all()
+                return
+            if _own_state() != self.own_state:
+                # Agent code of this uid lowered a limit or the priority of this process
+                # (prlimit, setpriority and sched_setaffinity need no more than the
+                # same uid). It cannot be undone from here, and it would outlast every
+                # reset: stop without a reply, and the host starts a fresh sandbox.
                 self._kill_all()
                 return
             op = req.get("op")
@@ -330,6 +377,7 @@ class Supervisor:
         ]
         actions += [(os.POSIX_SPAWN_DUP2, fd, _JOIN_FD + i) for i, fd in enumerate(self.agent_fds)]
         try:
+            self._agent_oom(True)
             pid = os.posix_spawn(
                 self.cfg["bash"],
                 ["bash", "--noprofile", "--norc", "-c", bash_server(len(self.agent_fds))],
@@ -343,9 +391,23 @@ class Supervisor:
             )
         except OSError:
             return  # agent code holds every process slot; retried after the next request
+        finally:
+            self._agent_oom(False)
         self.bash = pid
         self.bash_pidfd = os.pidfd_open(pid)
         self.pgids.add(pid)
+
+    def _agent_oom(self, raised: bool) -> None:
+        """Raise (or restore) this process's OOM score around the start of agent code.
+
+        The process started inherits the raised score, so when the container runs out
+        of memory the kernel kills agent code first, not this process (whose death
+        costs a restart). The descriptor was opened before this process became
+        non-dumpable: from then on only a descriptor opened earlier may write it.
+        """
+        if self.oom_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.pwrite(self.oom_fd, b"%d" % self.oom if raised else self.oom_base, 0)
 
     def _forget_bash(self) -> None:
         assert self.bash is not None
@@ -461,11 +523,15 @@ class Supervisor:
         except OSError as exc:
             return _not_started(exc, start)
         try:
+            self._agent_oom(True)
             pid = os.fork()
         except OSError as exc:
             os.close(out_r)
             os.close(out_w)
             return _not_started(exc, start)
+        finally:
+            if self.oom_fd >= 0 and os.getpid() == self.pid:  # not in the child
+                self._agent_oom(False)
         if pid == 0:
             os.close(out_r)
             try:
@@ -639,8 +705,43 @@ def _add_site_dirs(dirs: list[str]) -> None:
                             sys.path.append(extra)
 
 
+# The channels a connecting supervisor receives, in the order the host sends them.
+LINK_FDS = ("req_fd", "resp_fd", "bash_ctl", "bash_out", "bash_status")
+
+
+def _connect(path: str) -> dict:
+    """Take the configuration and the channels from the host over the unix socket ``path``.
+
+    How the docker backend starts this file: as its container's main process, which
+    cannot inherit descriptors from the host. The host listens at ``path`` (in a
+    directory bound read-only), accepts this one connection, unlinks the socket and
+    sends one frame (the configuration) with the supervisor's ends of the pipes of
+    :data:`LINK_FDS` attached. From then on the protocol is the local backend's, over
+    pipes that run straight from the host into the container. The socket stays the
+    channel on which the exec listener goes back (``exec_sock``).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, len(LINK_FDS))
+    data = bytearray(data)
+    while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack_from(data)[0]:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            raise EOFError("the host closed the link before its configuration was complete")
+        data += chunk
+    if len(fds) != len(LINK_FDS):
+        raise EOFError(f"the host sent {len(fds)} descriptors, not {len(LINK_FDS)}")
+    (n,) = _HEADER.unpack_from(data)
+    cfg = json.loads(bytes(data[_HEADER.size : _HEADER.size + n]))
+    named = dict(zip(LINK_FDS, fds, strict=True))
+    cfg["req_fd"], cfg["resp_fd"] = named["req_fd"], named["resp_fd"]
+    cfg["bash_fds"] = [named["bash_ctl"], named["bash_out"], named["bash_status"]]
+    cfg["exec_sock"] = sock.detach()
+    return cfg
+
+
 def main() -> None:
-    cfg = json.loads(sys.argv[1])
+    cfg = _connect(sys.argv[2]) if sys.argv[1] == "--connect" else json.loads(sys.argv[1])
     _add_site_dirs(cfg.get("site_dirs", []))
     # Into the supervisor's own (uncapped) cgroup first: an agent process that runs
     # the sandbox out of memory is then the one the kernel kills, never this one.
@@ -650,6 +751,8 @@ def main() -> None:
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)  # from root: every capability is gone after this
+    if cfg.get("agent_oom_score_adj") is not None:  # see Supervisor._agent_oom
+        cfg["oom_fd"] = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
     _prctl(_PR_SET_DUMPABLE, 0)
     # Unisolated there is no PID namespace: orphans must still come here to be reaped
     # and waited for.

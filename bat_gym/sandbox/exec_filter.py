@@ -12,8 +12,8 @@ Why no process under it may make a listener: where two filters both answer
 ``USER_NOTIF``, the kernel notifies the most recently installed one, so agent code
 with a listener of its own would receive its children's execs in place of the host.
 
-The process that installs the filter (the local sandbox's supervisor, or the docker
-backend's per-call boot program) hands its listener to the host and never executes
+The process that installs the filter (the sandbox's supervisor, in either backend)
+hands its listener to the host and never executes
 anything itself after that; its children inherit the filter and cannot remove it.
 
 This module must import nothing outside the standard library: it is loaded by path
