@@ -1,8 +1,8 @@
 """The code the radiology teacher and the naive baseline run inside a task's sandbox.
 
-Real files in ``scripts/``, a data folder (no package: nothing there is importable
-from here), read as text and sent into the sandbox, so ruff lints them and a test
-compiles every one:
+Real files in ``scripts/``, a data folder (no ``__init__.py``; the suite never imports
+them, they run only in a sandbox), read as text and sent into the sandbox, so ruff
+lints them and a test compiles every one:
 
 * ``infer.py``: the teacher's ``pipeline/infer.py``. Its docstring documents it here
   and is not sent (:func:`pipeline`).

@@ -43,7 +43,7 @@ def test_the_folder_holds_the_pipeline_its_patches_the_stages_and_the_receipt():
         *sandbox_code.NAIVE_PATCHES,
         *STAGES,
     }
-    # A data folder, not a package: nothing in it may be imported (and run) by accident.
+    # A data folder, not a package of the suite's modules: its files run in a sandbox only.
     assert not (sandbox_code.SCRIPT_DIR / "__init__.py").exists()
 
 
