@@ -20,6 +20,9 @@ radiograph in the hard tier) stores the lesion dark: it is inverted before the
 threshold.
 
 What the agent stores on the server through the tools is scored by :mod:`.checks`.
+The provided model is a real file (``models/measure.py``, :mod:`.models`) that tasks ship
+and the verifier imports; the code the teacher and the naive baseline run in the
+sandbox is in real files too (``scripts/``, read by :mod:`.sandbox_code`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
+from bat_gym.envs.radiology import sandbox_code
+from bat_gym.envs.radiology.models import measure_source
 from bat_gym.envs.radiology.studies import (
     PatientSpec,
     _uid,
@@ -57,33 +62,9 @@ SUBMISSION = "outputs/submission.csv"
 COLUMNS = ["id", "diameter_mm", "prior_mm", "change"]
 CHANGE_MM = 2.0  # a diameter difference within this is "stable"
 
-MEASURE_PY = '''"""The provided measurement model: a lesion's equivalent-sphere diameter.
-
-measure(volume, spacing_mm, threshold) -> diameter in mm, one decimal:
-  the voxels above `threshold` (modality units: HU for CT) are the lesion, and the
-  diameter is that of a sphere of their total volume, (6 V / pi) ** (1 / 3).
-volume: (slices, rows, cols) array; spacing_mm: (slice, row, column) spacing in mm.
-"""
-import math
-
-import numpy as np
-
-
-def measure(volume, spacing_mm, threshold):
-    voxels = int((np.asarray(volume) > threshold).sum())
-    cc = voxels * spacing_mm[0] * spacing_mm[1] * spacing_mm[2]
-    return round((6.0 * cc / math.pi) ** (1.0 / 3.0), 1)
-
-
-def measure_2d(image, spacing_mm, threshold):
-    """A projection image's lesion: the diameter of a circle of the area above threshold.
-
-    image: (rows, cols) array of displayed values; spacing_mm: (row, column) at the patient.
-    """
-    pixels = int((np.asarray(image) > threshold).sum())
-    area = pixels * spacing_mm[0] * spacing_mm[1]
-    return round(2.0 * math.sqrt(area / math.pi), 1)
-'''
+# The provided model's source, as written to model/measure.py; the verifier imports the
+# same file (models/measure.py).
+MEASURE_PY = measure_source()
 
 MODEL = {
     "CT": {"threshold": 60.0, "units": "HU"},
@@ -186,10 +167,10 @@ SPEC = BenchmarkSpec(
 
 
 def _measure_fns() -> tuple[Any, Any]:
-    """``measure`` and ``measure_2d`` of the provided model."""
-    namespace: dict[str, Any] = {}
-    exec(compile(MEASURE_PY, "model/measure.py", "exec"), namespace)  # noqa: S102 - our own source
-    return namespace["measure"], namespace["measure_2d"]
+    """``measure`` and ``measure_2d`` of the provided model (the file the task ships)."""
+    from bat_gym.envs.radiology.models.measure import measure, measure_2d
+
+    return measure, measure_2d
 
 
 def _change(current: float, prior: float) -> str:
@@ -499,10 +480,7 @@ class Radiology(Benchmark):
 
     def naive_turns(self, task: Task) -> list[TeacherTurn]:
         """No plan and no pilot; a pipeline that trusts descriptions and stored values."""
-        setup = (
-            "import os\nos.makedirs('pipeline', exist_ok=True)\n"
-            f"open('pipeline/infer.py', 'w').write({_NAIVE_INFER!r})"
-        )
+        setup = sandbox_code.stage_script("naive_s2_setup", pipeline=sandbox_code.naive_pipeline())
         return [
             TeacherTurn("S2", "Writing the pipeline.", (_py(setup),)),
             TeacherTurn(
@@ -573,86 +551,6 @@ def _sh(code: str) -> ToolCall:
     )
 
 
-_INFER = """
-import csv, glob, json, os, sys
-import numpy as np
-import pydicom
-sys.path.insert(0, "model")
-from measure import measure, measure_2d
-model = json.load(open("model/model.json"))
-task = json.load(open("task.json"))
-out, wanted = sys.argv[1], sys.argv[2:]
-CHANGE_MM = 2.0
-
-def load(folder):
-    dss = sorted((pydicom.dcmread(f) for f in glob.glob(os.path.join(folder, "*.dcm"))), key=lambda d: int(d.InstanceNumber))
-    vol = np.stack([d.pixel_array * float(d.get("RescaleSlope", 1)) + float(d.get("RescaleIntercept", 0)) for d in dss])
-    first = dss[0]
-    return first, vol, (float(first.get("SliceThickness", 1)), *(float(v) for v in first.PixelSpacing))
-
-def radiograph(folder):
-    ds = pydicom.dcmread(glob.glob(os.path.join(folder, "*.dcm"))[0])
-    img = ds.pixel_array.astype(float)
-    if ds.PhotometricInterpretation == "MONOCHROME1":  # bright anatomy stored low
-        img = (2 ** int(ds.BitsStored) - 1) - img
-    mag = float(ds.get("EstimatedRadiographicMagnificationFactor", 1))
-    return img, [float(v) / mag for v in ds.ImagerPixelSpacing]  # at the patient
-
-def diameter(study_dir):
-    for folder in sorted(glob.glob(os.path.join(study_dir, "*"))):
-        head = pydicom.dcmread(glob.glob(os.path.join(folder, "*.dcm"))[0], stop_before_pixels=True)
-        if head.Modality == "DX":
-            img, spacing = radiograph(folder)
-            return measure_2d(img, spacing, model["DX"]["threshold"])
-        first, vol, spacing = load(folder)
-        if first.Modality == "CT":
-            return measure(vol, spacing, model["CT"]["threshold"])
-        if first.Modality == "MR" and float(first.EchoTime) > 60:  # T2 by its echo time
-            return measure(vol, spacing, model["MR"]["threshold"])
-    raise SystemExit(f"no measurable series in {study_dir}")
-
-with open(out, "w", newline="") as f:
-    w = csv.writer(f, lineterminator="\\n")
-    w.writerow(["id", "diameter_mm", "prior_mm", "change"])
-    for pid in task["patients"]:
-        if wanted and pid not in wanted:
-            continue
-        prior_dir, current_dir = sorted(glob.glob(os.path.join("data/dicom", pid, "*")))
-        d, p = diameter(current_dir), diameter(prior_dir)
-        change = "larger" if d - p > CHANGE_MM else ("smaller" if p - d > CHANGE_MM else "stable")
-        w.writerow([pid, f"{d:.1f}", f"{p:.1f}", change])
-"""
-
-# The naive pipeline: series picked by description, stored values taken as HU, a
-# radiograph's stored values and detector spacing taken as they are.
-_NAIVE_INFER = (
-    _INFER.replace(
-        'd.pixel_array * float(d.get("RescaleSlope", 1)) + float(d.get("RescaleIntercept", 0))',
-        "d.pixel_array.astype(float)",
-    )
-    .replace(
-        'first.Modality == "MR" and float(first.EchoTime) > 60',
-        'first.Modality == "MR" and "T2" in str(first.SeriesDescription)',
-    )
-    .replace(
-        '    if ds.PhotometricInterpretation == "MONOCHROME1":  # bright anatomy stored low\n'
-        "        img = (2 ** int(ds.BitsStored) - 1) - img\n",
-        "",
-    )
-    .replace("float(v) / mag for v in", "float(v) for v in")
-)
-assert _NAIVE_INFER.count("pixel_array.astype") == 2 and '"T2" in' in _NAIVE_INFER
-assert "MONOCHROME1" not in _NAIVE_INFER and "/ mag" not in _NAIVE_INFER
-
-_RECEIPT = """
-import hashlib, json, os
-def receipt(stage, artifact, path, **extra):
-    digest = hashlib.sha256(open(artifact, "rb").read()).hexdigest()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    json.dump({"schema_version": 1, "stage": stage, "artifact": artifact, "sha256": digest, **extra}, open(path, "w"), indent=2)
-"""
-
-
 _DX_PLAN = (
     "{n} patients, each with a prior and a current chest radiograph in data/dicom (and on the "
     "server). A MONOCHROME1 radiograph stores bright anatomy as low values: invert it "
@@ -683,34 +581,10 @@ def _teacher_turns(patients: int, track: str) -> list[TeacherTurn]:
         "mark each lesion and submit each finding on the server.\nEOF\n"
         "cat task.json; cat model/model.json"
     )
-    setup = (
-        "import json, os, platform, numpy, pydicom\nos.makedirs('setup', exist_ok=True)\n"
-        "json.dump({'python': platform.python_version(), 'numpy': numpy.__version__, 'pydicom': pydicom.__version__}, open('setup/environment.json', 'w'), indent=2)\n"
-        f"os.makedirs('pipeline', exist_ok=True)\nopen('pipeline/infer.py', 'w').write({_INFER!r})\nprint('pipeline written')"
-    )
-    validate = (
-        "import json, os, subprocess\nfirst = json.load(open('task.json'))['patients'][0]\n"
-        "os.makedirs('validation', exist_ok=True)\n"
-        "subprocess.run(['python', 'pipeline/infer.py', 'validation/pilot.csv', first], check=True)\n"
-        "print(open('validation/pilot.csv').read())\n"
-        + _RECEIPT
-        + "receipt('S3', 'validation/pilot.csv', 'validation/s3_validation.json', cases=1)"
-    )
-    infer = (
-        "import csv, os, subprocess\nos.makedirs('outputs', exist_ok=True)\n"
-        "subprocess.run(['python', 'pipeline/infer.py', 'outputs/predictions.csv'], check=True)\n"
-        "n = sum(1 for _ in csv.DictReader(open('outputs/predictions.csv')))\nprint(n, 'patients measured')\n"
-        + _RECEIPT
-        + "receipt('S4', 'outputs/predictions.csv', 'validation/s4_completion.json', cases=n)"
-    )
-    submit = (
-        "import csv, json, shutil\nschema = json.load(open('task.json'))['submission']\n"
-        "rows = list(csv.DictReader(open('outputs/predictions.csv')))\n"
-        "assert {r['id'] for r in rows} == set(schema['case_ids']), 'missing patients'\n"
-        "shutil.copyfile('outputs/predictions.csv', 'outputs/submission.csv')\n"
-        + _RECEIPT
-        + "receipt('S5', 'outputs/submission.csv', 'validation/s5_submission.json', cases=len(rows))\nprint(open('outputs/submission.csv').read())"
-    )
+    setup = sandbox_code.stage_script("s2_setup", pipeline=sandbox_code.pipeline())
+    validate = sandbox_code.stage_script("s3_validate", receipt=sandbox_code.RECEIPT)
+    infer = sandbox_code.stage_script("s4_infer", receipt=sandbox_code.RECEIPT)
+    submit = sandbox_code.stage_script("s5_submit", receipt=sandbox_code.RECEIPT)
     return [
         TeacherTurn(
             "S1", "I will look at the studies on the server and write the plan.", (_sh(plan),)
