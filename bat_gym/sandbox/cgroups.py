@@ -90,6 +90,16 @@ class CapSupport(enum.StrEnum):
     """No cap is possible; sandboxes run with per-process rlimits only."""
 
 
+# The file an agent process writes ``0`` to, to move itself into the agent leaf. A
+# write to ``cgroup.procs`` moves a whole thread group and takes the kernel's global
+# threadgroup lock for writing, which waits out an RCU grace period: milliseconds, on
+# every other python call. Under v1, a single-threaded process (each one that joins:
+# the bash server and a python call's process, just forked) moves whole by writing to
+# ``tasks``, which moves only the calling thread and skips that lock. v2 has no such
+# file for a domain group.
+_AGENT_JOIN = {CapSupport.V1: "tasks", CapSupport.V2: "cgroup.procs"}
+
+
 @dataclass(frozen=True)
 class _Layout:
     """Where sandbox groups go: one ``bat_gym`` directory per hierarchy.
@@ -267,7 +277,8 @@ class SandboxCgroup:
         try:
             for path in self.paths:
                 for leaf, out in ((_SUPERVISOR, supervisor), (_AGENT, agent)):
-                    out.append(os.open(path / leaf / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+                    name = _AGENT_JOIN[self.support] if leaf == _AGENT else "cgroup.procs"
+                    out.append(os.open(path / leaf / name, os.O_WRONLY | os.O_CLOEXEC))
         except OSError:
             for fd in supervisor + agent:
                 os.close(fd)

@@ -34,6 +34,7 @@ import contextlib
 import functools
 import json
 import logging
+import marshal
 import os
 import queue
 import shutil
@@ -457,7 +458,7 @@ class LocalSandbox(Sandbox):
             "/opt/bat/bash",
             "--ro-bind-data",
             str(supervisor_fd),
-            "/opt/bat/supervisor.py",
+            _SUPERVISOR_CODE,
             "--ro-bind",
             trees.__file__,
             "/opt/bat/trees.py",
@@ -517,6 +518,10 @@ class LocalSandbox(Sandbox):
             "trees": "/opt/bat/trees.py" if self.isolation is Isolation.BWRAP else trees.__file__,
             "env": self._env(tmp),
             "preload": list(self.preload),
+            # Fork each python call's process ahead (see _supervisor._take_spare). Not
+            # in a container, whose task count (the docker backend's leftover check)
+            # would take the spare for a process a call left running.
+            "python_spare": True,
             "site_dirs": _site_dirs(),
             "drop_to": [self._uid, self._gid] if self._root else None,
             "supervisor_cgroup_fds": sup_cg,
@@ -541,15 +546,15 @@ class LocalSandbox(Sandbox):
             if self.isolation is Isolation.BWRAP:
                 sec = filter_fd()
                 sup = os.memfd_create("bat-gym-supervisor", 0)
-                os.write(sup, Path(_supervisor.__file__).read_bytes())
+                os.write(sup, _supervisor_code())
                 os.lseek(sup, 0, os.SEEK_SET)
                 theirs += [sec, sup]
-                script, argv = "/opt/bat/supervisor.py", self._bwrap_argv(sec, sup)
+                run, argv = ["-c", _BOOT], self._bwrap_argv(sec, sup)
             else:
                 os.makedirs(tmp, exist_ok=True)
-                script, argv = _supervisor.__file__, []
+                run, argv = [_supervisor.__file__], []
             # -S: site-packages come from cfg["site_dirs"], without running .pth code.
-            argv += [sys.executable, "-S", "-s", script, json.dumps(cfg)]
+            argv += [sys.executable, "-S", "-s", *run, json.dumps(cfg)]
             proc = _Spawner.popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -704,6 +709,28 @@ class LocalSandbox(Sandbox):
             return
         self._closed = True
         self._finalizer()
+
+
+_SUPERVISOR_CODE = "/opt/bat/supervisor.code"
+# Runs the supervisor from its compiled code, as `python /opt/bat/supervisor.py` would
+# run its source: sys.path[0] (where -c puts '', the workspace) becomes the script's
+# directory before anything is imported, so no file agent code left in the workspace
+# can stand in for a module the supervisor imports.
+_BOOT = (
+    "import sys; sys.path[0] = '/opt/bat'; import marshal; "
+    f"exec(marshal.loads(open({_SUPERVISOR_CODE!r}, 'rb').read()))"
+)
+
+
+@functools.cache
+def _supervisor_code() -> bytes:
+    """``_supervisor.py`` compiled, once per process: each sandbox start skips compiling it.
+
+    A script's code is never cached by the interpreter, and compiling this one takes
+    milliseconds. The sandbox runs this interpreter, so the marshalled code fits it.
+    """
+    source = Path(_supervisor.__file__).read_bytes()
+    return marshal.dumps(compile(source, "/opt/bat/supervisor.py", "exec", dont_inherit=True))
 
 
 @functools.cache

@@ -468,3 +468,23 @@ def test_a_call_sent_to_a_tampered_supervisor_is_lost_never_forged(
     r = fresh.execute_code("python", "print('fresh')")
     assert (r.exit_code, r.output, r.restarted) == (0, "fresh\n", False)
     assert_still_works(fresh)
+
+
+def test_a_restarted_supervisor_imports_nothing_from_the_workspace(fresh: Sandbox) -> None:
+    # A fresh supervisor starts in the workspace, which then holds whatever agent code
+    # left there: a module of the same name as one it imports must not be loaded.
+    names = ("json", "ctypes", "contextlib", "socket", "select", "signal", "marshal", "types")
+    plant = "".join(
+        f"open('{n}.py', 'w').write(\"open('/workspace/imported-{n}', 'w')\\n\")\n" for n in names
+    )
+    assert fresh.execute_code("python", plant).exit_code == 0
+    tamper_with_pid_1(fresh, "os.setpriority(os.PRIO_PROCESS, 1, 19)")
+    fresh.restore(fresh.capture())  # the supervisor stops; a new one starts in this workspace
+    assert python_state_ok(fresh)
+    assert not [p.name for p in fresh.workspace.glob("imported-*")]
+    assert_still_works(fresh)
+
+
+def python_state_ok(sb: Sandbox) -> bool:
+    r = sb.execute_code("python", "import json\nprint(json.dumps([1]))")
+    return (r.exit_code, r.output, r.restarted) == (0, "[1]\n", False)
