@@ -50,6 +50,7 @@ import ctypes
 import fcntl
 import io
 import json
+import marshal
 import os
 import resource
 import select
@@ -238,7 +239,9 @@ def _load_trees(path: str, name: str = "_bat_gym_trees") -> types.ModuleType:
     module = types.ModuleType(name)
     module.__file__ = path
     with open(path, "rb") as f:
-        code = compile(f.read(), path, "exec")
+        data = f.read()
+    # A ``.code`` file is the module compiled by the host for this interpreter.
+    code = marshal.loads(data) if path.endswith(".code") else compile(data, path, "exec")
     exec(code, module.__dict__)
     return module
 

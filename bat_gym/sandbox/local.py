@@ -397,7 +397,7 @@ class LocalSandbox(Sandbox):
             **AGENT_ENV,
         }
 
-    def _bwrap_argv(self, seccomp_fd: int, supervisor_fd: int) -> list[str]:
+    def _bwrap_argv(self, seccomp_fd: int, code_fds: dict[str, int]) -> list[str]:
         bwrap = _bwrap_binary()
         assert bwrap is not None
         argv = [bwrap]
@@ -456,15 +456,12 @@ class LocalSandbox(Sandbox):
             "--ro-bind",
             self._bash,
             "/opt/bat/bash",
-            "--ro-bind-data",
-            str(supervisor_fd),
-            _SUPERVISOR_CODE,
-            "--ro-bind",
-            trees.__file__,
-            "/opt/bat/trees.py",
-            "--ro-bind",
-            exec_filter.__file__,
-            "/opt/bat/exec_filter.py",
+            # Readable by the uid the supervisor drops to, as the source files were.
+            *(
+                a
+                for dest, fd in code_fds.items()
+                for a in ("--perms", "0444", "--ro-bind-data", str(fd), dest)
+            ),
             "--seccomp",
             str(seccomp_fd),
             "--chdir",
@@ -515,7 +512,7 @@ class LocalSandbox(Sandbox):
             "bash_fds": [named["bash_ctl"], named["bash_out"], named["bash_status"]],
             "pid_namespace": self.isolation is Isolation.BWRAP,
             "bash": "/opt/bat/bash" if self.isolation is Isolation.BWRAP else self._bash,
-            "trees": "/opt/bat/trees.py" if self.isolation is Isolation.BWRAP else trees.__file__,
+            "trees": "/opt/bat/trees.code" if self.isolation is Isolation.BWRAP else trees.__file__,
             "env": self._env(tmp),
             "preload": list(self.preload),
             # Fork each python call's process ahead (see _supervisor._take_spare). Not
@@ -528,7 +525,7 @@ class LocalSandbox(Sandbox):
             "agent_cgroup_fds": agent_cg,
             "exec_filter": None
             if not self.observe
-            else "/opt/bat/exec_filter.py"
+            else "/opt/bat/exec_filter.code"
             if self.isolation is Isolation.BWRAP
             else exec_filter.__file__,
             "exec_sock": theirs[-1],
@@ -545,11 +542,15 @@ class LocalSandbox(Sandbox):
         try:
             if self.isolation is Isolation.BWRAP:
                 sec = filter_fd()
-                sup = os.memfd_create("bat-gym-supervisor", 0)
-                os.write(sup, _supervisor_code())
-                os.lseek(sup, 0, os.SEEK_SET)
-                theirs += [sec, sup]
-                run, argv = ["-c", _BOOT], self._bwrap_argv(sec, sup)
+                theirs.append(sec)
+                code_fds = {}
+                for dest, source in _CODE.items():
+                    fd = os.memfd_create("bat-gym-code", 0)
+                    theirs.append(fd)
+                    os.write(fd, _compiled(source, dest.replace(".code", ".py")))
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    code_fds[dest] = fd
+                run, argv = ["-c", _BOOT], self._bwrap_argv(sec, code_fds)
             else:
                 os.makedirs(tmp, exist_ok=True)
                 run, argv = [_supervisor.__file__], []
@@ -712,6 +713,12 @@ class LocalSandbox(Sandbox):
 
 
 _SUPERVISOR_CODE = "/opt/bat/supervisor.code"
+# What the sandbox runs of this package, compiled, and where it finds it.
+_CODE = {
+    _SUPERVISOR_CODE: _supervisor.__file__,
+    "/opt/bat/trees.code": trees.__file__,
+    "/opt/bat/exec_filter.code": exec_filter.__file__,
+}
 # Runs the supervisor from its compiled code, as `python /opt/bat/supervisor.py` would
 # run its source: sys.path[0] (where -c puts '', the workspace) becomes the script's
 # directory before anything is imported, so no file agent code left in the workspace
@@ -723,14 +730,15 @@ _BOOT = (
 
 
 @functools.cache
-def _supervisor_code() -> bytes:
-    """``_supervisor.py`` compiled, once per process: each sandbox start skips compiling it.
+def _compiled(source: str, shown: str) -> bytes:
+    """The file ``source`` compiled (named ``shown`` in tracebacks), once per process.
 
-    A script's code is never cached by the interpreter, and compiling this one takes
-    milliseconds. The sandbox runs this interpreter, so the marshalled code fits it.
+    Each sandbox start then skips compiling it: code run as a script or loaded by hand
+    is never cached by the interpreter, and compiling the supervisor and its helpers
+    takes some milliseconds. The sandbox runs this interpreter, so the marshalled code
+    fits it.
     """
-    source = Path(_supervisor.__file__).read_bytes()
-    return marshal.dumps(compile(source, "/opt/bat/supervisor.py", "exec", dont_inherit=True))
+    return marshal.dumps(compile(Path(source).read_bytes(), shown, "exec", dont_inherit=True))
 
 
 @functools.cache

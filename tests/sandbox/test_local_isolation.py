@@ -136,6 +136,8 @@ def test_writes_outside_the_workspace_fail(sb: Sandbox, tmp_path: Path) -> None:
         "/etc/passwd",
         f"/{probe}",
         f"/opt/bat/{probe}",
+        "/opt/bat/supervisor.code",  # what a restarted supervisor would run
+        "/opt/bat/trees.code",
         "/run/bat/call.sh",
         f"{sys.prefix}/{probe}",
         f"{tmp_path}/{probe}",
