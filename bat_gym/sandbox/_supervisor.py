@@ -15,7 +15,9 @@ fresh child with its own output pipe.
 * ``python`` calls fork this interpreter and ``exec`` the code in a new ``__main__``, as
   ``python -c`` would. The modules named in ``preload`` are imported here at the first
   python call, so later calls start warm and an env that never runs python does not
-  carry them.
+  carry them. Where the host asks for it (``python_spare``), the next call's process
+  is forked and set up as soon as a call's reply is sent, and the call only hands it
+  its code (see ``Supervisor._take_spare`` for what keeps that process pristine).
 * ``bash`` calls go from the host straight to a long-lived bash server that this
   process starts from an execute-only copy of bash (the kernel marks such a process
   non-dumpable too). The server reads the next call line, ``CPU_SECONDS SEQ``, and
@@ -113,6 +115,9 @@ def _join(fds: list[int]) -> None:
 # Signals whose disposition a process may set (and so inherit as ignored).
 _CATCHABLE = frozenset(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}
 _PR_SET_DUMPABLE = 4
+# How long this process waits, idle after a python call, before it forks the next
+# call's process; longer than the host takes to send a request right after a reply.
+_SPARE_DELAY_S = 0.002
 _PR_SET_CHILD_SUBREAPER = 36
 _IPC_RMID = 0
 
@@ -337,11 +342,18 @@ class Supervisor:
         self._make_dirs()
         self._start_bash()
         send_frame(self.resp_fd, {"ready": True})
+        spare_due = False
         while True:
             watch = [self.req_fd, self.wake_r]
             if self.bash is not None:
                 watch.append(self.bash_pidfd)
-            ready, _, _ = select.select(watch, [], [])
+            ready, _, _ = select.select(watch, [], [], _SPARE_DELAY_S if spare_due else None)
+            if spare_due and not ready:
+                # Idle since a python call: fork the next call's process now. Not at
+                # once: a request that follows at once would wait for the fork.
+                spare_due = False
+                self._fork_spare()
+                continue
             if self.wake_r in ready:
                 _drain(self.wake_r)
                 self._reap()
@@ -375,8 +387,7 @@ class Supervisor:
                 reply = {"error": f"unknown op {op!r}"}
             send_frame(self.resp_fd, reply)
             self._start_bash()  # after a kill or reset; overlaps with the host's restore
-            if op == "exec" and self.cfg.get("python_spare"):
-                self._fork_spare()  # while the host reads the reply and the agent thinks
+            spare_due = op == "exec" and bool(self.cfg.get("python_spare"))
 
     def _start_bash(self) -> None:
         if self.bash is not None:

@@ -21,17 +21,22 @@ from bat_gym.sandbox.local import detect_isolation
 LIMITS = SandboxLimits(timeout_s=5, memory_mb=512, max_processes=32, record_output_bytes=8192)
 
 # Run as a separate program from a bash call (never from a python call: the spare of
-# that call is not forked until it ends). Prints the spare's host-visible pid.
+# that call is not forked until it ends). Prints the spare's pid.
 FIND_SPARE = """python3 - <<'EOF'
-import os
-for name in os.listdir('/proc'):
-    if name.isdigit() and name != '1':
-        try:
-            cmd = open(f'/proc/{name}/cmdline', 'rb').read()
-        except OSError:
-            continue
-        if b'/opt/bat/supervisor' in cmd:
-            print(name)
+import os, time
+deadline = time.monotonic() + 5  # it is forked once the supervisor has been idle a moment
+found = []
+while not found and time.monotonic() < deadline:
+    for name in os.listdir('/proc'):
+        if name.isdigit() and name != '1':
+            try:
+                cmd = open(f'/proc/{name}/cmdline', 'rb').read()
+            except OSError:
+                continue
+            if b'/opt/bat/supervisor' in cmd:
+                found.append(name)
+    time.sleep(0.01)
+print(*found)
 EOF"""
 
 # What a python call sees of itself: every field a tamper could change.
