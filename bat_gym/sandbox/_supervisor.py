@@ -115,11 +115,11 @@ def _join(fds: list[int]) -> None:
 # Signals whose disposition a process may set (and so inherit as ignored).
 _CATCHABLE = frozenset(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}
 _PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
+_IPC_RMID = 0
 # How long this process waits, idle after a python call, before it forks the next
 # call's process; longer than the host takes to send a request right after a reply.
 _SPARE_DELAY_S = 0.002
-_PR_SET_CHILD_SUBREAPER = 36
-_IPC_RMID = 0
 
 
 def send_frame(fd: int, obj: object) -> None:
@@ -324,7 +324,7 @@ class Supervisor:
         self.bash: int | None = None  # pid (and process group) of the bash server
         self.bash_pidfd = -1
         self.child: int | None = None  # pid of the python call running now
-        # The process forked ahead for the next python call: (pid, pidfd, code pipe,
+        # The process forked ahead for the next python call: (pid, pidfd, code socket,
         # output pipe). See _take_spare for what keeps it pristine.
         self.spare: tuple[int, int, int, int] | None = None
         self.preloaded = False
@@ -546,7 +546,7 @@ class Supervisor:
         """Fork the process for a python call; it waits for its code (see ``_call_process``).
 
         Returns:
-            ``(pid, pidfd, code pipe's write end, output pipe's read end)``.
+            ``(pid, pidfd, the code socket's end, the output pipe's read end)``.
 
         Raises:
             OSError: no pipe or no process could be had (agent code holds every slot).
@@ -734,7 +734,7 @@ def _call_process(code_r: int, out_w: int, agent_fds: list[int], workspace: str)
         os.dup2(null, 0)
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
-        # Only the code pipe and the cgroup descriptors stay past 2, until the code is
+        # Only the code socket and the cgroup descriptors stay past 2, until the code is
         # read and the caps joined: agent code finds nothing of the supervisor's.
         keep = {code_r, *agent_fds}
         for name in os.listdir("/proc/self/fd"):
