@@ -15,9 +15,12 @@ as an unprivileged uid with no capabilities:
 
 The supervisor is the namespace's PID 1 (``--as-pid-1``), which agent code cannot
 signal; when it exits, the kernel kills everything else in the sandbox. A step costs
-one round trip over two pipes; a reset kills the sandbox's processes, clears ``/tmp``,
+one round trip over two pipes (:mod:`~bat_gym.sandbox._supervisor_link`, shared with
+the docker backend); a python call runs in a process the supervisor forked and set up
+while the agent was thinking. A reset kills the sandbox's processes, clears ``/tmp``,
 ``/dev/shm`` and System V IPC objects, and restores only the workspace files that
-changed.
+changed. The supervisor and its helpers reach the sandbox compiled, once per host
+process, so a start does not compile them.
 
 The whole sandbox is capped through cgroups (:mod:`~bat_gym.sandbox.cgroups`):
 ``limits.total_memory_mb`` for every agent process together and
