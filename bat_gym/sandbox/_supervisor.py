@@ -15,7 +15,9 @@ fresh child with its own output pipe.
 * ``python`` calls fork this interpreter and ``exec`` the code in a new ``__main__``, as
   ``python -c`` would. The modules named in ``preload`` are imported here at the first
   python call, so later calls start warm and an env that never runs python does not
-  carry them.
+  carry them. Where the host asks for it (``python_spare``), the next call's process
+  is forked and set up as soon as a call's reply is sent, and the call only hands it
+  its code (see ``Supervisor._take_spare`` for what keeps that process pristine).
 * ``bash`` calls go from the host straight to a long-lived bash server that this
   process starts from an execute-only copy of bash (the kernel marks such a process
   non-dumpable too). The server reads the next call line, ``CPU_SECONDS SEQ``, and
@@ -50,6 +52,7 @@ import ctypes
 import fcntl
 import io
 import json
+import marshal
 import os
 import resource
 import select
@@ -114,6 +117,9 @@ _CATCHABLE = frozenset(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _IPC_RMID = 0
+# How long this process waits, idle after a python call, before it forks the next
+# call's process; longer than the host takes to send a request right after a reply.
+_SPARE_DELAY_S = 0.002
 
 
 def send_frame(fd: int, obj: object) -> None:
@@ -191,17 +197,26 @@ class OutputCapture:
 _RLIMITS = tuple(getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_"))
 
 
-def _own_state() -> tuple:
-    """What a process of the same uid may change about this one from outside.
+def _state_of(pid: int) -> tuple:
+    """What a process of the same uid may change about process ``pid`` (0: this one).
 
     Its resource limits, its nice value and its CPU affinity: about twenty system
-    calls, some microseconds.
+    calls, some microseconds. Reading them needs no more than changing them does.
     """
     return (
-        tuple(resource.getrlimit(r) for r in _RLIMITS),
-        os.getpriority(os.PRIO_PROCESS, 0),
-        tuple(sorted(os.sched_getaffinity(0))),
+        tuple(resource.prlimit(pid, r) for r in _RLIMITS),
+        os.getpriority(os.PRIO_PROCESS, pid),
+        tuple(sorted(os.sched_getaffinity(pid))),
     )
+
+
+def _own_state() -> tuple:
+    return _state_of(0)
+
+
+def _exited(pidfd: int) -> bool:
+    """Whether the process behind ``pidfd`` has exited (its pidfd polls readable)."""
+    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 def _exit_code(info: os.waitid_result) -> int:
@@ -229,7 +244,9 @@ def _load_trees(path: str, name: str = "_bat_gym_trees") -> types.ModuleType:
     module = types.ModuleType(name)
     module.__file__ = path
     with open(path, "rb") as f:
-        code = compile(f.read(), path, "exec")
+        data = f.read()
+    # A ``.code`` file is the module compiled by the host for this interpreter.
+    code = marshal.loads(data) if path.endswith(".code") else compile(data, path, "exec")
     exec(code, module.__dict__)
     return module
 
@@ -307,6 +324,9 @@ class Supervisor:
         self.bash: int | None = None  # pid (and process group) of the bash server
         self.bash_pidfd = -1
         self.child: int | None = None  # pid of the python call running now
+        # The process forked ahead for the next python call: (pid, pidfd, code socket,
+        # output pipe). See _take_spare for what keeps it pristine.
+        self.spare: tuple[int, int, int, int] | None = None
         self.preloaded = False
         self.exited: dict[int, int] = {}  # exit codes of the two above, if reaped early
         self.pgids: set[int] = set()  # process groups of running calls (unisolated kill)
@@ -322,11 +342,18 @@ class Supervisor:
         self._make_dirs()
         self._start_bash()
         send_frame(self.resp_fd, {"ready": True})
+        spare_due = False
         while True:
             watch = [self.req_fd, self.wake_r]
             if self.bash is not None:
                 watch.append(self.bash_pidfd)
-            ready, _, _ = select.select(watch, [], [])
+            ready, _, _ = select.select(watch, [], [], _SPARE_DELAY_S if spare_due else None)
+            if spare_due and not ready:
+                # Idle since a python call: fork the next call's process now. Not at
+                # once: a request that follows at once would wait for the fork.
+                spare_due = False
+                self._fork_spare()
+                continue
             if self.wake_r in ready:
                 _drain(self.wake_r)
                 self._reap()
@@ -360,6 +387,7 @@ class Supervisor:
                 reply = {"error": f"unknown op {op!r}"}
             send_frame(self.resp_fd, reply)
             self._start_bash()  # after a kill or reset; overlaps with the host's restore
+            spare_due = op == "exec" and bool(self.cfg.get("python_spare"))
 
     def _start_bash(self) -> None:
         if self.bash is not None:
@@ -460,6 +488,9 @@ class Supervisor:
 
     def _kill_all(self) -> None:
         """Kill every process agent code started, wait until all are gone, drop stale calls."""
+        if self.spare is not None:
+            spare, self.spare = self.spare, None
+            self._discard(spare)
         if self.pid_namespace:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(-1, signal.SIGKILL)  # from PID 1: everything else in the namespace
@@ -511,6 +542,86 @@ class Supervisor:
             finally:
                 os.chdir(self.workspace)
 
+    def _fork_call(self) -> tuple[int, int, int, int]:
+        """Fork the process for a python call; it waits for its code (see ``_call_process``).
+
+        Returns:
+            ``(pid, pidfd, the code socket's end, the output pipe's read end)``.
+
+        Raises:
+            OSError: no pipe or no process could be had (agent code holds every slot).
+        """
+        # The code goes one way and the word that it arrived comes back the other.
+        code_r, code_w = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
+        try:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        except OSError:
+            os.close(code_r)
+            os.close(code_w)
+            raise
+        try:
+            self._agent_oom(True)
+            pid = os.fork()
+        except OSError:
+            for fd in (code_r, code_w, out_r, out_w):
+                os.close(fd)
+            raise
+        finally:
+            if self.oom_fd >= 0 and os.getpid() == self.pid:  # not in the child
+                self._agent_oom(False)
+        if pid == 0:
+            _call_process(code_r, out_w, self.agent_fds, self.workspace)
+        os.close(code_r)
+        os.close(out_w)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
+        self.pgids.add(pid)
+        return pid, os.pidfd_open(pid), code_w, out_r
+
+    def _fork_spare(self) -> None:
+        """Fork the next python call's process ahead, off the next call's clock."""
+        if self.spare is None and self.preloaded:
+            with contextlib.suppress(OSError):  # no slot free: the next call forks its own
+                self.spare = self._fork_call()
+
+    def _take_spare(self) -> tuple[int, int, int, int] | None:
+        """The spare process for this call, or None if there is none fit to use.
+
+        It was forked from this process after the last call ended, never from a call,
+        so no module state of an earlier call reaches it. Agent code of the same uid
+        cannot read or write its memory, descriptors or registers (it inherited this
+        process's non-dumpability, and ``ptrace`` needs that too); it can signal it,
+        and change its limits, priority or affinity. So a spare that has exited, or
+        whose limits, priority or affinity differ from this process's, is discarded
+        (the call gets a fresh fork), and one that was stopped is continued.
+        """
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        pid, pidfd = spare[0], spare[1]
+        try:
+            fit = not _exited(pidfd) and _state_of(pid) == self.own_state
+        except OSError:  # gone between the two looks
+            fit = False
+        if fit:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+            return spare
+        self._discard(spare)
+        return None
+
+    def _discard(self, spare: tuple[int, int, int, int]) -> None:
+        """Kill a spare that never got a call and collect it."""
+        pid, pidfd, code_w, out_r = spare
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, pid, os.WEXITED)
+        for fd in (pidfd, code_w, out_r):
+            if fd >= 0:  # -1: closed already
+                os.close(fd)
+        self.pgids.discard(pid)
+
     def _exec_python(self, req: dict) -> dict:
         # Before the call's clock starts: the import is this process's cost, not the
         # call's (the host allows for it in its wait for the first python reply).
@@ -518,33 +629,24 @@ class Supervisor:
         start = time.monotonic()
         cap = OutputCapture(int(req["max_output"]))
         deadline = start + float(req["timeout_s"])
-        try:
-            out_r, out_w = os.pipe()
-        except OSError as exc:
-            return _not_started(exc, start)
-        try:
-            self._agent_oom(True)
-            pid = os.fork()
-        except OSError as exc:
-            os.close(out_r)
-            os.close(out_w)
-            return _not_started(exc, start)
-        finally:
-            if self.oom_fd >= 0 and os.getpid() == self.pid:  # not in the child
-                self._agent_oom(False)
-        if pid == 0:
-            os.close(out_r)
+        work = {"code": req["code"], "cpu_s": int(req["cpu_s"])}
+        spare = self._take_spare()
+        while True:
             try:
-                _join([os.dup(fd) for fd in self.agent_fds])
-            except OSError:
-                os._exit(126)  # never run agent code outside its caps
-            _child_python(req["code"], int(req["cpu_s"]), out_w, self.workspace)
-        os.close(out_w)
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)
-        self.child = pid
-        self.pgids.add(pid)
-        pidfd = os.pidfd_open(pid)
+                pid, pidfd, ctl, out_r = spare or self._fork_call()
+            except OSError as exc:
+                return _not_started(exc, start)
+            self.child = pid
+            started = _hand_over(ctl, work, deadline)
+            os.close(ctl)
+            if started or spare is None:
+                # Not started with a fresh process: it died before the code could run
+                # (or the deadline passed first); the kernel's status is the result.
+                break
+            # A spare killed just before this call (its death still under way when it
+            # was looked at) never took the code: the call goes to a fresh process.
+            self._discard((pid, pidfd, -1, out_r))
+            self.child, spare = None, None
         rc, timed_out = None, False
         try:
             os.set_blocking(out_r, False)
@@ -586,6 +688,20 @@ class Supervisor:
         }
 
 
+def _hand_over(ctl: int, work: dict, deadline: float) -> bool:
+    """Send a call's process its code on ``ctl``; True once it has it.
+
+    False if it exited first, or the deadline passed. Only that process writes on
+    ``ctl``, and only before any agent code runs, so its word cannot be forged.
+    """
+    try:
+        send_frame(ctl, work)  # small next to a socket's buffer as a rule
+        ready, _, _ = select.select([ctl], [], [], max(0.0, deadline - time.monotonic()))
+        return bool(ready) and os.read(ctl, 1) == b"!"
+    except OSError:
+        return False
+
+
 def _not_started(exc: OSError, start: float) -> dict:
     """The reply for a call that could not start (agent code holds every process slot)."""
     out = f"[the call could not start: {exc.strerror}]\n"
@@ -599,8 +715,12 @@ def _not_started(exc: OSError, start: float) -> dict:
     }
 
 
-def _child_python(code: str, cpu_s: int, out_w: int, workspace: str) -> None:
-    """Become a fresh ``python -c code`` process. Never returns."""
+def _call_process(code_r: int, out_w: int, agent_fds: list[int], workspace: str) -> None:
+    """Become a fresh ``python -c CODE`` process once CODE arrives on ``code_r``.
+
+    Everything that does not depend on the call is set up before the code is read, so
+    a process forked ahead (a spare) has it done off the call's clock. Never returns.
+    """
     rc = 1
     try:
         # Undo the supervisor's signal set-up; SIGPIPE and SIGXFSZ stay ignored, as
@@ -614,9 +734,14 @@ def _child_python(code: str, cpu_s: int, out_w: int, workspace: str) -> None:
         os.dup2(null, 0)
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
-        os.closerange(3, 1 << 16)
+        # Only the code socket and the cgroup descriptors stay past 2, until the code is
+        # read and the caps joined: agent code finds nothing of the supervisor's.
+        keep = {code_r, *agent_fds}
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) > 2 and int(name) not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(int(name))
         os.chdir(workspace)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
         # Unbuffered, as `python -u`: stdout and stderr interleave in the order written.
         sys.stdout = io.TextIOWrapper(
@@ -631,9 +756,6 @@ def _child_python(code: str, cpu_s: int, out_w: int, workspace: str) -> None:
             errors="backslashreplace",
             write_through=True,
         )
-        npr = sys.modules.get("numpy.random")
-        if npr is not None:  # a forked numpy would repeat the parent's random stream
-            npr.seed(int.from_bytes(os.urandom(4), "little"))
         main = types.ModuleType("__main__")
         main.__builtins__ = builtins
         sys.modules["__main__"] = main
@@ -642,6 +764,21 @@ def _child_python(code: str, cpu_s: int, out_w: int, workspace: str) -> None:
         import linecache  # here, in the call's process: the supervisor stays small
         import traceback
 
+        try:
+            req = recv_frame(code_r)
+            os.write(code_r, b"!")  # the code arrived: from here, this is the call's process
+        except (EOFError, OSError, ValueError):
+            os._exit(0)  # discarded before it had a call
+        os.close(code_r)
+        code, cpu_s = str(req["code"]), int(req["cpu_s"])
+        try:
+            _join(agent_fds)
+        except OSError:
+            os._exit(126)  # never run agent code outside its caps
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+        npr = sys.modules.get("numpy.random")
+        if npr is not None:  # a forked numpy would repeat the parent's random stream
+            npr.seed(int.from_bytes(os.urandom(4), "little"))
         linecache.cache["<execute_code>"] = (
             len(code),
             None,

@@ -8,8 +8,10 @@ alone: agent code never holds one, so nothing it writes can pass for a reply or 
 status. A reply that never comes, or one that is malformed, is returned as ``None``,
 and the caller restarts the sandbox rather than guess what the call did.
 
-The docker backend speaks to its container's supervisor through this class; the
-channels are the local backend's, in the same order (:data:`_supervisor.LINK_FDS`).
+Both backends speak to their supervisor through this class: the local backend
+passes the supervisor's ends of :func:`make_pipes` to its bubblewrap process, the
+docker backend hands them to its container over a unix socket, in the same order
+(:data:`_supervisor.LINK_FDS`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import time
+from collections.abc import Callable
 
 from bat_gym.sandbox import _supervisor, fdwait
+from bat_gym.sandbox.base import ExecResult, Provenance
+from bat_gym.sandbox.exec_trace import ExecLog, exec_tracer
 
-__all__ = ["SupervisorLink", "make_pipes"]
+__all__ = ["SupervisorLink", "exec_listener", "make_pipes", "provenance", "to_result"]
 
 # Longest single wait for a reply. The kernel may hand a signal (Ctrl-C, SIGTERM) to
 # another thread of this process; that does not interrupt the wait, and Python runs
@@ -132,6 +138,12 @@ class SupervisorLink:
             self._drain_status()
         return True
 
+    def run(self, language: str, code: str, timeout: float, cpu_s: int) -> dict | None:
+        """A ``python`` or ``bash`` call; ``None`` means no trustworthy result came."""
+        if language == "bash":
+            return self.exec_bash(code, timeout, cpu_s)
+        return self.exec_python(code, timeout, cpu_s)
+
     def exec_python(self, code: str, timeout: float, cpu_s: int) -> dict | None:
         """Run a python call; the supervisor enforces the timeout and replies."""
         request = {
@@ -231,3 +243,70 @@ def _is_result(reply: dict) -> bool:
         and isinstance(reply.get("duration_s"), (int, float))
         and isinstance(reply.get("timed_out"), bool)
     )
+
+
+def to_result(
+    reply: dict,
+    timeout: float,
+    stop_leftovers: Callable[[], bool],
+    record: Callable[[], Provenance],
+) -> ExecResult:
+    """A call's :class:`ExecResult` from its reply.
+
+    Args:
+        reply: what :meth:`SupervisorLink.run` returned (not ``None``).
+        timeout: the call's timeout in seconds, for the note on a timed-out call.
+        stop_leftovers: kills what a finished call left running; True if anything was.
+        record: the call's provenance, taken once the call is over.
+    """
+    output = reply["output"]
+    if reply["timed_out"]:
+        output += f"\n[timed out after {timeout:g} s: every process in the sandbox was killed]"
+    elif stop_leftovers():
+        output += "\n[processes this call left running were stopped: none outlives its call]"
+    return ExecResult(
+        exit_code=reply["exit_code"],
+        output=output,
+        output_bytes=reply["output_bytes"],
+        duration_s=reply["duration_s"],
+        timed_out=reply["timed_out"],
+        provenance=record(),
+    )
+
+
+def provenance(
+    reads: frozenset[str] | None, execs: ExecLog | None, current: ExecLog | None
+) -> Provenance:
+    """A call's record: its workspace ``reads``, and the programs it ran.
+
+    The runs come from ``execs`` only while that is still the running supervisor's log
+    (``current``): a restart during the call loses them.
+    """
+    if execs is None or execs is not current:
+        return Provenance(reads=reads)
+    runs, dropped = execs.take()
+    return Provenance(runs=runs, runs_dropped=dropped, reads=reads)
+
+
+def exec_listener(sock: socket.socket, joins: int) -> tuple[ExecLog | None, str]:
+    """Receive the supervisor's exec listener on ``sock`` and serve it.
+
+    Args:
+        sock: the socket the supervisor sends it on (see ``_supervisor._hand_over_exec_listener``).
+        joins: how many cgroup descriptors the bash server is started with.
+
+    Returns:
+        The log of programs run, or ``None`` with the note to show for why there is none.
+    """
+    try:
+        msg, fds, _, _ = socket.recv_fds(sock, 512, 1)
+    except OSError as exc:
+        msg, fds = f"error {exc}".encode(), []
+    if msg == b"ok" and fds:
+        # The bash server is the sandbox's own program, not the agent's.
+        server = ("bash", "--noprofile", "--norc", "-c", _supervisor.bash_server(joins))
+        return exec_tracer().watch(fds[0], ignore=frozenset({server})), ""
+    for fd in fds:
+        os.close(fd)
+    why = msg.decode(errors="replace").removeprefix("error ").strip() or "no reply"
+    return None, f"programs run are not recorded: the exec filter failed ({why})"

@@ -22,7 +22,8 @@ Joining is by file descriptor. The host opens the leaves' ``cgroup.procs`` files
 (:meth:`SandboxCgroup.join_fds`) and hands them to the supervisor, which writes
 ``b"0"`` to the supervisor descriptors to move itself; every process that will run
 agent code (the bash server, each python call's child) writes ``b"0"`` to the agent
-descriptors and closes them first (:func:`join`). The kernel checks a write against
+descriptors and closes them first (:func:`join`; under v1 the agent leaf is joined
+through ``tasks``, see ``_AGENT_JOIN``). The kernel checks a write against
 the credentials of whoever *opened* the file, so this works after the process has
 dropped to an unprivileged uid. The same rule makes these descriptors capabilities:
 whoever holds one may move any process it can name into that group, so agent code
@@ -88,6 +89,16 @@ class CapSupport(enum.StrEnum):
     """Writable cgroup v1 memory and pids hierarchies."""
     NONE = "none"
     """No cap is possible; sandboxes run with per-process rlimits only."""
+
+
+# The file an agent process writes ``0`` to, to move itself into the agent leaf. A
+# write to ``cgroup.procs`` moves a whole thread group and takes the kernel's global
+# threadgroup lock for writing, which waits out an RCU grace period: milliseconds, on
+# every other python call. Under v1, a single-threaded process (each one that joins:
+# the bash server and a python call's process, just forked) moves whole by writing to
+# ``tasks``, which moves only the calling thread and skips that lock. v2 has no such
+# file for a domain group.
+_AGENT_JOIN = {CapSupport.V1: "tasks", CapSupport.V2: "cgroup.procs"}
 
 
 @dataclass(frozen=True)
@@ -161,7 +172,9 @@ def join(fds: Iterable[int]) -> None:
     copies it. Write ``b"0"`` (the writer itself) to each descriptor from
     :meth:`SandboxCgroup.join_fds`, then close it. A process for which a write fails
     must not go on to run agent code: it would run uncapped. From a shell, the same
-    is ``printf 0 >&N || exit 1; exec N>&-``.
+    is ``printf 0 >&N || exit 1; exec N>&-``. The process must be single-threaded
+    (as a process is just after ``fork``): under v1 the agent descriptors move only
+    the calling thread; threads started afterwards are born in the group.
 
     Raises:
         OSError: a write failed; every descriptor is closed all the same.
@@ -267,7 +280,8 @@ class SandboxCgroup:
         try:
             for path in self.paths:
                 for leaf, out in ((_SUPERVISOR, supervisor), (_AGENT, agent)):
-                    out.append(os.open(path / leaf / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+                    name = _AGENT_JOIN[self.support] if leaf == _AGENT else "cgroup.procs"
+                    out.append(os.open(path / leaf / name, os.O_WRONLY | os.O_CLOEXEC))
         except OSError:
             for fd in supervisor + agent:
                 os.close(fd)

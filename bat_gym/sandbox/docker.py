@@ -44,13 +44,18 @@ from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import SandboxCrashed, SandboxUnavailable
 from bat_gym.sandbox import _supervisor, exec_filter, trees
-from bat_gym.sandbox._supervisor_link import SupervisorLink, make_pipes
+from bat_gym.sandbox._supervisor_link import (
+    SupervisorLink,
+    exec_listener,
+    make_pipes,
+    provenance,
+    to_result,
+)
 from bat_gym.sandbox.base import (
     AGENT_ENV,
     ExecResult,
     Isolation,
     Language,
-    Provenance,
     Sandbox,
     SandboxLimits,
 )
@@ -59,7 +64,7 @@ from bat_gym.sandbox.engine import connect, load_sdk
 from bat_gym.sandbox.exec_trace import ExecLog, exec_tracer
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.sandbox.slots import Slot, UidLease, runtime_dir
-from bat_gym.sandbox.snapshot import BlobStore, Snapshot, WorkspaceIndex
+from bat_gym.sandbox.snapshot import BlobStore, Snapshot
 
 if TYPE_CHECKING:
     import docker
@@ -279,21 +284,13 @@ class DockerSandbox(Sandbox):
         # the slot's lock is ours now, so nobody else can be using it.
         self._remove_stale()
         # On a tmpfs of the quota's size where the host may mount one (see mounts.py).
-        self._ws, self.workspace_capped = self._slot.make_workspace(
-            size_mb=self.limits.workspace_mb,
-            files=self.limits.workspace_files,
-            owner=(self._uid, self._gid) if self._root else None,
+        self._ws, self.workspace_capped, self.index = self._slot.open_workspace(
+            self.limits, (self._uid, self._gid) if self._root else None
         )
         for name, source in _IN_CONTAINER.items():
             (self._run / name).write_bytes(source.read_bytes())
             (self._run / name).chmod(0o644)
         self.store = store or BlobStore(self._slot.dir / "store")
-        self.index = WorkspaceIndex(
-            self._ws,
-            owner=(self._uid, self._gid) if self._root else None,
-            watch=True,
-            limits=self.limits.workspace_limits(),
-        )
         try:
             self._create()
             self._check_requirements(chosen=image is not None)
@@ -546,20 +543,8 @@ class DockerSandbox(Sandbox):
 
     def _take_exec_listener(self, conn: socket.socket) -> ExecLog | None:
         """Receive the supervisor's exec listener and serve it; None (and why) if none came."""
-        try:
-            msg, fds, _, _ = socket.recv_fds(conn, 512, 1)
-        except OSError as exc:
-            msg, fds = f"error {exc}".encode(), []
-        if msg == b"ok" and fds:
-            self._observe_note = ""
-            # The bash server is the sandbox's own program, not the agent's.
-            server = ("bash", "--noprofile", "--norc", "-c", _supervisor.bash_server(0))
-            return exec_tracer().watch(fds[0], ignore=frozenset({server}))
-        for fd in fds:
-            os.close(fd)
-        why = msg.decode(errors="replace").removeprefix("error ").strip() or "no reply"
-        self._observe_note = f"programs run are not recorded: the exec filter failed ({why})"
-        return None
+        execs, self._observe_note = exec_listener(conn, 0)
+        return execs
 
     def _running(self) -> bool:
         try:
@@ -628,32 +613,15 @@ class DockerSandbox(Sandbox):
         if execs is not None:
             execs.discard()  # what ran between calls: the sandbox's own restarts
         self.index.take_reads()  # the host's own reads, while it scanned
-        if language == "bash":
-            reply = link.exec_bash(code, timeout, cpu_s)
-        else:
-            reply = link.exec_python(code, timeout, cpu_s)
+        reply = link.run(language, code, timeout, cpu_s)
         if reply is None:
             return self._crashed(start, f"no reply to a {language} call")
-        output = reply["output"]
-        if reply["timed_out"]:
-            output += f"\n[timed out after {timeout:g} s: every process in the sandbox was killed]"
-        elif self._stop_leftovers():
-            output += "\n[processes this call left running were stopped: none outlives its call]"
-        return ExecResult(
-            exit_code=reply["exit_code"],
-            output=output,
-            output_bytes=reply["output_bytes"],
-            duration_s=reply["duration_s"],
-            timed_out=reply["timed_out"],
-            provenance=self._provenance(execs),
+        return to_result(
+            reply,
+            timeout,
+            self._stop_leftovers,
+            lambda: provenance(self.index.take_reads(), execs, self._exec_log),
         )
-
-    def _provenance(self, execs: ExecLog | None) -> Provenance:
-        reads = self.index.take_reads()
-        if execs is None or execs is not self._exec_log:  # none, or the sandbox restarted
-            return Provenance(reads=reads)
-        runs, dropped = execs.take()
-        return Provenance(runs=runs, runs_dropped=dropped, reads=reads)
 
     def _crashed(self, start: float, why: str) -> ExecResult:
         """Restart the container and report that nothing is known about the call."""

@@ -15,9 +15,12 @@ as an unprivileged uid with no capabilities:
 
 The supervisor is the namespace's PID 1 (``--as-pid-1``), which agent code cannot
 signal; when it exits, the kernel kills everything else in the sandbox. A step costs
-one round trip over two pipes; a reset kills the sandbox's processes, clears ``/tmp``,
+one round trip over two pipes (:mod:`~bat_gym.sandbox._supervisor_link`, shared with
+the docker backend); a python call runs in a process the supervisor forked and set up
+while the agent was thinking. A reset kills the sandbox's processes, clears ``/tmp``,
 ``/dev/shm`` and System V IPC objects, and restores only the workspace files that
-changed.
+changed. The supervisor and its helpers reach the sandbox compiled, once per host
+process, so a start does not compile them.
 
 The whole sandbox is capped through cgroups (:mod:`~bat_gym.sandbox.cgroups`):
 ``limits.total_memory_mb`` for every agent process together and
@@ -34,6 +37,7 @@ import contextlib
 import functools
 import json
 import logging
+import marshal
 import os
 import queue
 import shutil
@@ -50,15 +54,8 @@ from typing import ClassVar
 
 from bat_gym.errors import SandboxCrashed, SandboxUnavailable
 from bat_gym.sandbox import _supervisor, exec_filter, fdwait, trees
-from bat_gym.sandbox.base import (
-    AGENT_ENV,
-    ExecResult,
-    Isolation,
-    Language,
-    Provenance,
-    Sandbox,
-    SandboxLimits,
-)
+from bat_gym.sandbox import _supervisor_link as sup_link
+from bat_gym.sandbox.base import AGENT_ENV, ExecResult, Isolation, Language, Sandbox, SandboxLimits
 from bat_gym.sandbox.cgroups import CapSupport, SandboxCgroup, require_caps
 from bat_gym.sandbox.exec_trace import ExecLog, exec_tracer
 from bat_gym.sandbox.requirements import SandboxRequirements
@@ -71,24 +68,11 @@ __all__ = ["LocalSandbox", "detect_isolation"]
 log = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 30.0
-_REPLY_GRACE_S = 5.0
-# The first python call of a supervisor also imports its preload modules (numpy: about
-# a second on a loaded machine); its reply may take this much longer.
-_PRELOAD_GRACE_S = 30.0
 _STOP_TIMEOUT_S = 5.0
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-# Longest single wait for a reply. The kernel may hand a signal (Ctrl-C, SIGTERM) to
-# another thread of this process, numpy's BLAS threads say; that does not interrupt
-# the wait, and Python runs the handler only once this thread runs bytecode again.
-_SIGNAL_POLL_S = 0.5
 # Agent-group tasks of an idle sandbox: the bash server, waiting for its next call.
 _IDLE_TASKS = 1
 _LEFTOVER_POLLS = 5
-
-
-def _wait_s(deadline: float) -> float:
-    """Seconds to wait now for a reply due by ``deadline``, at most ``_SIGNAL_POLL_S``."""
-    return max(0.0, min(deadline - time.monotonic(), _SIGNAL_POLL_S))
 
 
 def _bwrap_binary() -> str | None:
@@ -204,21 +188,23 @@ def _exec_only_bash(rt: Path) -> str:
 
 
 class _Running:
-    """One started supervisor: its process, the host's pipe ends, and how to stop it.
+    """One started supervisor: its process, the host's link to it, and how to stop it.
 
     Kept apart from the sandbox object so that the finalizer can stop it too.
 
     Args:
         proc: bubblewrap (or, unisolated, the supervisor itself).
-        fds: the host's ends of the supervisor's pipes.
+        link: the host's end of the supervisor's pipes.
         grace_s: how long stopping waits for the supervisor to kill agent code and exit
             by itself once its request pipe closes. Unisolated, that is the only way
             agent processes die; in a namespace, killing bubblewrap kills them all.
     """
 
-    def __init__(self, proc: subprocess.Popen, fds: list[int], grace_s: float) -> None:
+    def __init__(
+        self, proc: subprocess.Popen, link: sup_link.SupervisorLink, grace_s: float
+    ) -> None:
         self.proc = proc
-        self.fds = fds
+        self.link = link
         self.grace_s = grace_s
         self.init_fd = -1
         self.exec_log: ExecLog | None = None
@@ -235,10 +221,7 @@ class _Running:
         if self.exec_log is not None:
             exec_tracer().close(self.exec_log)
             self.exec_log = None
-        for fd in self.fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds = []
+        self.link.close()
         proc = self.proc
         if proc.poll() is None and self.init_fd >= 0:
             # Killing the namespace's init, not bubblewrap, lets bubblewrap reap it and
@@ -363,22 +346,14 @@ class LocalSandbox(Sandbox):
         self._uid = self._lease.uid if self._lease else os.getuid()
         self._gid = self._lease.uid if self._lease else os.getgid()
         # On a tmpfs of the quota's size where the host may mount one (see mounts.py).
-        self._ws, self.workspace_capped = self._slot.make_workspace(
-            size_mb=self.limits.workspace_mb,
-            files=self.limits.workspace_files,
-            owner=(self._uid, self._gid) if self._root else None,
+        self._ws, self.workspace_capped, self.index = self._slot.open_workspace(
+            self.limits, (self._uid, self._gid) if self._root else None
         )
         # The host writes each bash call here; the sandbox sees it read-only.
         self._run = self._slot.dir / "run"
         self._run.mkdir(mode=0o755)
         self._call_fd = os.open(self._run / "call.sh", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.store = store or BlobStore(self._slot.dir / "store")
-        self.index = WorkspaceIndex(
-            self._ws,
-            owner=(self._uid, self._gid) if self._root else None,
-            watch=True,
-            limits=self.limits.workspace_limits(),
-        )
         self._bash = _exec_only_bash(rt)
         self._cgroup = (
             SandboxCgroup(self.limits.total_memory_mb, self.limits.max_processes)
@@ -386,9 +361,6 @@ class LocalSandbox(Sandbox):
             else None
         )
         self._proc_box: list[_Running] = []
-        self._req = self._resp = self._bash_out = self._bash_status = self._bash_ctl = -1
-        self._seq = 0  # tags bash calls; the host accepts only its own call's status
-        self._status_buf = b""  # status bytes read past the last complete line
         self._closed = False
         self._finalizer = weakref.finalize(
             self,
@@ -428,7 +400,7 @@ class LocalSandbox(Sandbox):
             **AGENT_ENV,
         }
 
-    def _bwrap_argv(self, seccomp_fd: int, supervisor_fd: int) -> list[str]:
+    def _bwrap_argv(self, seccomp_fd: int, code_fds: dict[str, int]) -> list[str]:
         bwrap = _bwrap_binary()
         assert bwrap is not None
         argv = [bwrap]
@@ -487,15 +459,12 @@ class LocalSandbox(Sandbox):
             "--ro-bind",
             self._bash,
             "/opt/bat/bash",
-            "--ro-bind-data",
-            str(supervisor_fd),
-            "/opt/bat/supervisor.py",
-            "--ro-bind",
-            trees.__file__,
-            "/opt/bat/trees.py",
-            "--ro-bind",
-            exec_filter.__file__,
-            "/opt/bat/exec_filter.py",
+            # Readable by the uid the supervisor drops to, as the source files were.
+            *(
+                a
+                for dest, fd in code_fds.items()
+                for a in ("--perms", "0444", "--ro-bind-data", str(fd), dest)
+            ),
             "--seccomp",
             str(seccomp_fd),
             "--chdir",
@@ -528,17 +497,9 @@ class LocalSandbox(Sandbox):
 
     def _start(self) -> None:
         ws, run, tmp = self._sandbox_view()
-        ours: list[int] = []  # the host's ends, kept
-        theirs: list[int] = []  # the sandbox's ends, closed here once it has them
-        for host_writes in (True, False, False, False):  # requests, replies, bash out, bash status
-            r, w = os.pipe()
-            ours.append(w if host_writes else r)
-            theirs.append(r if host_writes else w)
-            os.set_inheritable(ours[-1], False)
-        ctl_r, ctl_w = os.pipe()  # bash calls: "CPU_SECONDS SEQ\n" per call
-        os.set_inheritable(ctl_w, False)
-        ours.append(ctl_w)
-        theirs.append(ctl_r)
+        # The host's ends, kept, and the sandbox's, closed here once it has them.
+        ours, theirs = sup_link.make_pipes()
+        named = dict(zip(_supervisor.LINK_FDS, theirs, strict=True))
         sup_cg, agent_cg = self._cgroup.join_fds() if self._cgroup else ([], [])
         theirs += sup_cg + agent_cg
         # The supervisor sends the exec listener back through this (see exec_trace.py).
@@ -549,21 +510,25 @@ class LocalSandbox(Sandbox):
             "tmp": tmp,
             "scratch": ["/dev/shm"] if self.isolation is Isolation.BWRAP else [],
             "call_file": f"{run}/call.sh",
-            "req_fd": theirs[0],
-            "resp_fd": theirs[1],
-            "bash_fds": [ctl_r, theirs[2], theirs[3]],
+            "req_fd": named["req_fd"],
+            "resp_fd": named["resp_fd"],
+            "bash_fds": [named["bash_ctl"], named["bash_out"], named["bash_status"]],
             "pid_namespace": self.isolation is Isolation.BWRAP,
             "bash": "/opt/bat/bash" if self.isolation is Isolation.BWRAP else self._bash,
-            "trees": "/opt/bat/trees.py" if self.isolation is Isolation.BWRAP else trees.__file__,
+            "trees": "/opt/bat/trees.code" if self.isolation is Isolation.BWRAP else trees.__file__,
             "env": self._env(tmp),
             "preload": list(self.preload),
+            # Fork each python call's process ahead (see _supervisor._take_spare). Not
+            # in a container, whose task count (the docker backend's leftover check)
+            # would take the spare for a process a call left running.
+            "python_spare": True,
             "site_dirs": _site_dirs(),
             "drop_to": [self._uid, self._gid] if self._root else None,
             "supervisor_cgroup_fds": sup_cg,
             "agent_cgroup_fds": agent_cg,
             "exec_filter": None
             if not self.observe
-            else "/opt/bat/exec_filter.py"
+            else "/opt/bat/exec_filter.code"
             if self.isolation is Isolation.BWRAP
             else exec_filter.__file__,
             "exec_sock": theirs[-1],
@@ -580,16 +545,20 @@ class LocalSandbox(Sandbox):
         try:
             if self.isolation is Isolation.BWRAP:
                 sec = filter_fd()
-                sup = os.memfd_create("bat-gym-supervisor", 0)
-                os.write(sup, Path(_supervisor.__file__).read_bytes())
-                os.lseek(sup, 0, os.SEEK_SET)
-                theirs += [sec, sup]
-                script, argv = "/opt/bat/supervisor.py", self._bwrap_argv(sec, sup)
+                theirs.append(sec)
+                code_fds = {}
+                for dest, source in _CODE.items():
+                    fd = os.memfd_create("bat-gym-code", 0)
+                    theirs.append(fd)
+                    os.write(fd, _compiled(source, dest.replace(".code", ".py")))
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    code_fds[dest] = fd
+                run, argv = ["-c", _BOOT], self._bwrap_argv(sec, code_fds)
             else:
                 os.makedirs(tmp, exist_ok=True)
-                script, argv = _supervisor.__file__, []
+                run, argv = [_supervisor.__file__], []
             # -S: site-packages come from cfg["site_dirs"], without running .pth code.
-            argv += [sys.executable, "-S", "-s", script, json.dumps(cfg)]
+            argv += [sys.executable, "-S", "-s", *run, json.dumps(cfg)]
             proc = _Spawner.popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -609,17 +578,14 @@ class LocalSandbox(Sandbox):
             for fd in theirs:
                 os.close(fd)
         grace = 0.0 if self.isolation is Isolation.BWRAP else _STOP_TIMEOUT_S
-        running = _Running(proc, ours, grace)
+        link = sup_link.SupervisorLink(ours, self._call_fd, self.limits.record_output_bytes)
+        running = _Running(proc, link, grace)
         self._proc_box[:] = [running]
         if self.observe:
             running.exec_log = self._take_exec_listener(exec_host, len(agent_cg))
         else:
             exec_host.close()
-        self._req, self._resp, self._bash_out, self._bash_status, self._bash_ctl = ours
-        self._python_warm = False  # a new supervisor imports its preload at its first python call
-        self._status_buf = b""
-        os.set_blocking(self._bash_out, False)
-        ready = self._recv(_START_TIMEOUT_S)
+        ready = link.recv(_START_TIMEOUT_S)
         if ready is None or not ready.get("ready"):
             err = self._reap_stderr()
             raise SandboxUnavailable("local", f"the sandbox did not start: {err or 'no reply'}")
@@ -630,20 +596,8 @@ class LocalSandbox(Sandbox):
         """Receive the supervisor's exec listener and serve it; None (and why) if none came."""
         with sock:
             sock.settimeout(_START_TIMEOUT_S)
-            try:
-                msg, fds, _, _ = socket.recv_fds(sock, 512, 1)
-            except OSError as exc:
-                msg, fds = f"error {exc}".encode(), []
-        if msg == b"ok" and fds:
-            self._observe_note = ""
-            # The bash server is the sandbox's own program, not the agent's.
-            server = ("bash", "--noprofile", "--norc", "-c", _supervisor.bash_server(joins))
-            return exec_tracer().watch(fds[0], ignore=frozenset({server}))
-        for fd in fds:
-            os.close(fd)
-        why = msg.decode(errors="replace").removeprefix("error ").strip() or "no reply"
-        self._observe_note = f"programs run are not recorded: the exec filter failed ({why})"
-        return None
+            execs, self._observe_note = sup_link.exec_listener(sock, joins)
+        return execs
 
     def _reap_stderr(self) -> str:
         """Stop the sandbox and return the end of what its supervisor wrote to stderr."""
@@ -664,31 +618,18 @@ class LocalSandbox(Sandbox):
                 with contextlib.suppress(OSError):
                     running.proc.stderr.close()
         self._proc_box.clear()
-        self._req = self._resp = self._bash_out = self._bash_status = self._bash_ctl = -1
 
     def _restart(self) -> None:
         self._kill()
         self._start()
 
-    def _recv(self, timeout_s: float) -> dict | None:
-        deadline = time.monotonic() + timeout_s
-        while not fdwait.readable([self._resp], _wait_s(deadline)):
-            if time.monotonic() >= deadline:
-                return None
-        try:
-            return _supervisor.recv_frame(self._resp)
-        except (EOFError, OSError, ValueError):
-            return None
-
-    def _call(self, request: dict, timeout_s: float) -> dict | None:
-        """One round trip; ``None`` means the supervisor died or went silent."""
+    def _link(self) -> sup_link.SupervisorLink:
+        """The running supervisor's link; after a failed restart, a fresh start."""
         if self._closed:
             raise SandboxCrashed("the sandbox is closed")
-        try:
-            _supervisor.send_frame(self._req, request)
-        except OSError:
-            return None
-        return self._recv(timeout_s)
+        if not self._proc_box:
+            self._start()
+        return self._proc_box[0].link
 
     # -- the Sandbox API ---------------------------------------------------------------
 
@@ -707,50 +648,23 @@ class LocalSandbox(Sandbox):
             execs.discard()  # what ran between calls: the sandbox's own restarts
         self.index.take_reads()  # the host's own reads, while it scanned
         start = time.monotonic()
-        if language == "bash":
-            reply = self._exec_bash(code, timeout, cpu_s)
-        else:
-            request = {
-                "op": "exec",
-                "language": language,
-                "code": code,
-                "timeout_s": timeout,
-                "cpu_s": cpu_s,
-                "max_output": self.limits.record_output_bytes,
-            }
-            grace = _REPLY_GRACE_S if self._python_warm else _REPLY_GRACE_S + _PRELOAD_GRACE_S
-            reply = self._call(request, timeout + grace)
-            self._python_warm = reply is not None
-        if reply is None or "exit_code" not in reply:
+        reply = self._link().run(language, code, timeout, cpu_s)
+        if reply is None:
             # A reply that never arrives is never guessed at: restart, report nothing ran.
             log.warning(
                 "local sandbox %s: no reply to a %s call; restarting it", self._slot.dir, language
             )
             self._restart()
             return ExecResult.lost(time.monotonic() - start)
-        output = reply["output"]
-        if reply["timed_out"]:
-            output += f"\n[timed out after {timeout:g} s: every process in the sandbox was killed]"
-        elif self._stop_leftovers():
-            output += "\n[processes this call left running were stopped: none outlives its call]"
-        return ExecResult(
-            exit_code=reply["exit_code"],
-            output=output,
-            output_bytes=reply["output_bytes"],
-            duration_s=reply["duration_s"],
-            timed_out=reply["timed_out"],
-            provenance=self._provenance(execs),
+        return sup_link.to_result(
+            reply,
+            timeout,
+            self._stop_leftovers,
+            lambda: sup_link.provenance(self.index.take_reads(), execs, self._exec_log()),
         )
 
     def _exec_log(self) -> ExecLog | None:
         return self._proc_box[0].exec_log if self._proc_box else None
-
-    def _provenance(self, execs: ExecLog | None) -> Provenance:
-        reads = self.index.take_reads()
-        if execs is None or execs is not self._exec_log():  # none, or the sandbox restarted
-            return Provenance(reads=reads)
-        runs, dropped = execs.take()
-        return Provenance(runs=runs, runs_dropped=dropped, reads=reads)
 
     @property
     def observes(self) -> frozenset[str]:  # noqa: D102
@@ -767,86 +681,13 @@ class LocalSandbox(Sandbox):
         # A child that exited just now counts until the supervisor reaps it, and it
         # reaps what has exited before it answers a request; an orphan's last exit may
         # still be on its way, so look again for a few milliseconds.
-        reply = self._call({"op": "ping"}, _REPLY_GRACE_S)
+        answered = self._link().ok("ping")
         for _ in range(_LEFTOVER_POLLS):
-            if reply is not None and self._cgroup.agent_pids() <= _IDLE_TASKS:
+            if answered and self._cgroup.agent_pids() <= _IDLE_TASKS:
                 return False
             time.sleep(0.001)
         self._stop_agent()
         return True
-
-    def _exec_bash(self, code: str, timeout: float, cpu_s: int) -> dict | None:
-        """Hand a call to the bash server's waiting subshell and collect its status."""
-        cap = _supervisor.OutputCapture(self.limits.record_output_bytes)
-        _supervisor.OutputCapture(0).drain(self._bash_out)  # left by earlier background jobs
-        try:
-            data = code.encode("utf-8", errors="surrogateescape")  # raw bytes of odd names
-        except UnicodeEncodeError:  # a lone surrogate no byte stands for
-            data = code.encode("utf-8", errors="replace")
-        os.pwrite(self._call_fd, data, 0)
-        os.ftruncate(self._call_fd, len(data))
-        start = time.monotonic()
-        deadline = start + timeout
-        self._seq += 1
-        tag = str(self._seq).encode()
-        try:
-            os.write(self._bash_ctl, b"%d %s\n" % (cpu_s, tag))
-        except OSError:
-            return None
-        status: bytes | None = None
-        while status is None:
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                reply = self._call({"op": "kill"}, _REPLY_GRACE_S)
-                if reply is None:
-                    return None
-                cap.drain(self._bash_out)
-                self._drain_status()
-                return {
-                    "exit_code": None,
-                    "output": cap.text(),
-                    "output_bytes": cap.total,
-                    "duration_s": time.monotonic() - start,
-                    "timed_out": True,
-                }
-            ready = fdwait.readable([self._bash_out, self._bash_status], _wait_s(deadline))
-            if self._bash_out in ready:
-                cap.drain(self._bash_out)
-            if self._bash_status in ready:
-                chunk = os.read(self._bash_status, 4096)
-                if not chunk:
-                    return None
-                *lines, self._status_buf = (self._status_buf + chunk).split(b"\n")
-                for line in lines:
-                    # Lines with another tag, or none, are from calls already given up
-                    # on or from a server that died between calls: never ours.
-                    seq, _, value = line.partition(b" ")
-                    if seq == tag:
-                        status = value
-        cap.drain(self._bash_out)
-        if status == b"X":  # the call killed its own shell
-            cap.feed(b"\n[the shell running this call was killed]\n")
-            rc = -signal.SIGKILL
-        elif status.isdigit():
-            rc = int(status)
-        else:  # only the server and the supervisor write after the tag
-            return None
-        return {
-            "exit_code": rc,
-            "output": cap.text(),
-            "output_bytes": cap.total,
-            "duration_s": time.monotonic() - start,
-            "timed_out": False,
-        }
-
-    def _drain_status(self) -> None:
-        """Drop status bytes of killed calls; call it only when no shell is running."""
-        os.set_blocking(self._bash_status, False)
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._bash_status, 4096):
-                pass
-        os.set_blocking(self._bash_status, True)
-        self._status_buf = b""
 
     def _stop_agent(self) -> None:
         """Kill the agent's processes; the next call or reset starts a fresh shell.
@@ -854,24 +695,16 @@ class LocalSandbox(Sandbox):
         Before a freeze: a background job left running by the last call could
         otherwise change a file between its hash and its copy.
         """
-        reply = self._call({"op": "kill"}, _REPLY_GRACE_S)
-        if reply is None or not reply.get("ok"):
+        if not self._link().ok("kill"):
             self._restart()
-        else:
-            _supervisor.OutputCapture(0).drain(self._bash_out)
-            self._drain_status()
 
     def restore(self, snapshot: Snapshot) -> None:
         """Kill the agent's processes, clear its scratch space, restore the workspace in place.
 
         Scratch space is ``/tmp``, ``/dev/shm`` and System V IPC objects.
         """
-        reply = self._call({"op": "reset"}, _REPLY_GRACE_S * 2)
-        if reply is None or not reply.get("ok"):
+        if not self._link().ok("reset"):
             self._restart()
-        else:
-            _supervisor.OutputCapture(0).drain(self._bash_out)
-            self._drain_status()
         self.index.restore(snapshot, self.store)
 
     def close(self) -> None:
@@ -880,7 +713,35 @@ class LocalSandbox(Sandbox):
             return
         self._closed = True
         self._finalizer()
-        self._req = self._resp = self._bash_out = self._bash_status = self._bash_ctl = -1
+
+
+_SUPERVISOR_CODE = "/opt/bat/supervisor.code"
+# What the sandbox runs of this package, compiled, and where it finds it.
+_CODE = {
+    _SUPERVISOR_CODE: _supervisor.__file__,
+    "/opt/bat/trees.code": trees.__file__,
+    "/opt/bat/exec_filter.code": exec_filter.__file__,
+}
+# Runs the supervisor from its compiled code, as `python /opt/bat/supervisor.py` would
+# run its source: sys.path[0] (where -c puts '', the workspace) becomes the script's
+# directory before anything is imported, so no file agent code left in the workspace
+# can stand in for a module the supervisor imports.
+_BOOT = (
+    "import sys; sys.path[0] = '/opt/bat'; import marshal; "
+    f"exec(marshal.loads(open({_SUPERVISOR_CODE!r}, 'rb').read()))"
+)
+
+
+@functools.cache
+def _compiled(source: str, shown: str) -> bytes:
+    """The file ``source`` compiled (named ``shown`` in tracebacks), once per process.
+
+    Each sandbox start then skips compiling it: code run as a script or loaded by hand
+    is never cached by the interpreter, and compiling the supervisor and its helpers
+    takes some milliseconds. The sandbox runs this interpreter, so the marshalled code
+    fits it.
+    """
+    return marshal.dumps(compile(Path(source).read_bytes(), shown, "exec", dont_inherit=True))
 
 
 @functools.cache

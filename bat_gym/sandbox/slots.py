@@ -23,11 +23,15 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import SandboxUnavailable
 from bat_gym.sandbox.mounts import mount_tmpfs, unmount_under
 from bat_gym.sandbox.trees import remove_path
+from bat_gym.sandbox.workspace_index import WorkspaceIndex
+
+if TYPE_CHECKING:
+    from bat_gym.sandbox.base import SandboxLimits
 
 __all__ = ["SANDBOX_UID_BASE", "Slot", "UidLease", "runtime_dir", "sweep_stale", "discard_dir"]
 
@@ -205,6 +209,21 @@ class Slot:
         if owner is not None:
             os.chown(ws, *owner)
         return ws, capped
+
+    def open_workspace(
+        self, limits: SandboxLimits, owner: tuple[int, int] | None
+    ) -> tuple[Path, bool, WorkspaceIndex]:
+        """:meth:`make_workspace` with ``limits``' quota, and the index that watches it.
+
+        Returns:
+            The path, whether the kernel enforces the quota, and the workspace's index
+            (with a change watch, bounded by ``limits.workspace_limits()``).
+        """
+        ws, capped = self.make_workspace(
+            size_mb=limits.workspace_mb, files=limits.workspace_files, owner=owner
+        )
+        index = WorkspaceIndex(ws, owner=owner, watch=True, limits=limits.workspace_limits())
+        return ws, capped, index
 
     def release(self) -> None:
         """Delete the slot directory and unlock it (idempotent)."""

@@ -12,6 +12,7 @@ import os
 import select
 import shutil
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -309,6 +310,34 @@ def test_agent_over_memory_cap_is_oom_killed(group: SandboxCgroup, agent_fds: li
     assert peak is None or 0 < peak <= 64 << 20
     here = bytearray(128 << 20)  # the test process is not capped
     assert len(here) == 128 << 20
+
+
+def test_a_joined_process_and_the_threads_it_starts_are_all_in_the_agent_leaf(
+    group: SandboxCgroup, agent_fds: list[int]
+) -> None:
+    # Under v1 an agent descriptor moves only the calling thread (the cheap move):
+    # a process that joins single-threaded, as every joiner does, moves whole, and
+    # what it starts afterwards is born in the leaf.
+    v2 = group.support is CapSupport.V2  # under v1, the "0::" line is another hierarchy
+
+    def joiner() -> int:
+        join(agent_fds)
+        t = threading.Thread(target=time.sleep, args=(0.5,))
+        t.start()
+        tasks = os.listdir("/proc/self/task")
+        where = set()
+        for tid in tasks:
+            for line in Path(f"/proc/self/task/{tid}/cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                if (controllers == "") == v2 and (
+                    v2 or {"memory", "pids"} & set(controllers.split(","))
+                ):
+                    where.add(path.rsplit("/", 1)[-1])
+        t.join()
+        return 0 if len(tasks) == 2 and where == {"agent"} else 1
+
+    assert wait(fork(joiner)) == 0
+    assert group.agent_pids() == 0  # it is gone, and it was counted where it belongs
 
 
 def test_swap_cannot_lift_the_memory_cap(group: SandboxCgroup) -> None:

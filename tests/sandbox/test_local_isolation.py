@@ -26,25 +26,30 @@ from bat_gym.sandbox.local import detect_isolation
 LIMITS = SandboxLimits(timeout_s=3, memory_mb=256, max_processes=32, record_output_bytes=4096)
 
 
-@pytest.fixture(scope="module")
-def sb() -> Iterator[Sandbox]:
+def isolated_box(**kwargs: object) -> Iterator[Sandbox]:
     best, why = detect_isolation()
     if best is not Isolation.BWRAP:
         pytest.skip(f"no bubblewrap isolation here: {why}")
-    box = make_sandbox("local", limits=LIMITS)
+    box = make_sandbox("local", limits=LIMITS, **kwargs)
     yield box
     box.close()
+
+
+@pytest.fixture(scope="module")
+def sb() -> Iterator[Sandbox]:
+    yield from isolated_box()
 
 
 @pytest.fixture(scope="module")
 def uncapped() -> Iterator[Sandbox]:
     """A sandbox without cgroup caps, where background jobs outlive their call."""
-    best, why = detect_isolation()
-    if best is not Isolation.BWRAP:
-        pytest.skip(f"no bubblewrap isolation here: {why}")
-    box = make_sandbox("local", limits=LIMITS, caps="none")
-    yield box
-    box.close()
+    yield from isolated_box(caps="none")
+
+
+@pytest.fixture
+def fresh() -> Iterator[Sandbox]:
+    """A sandbox of its own, for tests that end its supervisor."""
+    yield from isolated_box()
 
 
 def assert_still_works(sb: Sandbox) -> None:
@@ -131,6 +136,8 @@ def test_writes_outside_the_workspace_fail(sb: Sandbox, tmp_path: Path) -> None:
         "/etc/passwd",
         f"/{probe}",
         f"/opt/bat/{probe}",
+        "/opt/bat/supervisor.code",  # what a restarted supervisor would run
+        "/opt/bat/trees.code",
         "/run/bat/call.sh",
         f"{sys.prefix}/{probe}",
         f"{tmp_path}/{probe}",
@@ -403,3 +410,83 @@ def test_bat_gym_is_not_importable_inside(sb: Sandbox) -> None:
     r = sb.execute_code("python", "import bat_gym")
     assert r.exit_code == 1 and "ModuleNotFoundError" in r.output
     assert_still_works(sb)
+
+
+TAMPERS = [
+    "resource.prlimit(1, resource.RLIMIT_NOFILE, (12, 12))",
+    "resource.prlimit(1, resource.RLIMIT_CPU, (1, 1))",
+    "os.setpriority(os.PRIO_PROCESS, 1, 19)",
+    "os.sched_setaffinity(1, {min(os.sched_getaffinity(1))})",
+]
+SUPERVISOR_STATE = (
+    "cat /proc/1/limits; cut -d' ' -f19 /proc/1/stat; grep Cpus_allowed: /proc/1/status"
+)
+
+
+def tamper_with_pid_1(sb: Sandbox, tamper: str) -> None:
+    if "affinity" in tamper and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no affinity to narrow")
+    r = sb.execute_code("python", f"import os, resource\n{tamper}\nprint('done')")
+    # Same uid suffices to change these of another process: the change itself works.
+    assert (r.exit_code, r.output, r.restarted) == (0, "done\n", False), r
+
+
+@pytest.mark.parametrize("tamper", TAMPERS)
+def test_a_supervisor_whose_limits_agent_code_changed_is_replaced_at_reset(
+    fresh: Sandbox, tamper: str
+) -> None:
+    # The change would outlive every reset; the supervisor notices at its next request
+    # and stops without a reply, and the host starts a fresh sandbox.
+    before = bash(fresh, SUPERVISOR_STATE)
+    ns = bash(fresh, "readlink /proc/self/ns/pid")
+    tamper_with_pid_1(fresh, tamper)
+    assert bash(fresh, "echo fine") == "fine\n"  # a bash call sends no request
+    fresh.restore(fresh.capture())
+    assert bash(fresh, SUPERVISOR_STATE) == before
+    assert bash(fresh, "readlink /proc/self/ns/pid") != ns  # a new sandbox, not the old one
+    # The host's own nice value: the fresh supervisor's calls run at it again.
+    r = fresh.execute_code("python", "import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))")
+    assert (r.exit_code, r.output, r.restarted) == (
+        0,
+        f"{os.getpriority(os.PRIO_PROCESS, 0)}\n",
+        False,
+    )
+
+
+@pytest.mark.parametrize("tamper", TAMPERS)
+def test_a_call_sent_to_a_tampered_supervisor_is_lost_never_forged(
+    fresh: Sandbox, tamper: str
+) -> None:
+    before = bash(fresh, SUPERVISOR_STATE)
+    tamper_with_pid_1(fresh, tamper)
+    (fresh.workspace / "marker.txt").write_text("kept\n")
+    # The next request is this call: the supervisor stops without running it.
+    r = fresh.execute_code("python", "open('ran.txt', 'w').write('ran')\nprint('forged')")
+    assert (r.exit_code, r.restarted) == (None, True), r
+    assert "forged" not in r.output
+    assert not (fresh.workspace / "ran.txt").exists()
+    assert (fresh.workspace / "marker.txt").read_text() == "kept\n"  # the workspace stays
+    assert bash(fresh, SUPERVISOR_STATE) == before
+    r = fresh.execute_code("python", "print('fresh')")
+    assert (r.exit_code, r.output, r.restarted) == (0, "fresh\n", False)
+    assert_still_works(fresh)
+
+
+def test_a_restarted_supervisor_imports_nothing_from_the_workspace(fresh: Sandbox) -> None:
+    # A fresh supervisor starts in the workspace, which then holds whatever agent code
+    # left there: a module of the same name as one it imports must not be loaded.
+    names = ("json", "ctypes", "contextlib", "socket", "select", "signal", "marshal", "types")
+    plant = "".join(
+        f"open('{n}.py', 'w').write(\"open('/workspace/imported-{n}', 'w')\\n\")\n" for n in names
+    )
+    assert fresh.execute_code("python", plant).exit_code == 0
+    tamper_with_pid_1(fresh, "os.setpriority(os.PRIO_PROCESS, 1, 19)")
+    fresh.restore(fresh.capture())  # the supervisor stops; a new one starts in this workspace
+    assert python_state_ok(fresh)
+    assert not [p.name for p in fresh.workspace.glob("imported-*")]
+    assert_still_works(fresh)
+
+
+def python_state_ok(sb: Sandbox) -> bool:
+    r = sb.execute_code("python", "import json\nprint(json.dumps([1]))")
+    return (r.exit_code, r.output, r.restarted) == (0, "[1]\n", False)
