@@ -46,7 +46,7 @@ __all__ = ["Detection"]
 DECISION = 0.3  # matched-filter peak (image units) at score 0.5
 # Texture contrast of a finding per tier: faint on the hard tier, where the model
 # ranks some look-alikes above lesions.
-_MODULATION = {"easy": (0.6, 0.8), "hard": (0.15, 0.3)}
+_MODULATION = {"easy": (0.6, 0.8), "hard": (0.17, 0.32)}
 
 MODEL_CARD = """# Model card: lesion-matched v2.0
 
@@ -196,15 +196,25 @@ x = infer.load_image(infer.image_path(case_id))
 found = sorted(json.load(open(rows[0]["detections_file"]))["boxes"], key=lambda b: -b[4])
 h, w = x.shape
 inside = all(0 <= b[0] < b[2] <= w and 0 <= b[1] < b[3] <= h for b in found)
-# Read each box the way the scorer will: x = column, y = row.
-contrast = [float(x[int(b[1]):int(np.ceil(b[3])), int(b[0]):int(np.ceil(b[2]))].mean() - np.median(x)) for b in found]
+# Read each box the way the scorer will: x = column, y = row. A lesion is brighter than
+# the ring of background around it (the image median is no reference: the background
+# itself varies by more than a lesion's margin). The median over the top three boxes
+# is not swayed by one look-alike ranked first.
+def local_contrast(b):
+    x0, y0, x1, y1 = int(b[0]), int(b[1]), int(np.ceil(b[2])), int(np.ceil(b[3]))
+    m = max(x1 - x0, y1 - y0) // 2
+    inner = x[y0:y1, x0:x1]
+    outer = x[max(y0 - m, 0):y1 + m, max(x0 - m, 0):x1 + m]
+    return float(inner.mean() - (outer.sum() - inner.sum()) / max(outer.size - inner.size, 1))
+contrast = [local_contrast(b) for b in found[:3]]
+top = float(np.median(contrast)) if contrast else None
 print("pilot", case_id, "image", x.shape, "boxes", found)
 checks = {
     "at least one box on the pilot image": {"value": len(found), "expect": ">= 1", "ok": len(found) >= 1},
     "boxes inside the image": {"value": inside, "expect": True, "ok": bool(inside)},
-    "top-scored box contrast over image median, read as [y0:y1, x0:x1]": {
-        "value": round(contrast[0], 3) if contrast else None, "expect": ">= 0.1 (card)",
-        "ok": bool(contrast) and contrast[0] >= 0.1},
+    "top-3 boxes' median contrast over the surrounding ring, read as [y0:y1, x0:x1]": {
+        "value": None if top is None else round(top, 3), "expect": ">= 0.1 (card: a lesion is 0.2 brighter)",
+        "ok": top is not None and top >= 0.1},
 }
 """
 
