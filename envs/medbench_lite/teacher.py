@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.protocol import ToolCall
 
-__all__ = ["Recipe", "RECEIPT", "teacher_turns", "naive_turns", "python_call", "bash_call"]
+__all__ = [
+    "Recipe",
+    "RECEIPT",
+    "pilot_script",
+    "teacher_turns",
+    "naive_turns",
+    "python_call",
+    "bash_call",
+]
 
 RECEIPT = '''
 import hashlib, json, os
@@ -241,6 +249,25 @@ print("submitted", len(rows), "rows")
 )
 
 
+def pilot_script(recipe: Recipe, weak: bool = False) -> str:
+    """The S3 turn's python: the recipe's pilot and its checks, then the S3 receipt.
+
+    Run in the workspace root with ``pipeline/infer.py`` in place, it exits non-zero
+    (and writes no receipt) when a check fails.
+
+    Args:
+        recipe: the track's recipe.
+        weak: the shape-only pilot (the failure outcome's) instead of the full one.
+    """
+    if weak:
+        return _PILOT.format(
+            receipt=RECEIPT, pilot=recipe.weak_pilot.strip(), level="one-case pilot, shape check"
+        )
+    return _PILOT.format(
+        receipt=RECEIPT, pilot=recipe.pilot.strip(), level="one-case pilot + quality check"
+    )
+
+
 def teacher_turns(recipe: Recipe, outcome: str = "success") -> list[TeacherTurn]:
     """The careful engineer's turns for one task, stage by stage, ending in finish."""
     if outcome not in ("success", "recovery", "failure"):
@@ -250,12 +277,7 @@ def teacher_turns(recipe: Recipe, outcome: str = "success") -> list[TeacherTurn]
     setup = _SETUP.format(
         receipt=RECEIPT, inspect=recipe.inspect.strip(), smoke=recipe.smoke.strip()
     )
-    full = _PILOT.format(
-        receipt=RECEIPT, pilot=recipe.pilot.strip(), level="one-case pilot + quality check"
-    )
-    weak = _PILOT.format(
-        receipt=RECEIPT, pilot=recipe.weak_pilot.strip(), level="one-case pilot, shape check"
-    )
+    full, weak = pilot_script(recipe), pilot_script(recipe, weak=True)
     turns = [
         TeacherTurn(
             "S1",
