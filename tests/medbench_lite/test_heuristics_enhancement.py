@@ -29,7 +29,7 @@ def test_the_teacher_beats_every_heuristic(bench, tier):
 
 @pytest.mark.xfail(
     strict=False,
-    reason="open: a Gaussian blur closes more than half the SSIM gap the model closes; the noise carries no structure only the model knows",
+    reason="open: the model is a textbook bilateral filter, which a reader writes from scratch (heuristic bilateral scores what the teacher scores) and a Gaussian blur closes about 0.5 of the SSIM gap; the degradation carries nothing only the model knows",
 )
 @pytest.mark.parametrize("tier", ["easy", "hard"])
 def test_heuristics_score_at_most_half_the_teachers_margin_over_naive(bench, tier):
@@ -43,7 +43,7 @@ def test_heuristics_score_at_most_half_the_teachers_margin_over_naive(bench, tie
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=False,
-    reason="open: a Gaussian blur closes more than half the SSIM gap the model closes; the noise carries no structure only the model knows",
+    reason="open: the model is a textbook bilateral filter, which a reader writes from scratch (heuristic bilateral scores what the teacher scores) and a Gaussian blur closes about 0.5 of the SSIM gap; the degradation carries nothing only the model knows",
 )
 @pytest.mark.parametrize("tier", ["easy", "hard"])
 def test_heuristics_stay_within_the_bound_over_five_seeds(bench, tier):
