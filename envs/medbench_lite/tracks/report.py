@@ -12,8 +12,8 @@ model's fixed calibration misjudges some sizes.
 TRAP (voxel spacing): the model reports sizes in the units of the ``spacing`` argument,
 whose default is the 1 mm grid it was tuned on. Left at the default, every size comes
 out in voxel units, about a third of the true size in mm. A pilot that measures a
-nodule's extent along x in mm straight from the image and compares it with the report
-catches it.
+nodule's width at half contrast along x in mm straight from the image and compares it
+with the report catches it.
 Metric: per case, 0.5 x F1 of the reported findings (matched by lobe) + 0.5 x the
 fraction of true nodules reported with a size within max(2 mm, 15%)
 (:func:`~bat_gym.envs.medbench_lite.metrics.finding_f1`). A report that neither lists a
@@ -563,8 +563,9 @@ class Report(TrackBase):
                 "Load data/images/<id>.nii.gz with nibabel (RAS+, HU) and data/metadata.json; record the "
                 "voxel spacing, which is anisotropic and far from the model's 1 mm default.",
                 "pipeline/infer.py calls infer_lib.find_nodules(volume, W, spacing=header zooms in mm). "
-                "Validate on a case with a finding: each reported diameter must agree with the nodule's "
-                "extent across its centre along x, measured in mm straight from the image.",
+                "Validate on the case with the clearest finding (fewest, densest nodules): each reported "
+                "diameter must agree with the nodule's width at half contrast across its centre along x, "
+                "measured in mm straight from the image.",
                 "Write outputs/reports/<id>.txt with infer_lib.format_report (FINDINGS lines in task.json's "
                 "format), outputs/predictions.csv, then outputs/submission.csv (id,report_file,n_findings) "
                 "in task.json order, with receipts.",
@@ -585,8 +586,8 @@ class Report(TrackBase):
                 "its spacing argument, so the pipeline passes the header zooms in mm.",
                 "pipeline_bug": "Writing the pipeline: load each volume, find the nodules, write the report "
                 "with the metadata.",
-                "pilot": "Pilot on a case with a nodule, cross-checking each reported size against the "
-                "nodule's extent measured in mm directly on the image.",
+                "pilot": "Pilot on the case with the clearest nodule, cross-checking each reported size "
+                "against the nodule's width at half contrast measured in mm directly on the image.",
                 "bug_seen": "The reported sizes are about a third of the measured extents: the model gave "
                 "sizes in voxel units because no spacing was passed.",
                 "fix": "Passing the voxel spacing in mm from the header zooms, then rerunning the pilot.",
