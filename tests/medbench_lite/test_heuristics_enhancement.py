@@ -19,6 +19,10 @@ def test_the_track_has_heuristics():
     assert heuristics(TRACK), "no model-free heuristic to hold to the bound"
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="open: a wider textbook bilateral filter (7 x 7, heuristic bilateral_7x7) beats the provided model on held-out noise",
+)
 @pytest.mark.parametrize("tier", ["easy", "hard"])
 def test_the_teacher_beats_every_heuristic(bench, tier):
     scores = tier_scores(bench, TRACK, SEEDS[tier])
@@ -29,7 +33,7 @@ def test_the_teacher_beats_every_heuristic(bench, tier):
 
 @pytest.mark.xfail(
     strict=False,
-    reason="open: the model is a textbook bilateral filter, which a reader writes from scratch (heuristic bilateral scores what the teacher scores) and a Gaussian blur closes about 0.5 of the SSIM gap; the degradation carries nothing only the model knows",
+    reason="open: the model is a textbook bilateral filter, which a reader writes from scratch (heuristic bilateral_5x5 scores what the teacher scores) and a Gaussian blur closes about 0.5 of the SSIM gap; the degradation carries nothing only the model knows",
 )
 @pytest.mark.parametrize("tier", ["easy", "hard"])
 def test_heuristics_score_at_most_half_the_teachers_margin_over_naive(bench, tier):
@@ -43,7 +47,7 @@ def test_heuristics_score_at_most_half_the_teachers_margin_over_naive(bench, tie
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=False,
-    reason="open: the model is a textbook bilateral filter, which a reader writes from scratch (heuristic bilateral scores what the teacher scores) and a Gaussian blur closes about 0.5 of the SSIM gap; the degradation carries nothing only the model knows",
+    reason="open: the model is a textbook bilateral filter, which a reader writes from scratch (heuristic bilateral_5x5 scores what the teacher scores) and a Gaussian blur closes about 0.5 of the SSIM gap; the degradation carries nothing only the model knows",
 )
 @pytest.mark.parametrize("tier", ["easy", "hard"])
 def test_heuristics_stay_within_the_bound_over_five_seeds(bench, tier):

@@ -87,7 +87,9 @@ def bilateral(
 
 
 HEURISTICS = {
-    "bilateral": bilateral,
+    # The model's own window in HU units, and a wider one that does better on heavy noise.
+    "bilateral_5x5": lambda ws, ids: bilateral(ws, ids, 2, 1.5),
+    "bilateral_7x7": bilateral,
     "gaussian_0.7": lambda ws, ids: gaussian(ws, ids, 0.7),
     "gaussian_1.0": lambda ws, ids: gaussian(ws, ids, 1.0),
     "gaussian_1.5": lambda ws, ids: gaussian(ws, ids, 1.5),

@@ -243,10 +243,8 @@ class Enhancement(TrackBase):
         """The model's parameters (the same for every task)."""
         return {
             "hu_window": np.array([-1000.0, 1000.0]),
-            # A 7 x 7 window with a wider spatial kernel: on the heavier doses it closes
-            # about a twentieth more of the SSIM gap than a 5 x 5 one.
-            "radius": np.array(3),
-            "sigma_spatial": np.array(2.0),
+            "radius": np.array(2),
+            "sigma_spatial": np.array(1.5),
             "sigma_range": np.array(0.05),
             "passes": np.array(2),
         }
