@@ -205,26 +205,30 @@ can = nib.as_closest_canonical(nib.load(f"data/images/{case_id}.nii.gz"))
 v, sx = can.get_fdata(), float(can.header.get_zooms()[0])
 def extent_mm(i, j, k):
     # Independent measurement: the nodule's full width at half its contrast over the
-    # lung along x, through its centre (best of the neighbouring lines, since a centre
-    # off the voxel grid cuts a shorter chord), edges interpolated between voxels.
+    # lung along x, through its centre, edges interpolated between voxels. One half
+    # level for the nine lines around the centre (a centre off the voxel grid cuts a
+    # shorter chord, so the widest is kept), set by the brightest of them: a line that
+    # misses the nodule stays below it instead of measuring noise.
+    lines = [v[:, min(max(j + dj, 0), v.shape[1] - 1), min(max(k + dk, 0), v.shape[2] - 1)]
+             for dj in (-1, 0, 1) for dk in (-1, 0, 1)]
+    lo, hi = max(i - 2, 0), min(i + 3, v.shape[0])
+    peak = max(float(line[lo:hi].max()) for line in lines)
+    lung = np.concatenate([line[line < -500] for line in lines])
+    half = 0.5 * (peak + (float(np.median(lung)) if lung.size else peak - 800.0))
     best = 0.0
-    for dj in (-1, 0, 1):
-        for dk in (-1, 0, 1):
-            line = v[:, min(max(j + dj, 0), v.shape[1] - 1), min(max(k + dk, 0), v.shape[2] - 1)]
-            lo, hi = max(i - 2, 0), min(i + 3, len(line))
-            c = lo + int(np.argmax(line[lo:hi]))
-            half = 0.5 * (line[c] + float(np.median(line[line < -500])) if (line < -500).any() else line[c] - 400)
-            if line[c] <= half:
-                continue
-            a = c
-            while a > 0 and line[a - 1] > half:
-                a -= 1
-            b = c
-            while b < len(line) - 1 and line[b + 1] > half:
-                b += 1
-            left = a - (line[a] - half) / max(line[a] - line[a - 1], 1e-6) if a > 0 else a - 0.5
-            right = b + (line[b] - half) / max(line[b] - line[b + 1], 1e-6) if b < len(line) - 1 else b + 0.5
-            best = max(best, (right - left) * sx)
+    for line in lines:
+        c = lo + int(np.argmax(line[lo:hi]))
+        if line[c] <= half:
+            continue
+        a = c
+        while a > 0 and line[a - 1] > half:
+            a -= 1
+        b = c
+        while b < len(line) - 1 and line[b + 1] > half:
+            b += 1
+        left = a - (line[a] - half) / max(line[a] - line[a - 1], 1e-6) if a > 0 else a - 0.5
+        right = b + (line[b] - half) / max(line[b] - line[b + 1], 1e-6) if b < len(line) - 1 else b + 0.5
+        best = max(best, (right - left) * sx)
     return best
 errs = [(f["diameter_mm"], round(extent_mm(*(int(round(c)) for c in f["center_vox"])), 1)) for f in found]
 print("pilot", case_id, "findings", [(f["lobe"], f["diameter_mm"]) for f in found], "| reported vs measured x-extent (mm):", errs)
