@@ -26,7 +26,15 @@ from bat_gym.benchmark import TeacherTurn
 from bat_gym.envs.medbench_lite.scripts import fragment, stage_script
 from bat_gym.protocol import ToolCall, bash_call, python_call
 
-__all__ = ["Recipe", "RECEIPT", "teacher_turns", "naive_turns", "python_call", "bash_call"]
+__all__ = [
+    "Recipe",
+    "RECEIPT",
+    "pilot_script",
+    "teacher_turns",
+    "naive_turns",
+    "python_call",
+    "bash_call",
+]
 
 # The receipt helper every receipt-writing stage script begins with.
 RECEIPT = fragment("stages", "receipt").strip()
@@ -98,6 +106,28 @@ def _plan_call(plan: tuple[str, str, str]) -> ToolCall:
     )
 
 
+def pilot_script(recipe: Recipe, weak: bool = False) -> str:
+    """The S3 turn's python: the recipe's pilot and its checks, then the S3 receipt.
+
+    Run in the workspace root with ``pipeline/infer.py`` in place, it exits non-zero
+    (and writes no receipt) when a check fails.
+
+    Args:
+        recipe: the track's recipe.
+        weak: the shape-only pilot (the failure outcome's) instead of the full one.
+    """
+    if weak:
+        return stage_script(
+            "s3_pilot",
+            receipt=RECEIPT,
+            pilot=recipe.weak_pilot,
+            level="one-case pilot, shape check",
+        )
+    return stage_script(
+        "s3_pilot", receipt=RECEIPT, pilot=recipe.pilot, level="one-case pilot + quality check"
+    )
+
+
 def teacher_turns(recipe: Recipe, outcome: str = "success") -> list[TeacherTurn]:
     """The careful engineer's turns for one task, stage by stage, ending in finish."""
     if outcome not in ("success", "recovery", "failure"):
@@ -105,12 +135,7 @@ def teacher_turns(recipe: Recipe, outcome: str = "success") -> list[TeacherTurn]
     says = recipe.says
     first_pipeline = recipe.pipeline if outcome == "success" else recipe.pipeline_bug
     setup = stage_script("s2_setup", receipt=RECEIPT, inspect=recipe.inspect, smoke=recipe.smoke)
-    full = stage_script(
-        "s3_pilot", receipt=RECEIPT, pilot=recipe.pilot, level="one-case pilot + quality check"
-    )
-    weak = stage_script(
-        "s3_pilot", receipt=RECEIPT, pilot=recipe.weak_pilot, level="one-case pilot, shape check"
-    )
+    full, weak = pilot_script(recipe), pilot_script(recipe, weak=True)
     turns = [
         TeacherTurn(
             "S1",

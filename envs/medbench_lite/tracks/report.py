@@ -3,15 +3,17 @@
 Each case is a chest CT volume (RAS+ order, anisotropic voxels of about 3 x 3 x 5 mm)
 with 0-3 nodules of known diameter and lobe, plus patient metadata. Lobes follow
 oblique fissures (high at the back, low at the front) and the right horizontal fissure,
-invisible on the images; the model's weights place them. Tiers: nodules are solid
-(30 HU) on the easy tier and part-solid (-400 to -100 HU) on the hard one, where the
+invisible on the images; the model's weights place them. Each task draws its fissures
+around the textbook positions (:meth:`Report.fissures`) and its model carries them, so
+a reader's fixed textbook bands misplace the nodules near a fissure. Tiers: nodules are solid
+(30 HU) on the easy tier and part-solid (-430 to -200 HU) on the hard one, where the
 model's fixed calibration misjudges some sizes.
 
 TRAP (voxel spacing): the model reports sizes in the units of the ``spacing`` argument,
 whose default is the 1 mm grid it was tuned on. Left at the default, every size comes
 out in voxel units, about a third of the true size in mm. A pilot that measures a
-nodule's extent along x in mm straight from the image and compares it with the report
-catches it.
+nodule's width at half contrast along x in mm straight from the image and compares it
+with the report catches it.
 Metric: per case, 0.5 x F1 of the reported findings (matched by lobe) + 0.5 x the
 fraction of true nodules reported with a size within max(2 mm, 15%)
 (:func:`~bat_gym.envs.medbench_lite.metrics.finding_f1`). A report that neither lists a
@@ -84,6 +86,7 @@ metadata)` -> the report text in the format task.json asks for.
 ## Lobes
 The oblique fissures (weights `right_fissures`, `left_fissure`) are planes in the lung's
 normalized height and depth; the right horizontal fissure splits upper from middle.
+They are calibrated on this site's population and differ from textbook positions.
 
 ## Expected behaviour
 Solid nodules 10-30 mm. A nodule's extent across its centre along x, in mm, is close
@@ -133,24 +136,52 @@ def parse_report(text: str) -> list[tuple[str, float]] | None:
 # Fissures in lung-normalized coordinates: zf (0 at the lung's base, 1 at its apex) and
 # yf (-1 posterior, +1 anterior). The oblique fissures run from high at the back to low
 # at the front; the right lung's horizontal fissure splits upper from middle lobe.
+# These are the textbook positions, the centre of what a task draws: fissures vary
+# between patient populations, and each task's model is calibrated on its own
+# (:meth:`Report.fissures`), so a fixed textbook band misplaces nodules near them.
 _OBLIQUE = {"right": (0.45, -0.8), "left": (0.52, -0.8)}
 _HORIZONTAL = 0.64
+# The largest move of a task's fissures from the textbook values: the oblique fissure's
+# height (a, in zf) and slope (b, zf per yf), and the horizontal fissure's height.
+_SPREAD = {"a": 0.25, "b": 0.5, "horizontal": 0.15}
+# Share of perifissural nodules, and the distance (in zf) of a nodule's centre to the
+# nearest fissure: at least the first (every nodule), at most the second (perifissural).
+_PERIFISSURAL = 0.75
+_MARGIN = (0.05, 0.12)
+# Hard tier: part-solid nodules' density (HU), which the model's fixed calibration
+# (solid nodules) sizes too small, the faintest ones by a fifth or more.
+_PART_SOLID_HU = (-430.0, -200.0)
+
+Fissures = dict[str, tuple[float, ...]]
+TEXTBOOK: Fissures = {"right": (*_OBLIQUE["right"], _HORIZONTAL), "left": _OBLIQUE["left"]}
 
 
-def _lobe_of(c: np.ndarray, side: str) -> tuple[str, float]:
-    """A point's lobe under the model's fissures, and its distance to the nearest one."""
+def _lobe_of(c: np.ndarray, side: str, fissures: Fissures = TEXTBOOK) -> tuple[str, float]:
+    """A point's lobe under the given fissures, and its distance to the nearest one.
+
+    Args:
+        c: the point ``(x, y, z)`` in mm (RAS).
+        side: ``right`` or ``left``.
+        fissures: ``{"right": (a, b, horizontal), "left": (a, b)}``; the oblique
+            fissure is ``zf = a + b * yf``.
+
+    Returns:
+        The lobe's name and the distance, in normalized height ``zf``, to the nearest
+        fissure.
+    """
     cx, cy, cz = _LUNG[side]
     zf = (c[2] - (cz - _LUNG_R[2])) / (2 * _LUNG_R[2])
     yf = (c[1] - cy) / _LUNG_R[1]
-    a, b = _OBLIQUE[side]
+    a, b = fissures[side][:2]
     oblique = zf - (a + b * yf)  # above the oblique fissure: upper (or middle) lobe
     if side == "left":
         return ("left upper lobe" if oblique > 0 else "left lower lobe"), abs(oblique)
+    horizontal = fissures["right"][2]
     if oblique <= 0:
         return "right lower lobe", -oblique
-    if zf > _HORIZONTAL:
-        return "right upper lobe", min(oblique, zf - _HORIZONTAL)
-    return "right middle lobe", min(oblique, _HORIZONTAL - zf)
+    if zf > horizontal:
+        return "right upper lobe", min(oblique, zf - horizontal)
+    return "right middle lobe", min(oblique, horizontal - zf)
 
 
 class Report(TrackBase):
@@ -173,16 +204,37 @@ class Report(TrackBase):
         },
     }
 
-    def weights(self) -> dict[str, np.ndarray]:
-        """The model's parameters (the same for every task)."""
+    def fissures(self, seed: int, split: Split) -> Fissures:
+        """The task's fissures: each textbook value moved by 50-100% of its spread.
+
+        Each value moves up or down at random by at least half its ``_SPREAD``, so no
+        task's fissures are the textbook's (the site's population differs from the
+        textbook, and the model is calibrated on the site). A stream of its own, not
+        the task generator's, so the rest of a draw does not depend on it.
+        """
+        rng = np.random.default_rng([seed, self.index, 0 if split == "train" else 1, 1])
+
+        def moved(value: float, spread: float) -> float:
+            shift = float(rng.choice([-1.0, 1.0])) * float(rng.uniform(0.5, 1.0)) * spread
+            return round(value + shift, 4)
+
+        out: Fissures = {}
+        for side in ("right", "left"):
+            a, b = _OBLIQUE[side]
+            out[side] = (moved(a, _SPREAD["a"]), moved(b, _SPREAD["b"]))
+        out["right"] = (*out["right"], moved(_HORIZONTAL, _SPREAD["horizontal"]))
+        return out
+
+    def weights(self, fissures: Fissures = TEXTBOOK) -> dict[str, np.ndarray]:
+        """The task's model: detection and sizing (fixed) and the task's fissures."""
         return {
             "lung_below_hu": np.array(-500.0),
             "nodule_above_hu": np.array(-450.0),
             "reach_vox": np.array(15),
             "min_voxels": np.array(2),
             "calibration_hu": np.array([-850.0, 30.0]),
-            "right_fissures": np.array([*_OBLIQUE["right"], _HORIZONTAL]),
-            "left_fissure": np.array(_OBLIQUE["left"]),
+            "right_fissures": np.array(fissures["right"]),
+            "left_fissure": np.array(fissures["left"]),
         }
 
     def _case(
@@ -193,6 +245,7 @@ class Report(TrackBase):
         noise: float,
         count: int,
         density_hu: tuple[float, float] = (30.0, 30.0),
+        fissures: Fissures = TEXTBOOK,
     ) -> dict:
         n, nz = int(np.ceil(_FOV_XY_MM / sxy)), int(np.ceil(_FOV_Z_MM / sz))
         ax = (np.arange(n) - (n - 1) / 2) * sxy
@@ -211,6 +264,9 @@ class Report(TrackBase):
         hu[lungs] = -850.0
         nodules: list[dict] = []
         for _ in range(count):
+            # Most nodules are perifissural (close to a fissure, as is common on chest
+            # CT), so their lobe depends on where this task's fissures run.
+            perifissural = rng.random() < _PERIFISSURAL
             for _try in range(300):
                 side = ("right", "left")[int(rng.integers(0, 2))]
                 d = float(rng.uniform(10, 24))
@@ -218,9 +274,9 @@ class Report(TrackBase):
                 u = rng.normal(size=3)
                 u *= rng.uniform(0, 1) ** (1 / 3) / np.linalg.norm(u)
                 c = np.array(_LUNG[side]) + u * (np.array(_LUNG_R) - r - 8)
-                lobe, margin = _lobe_of(c, side)
-                if margin < 0.05:
-                    continue  # keep clear of lobe boundaries so the lobe is unambiguous
+                lobe, margin = _lobe_of(c, side, fissures)
+                if margin < _MARGIN[0] or (perifissural and margin > _MARGIN[1]):
+                    continue  # clear of the fissures, so the lobe is unambiguous
                 if all(np.linalg.norm(c - m["c"]) > r + m["d"] / 2 + 10 for m in nodules):
                     nodules.append(
                         {"c": c, "d": d, "lobe": lobe, "hu": float(rng.uniform(*density_hu))}
@@ -267,7 +323,7 @@ class Report(TrackBase):
         tier = difficulty(seed)
         noise = uniform(rng, rg["noise_hu"])
         # Hard tier: part-solid nodules, less dense than soft tissue (a low-contrast case).
-        density = (-400.0, -100.0) if tier == "hard" else (30.0, 30.0)
+        density = _PART_SOLID_HU if tier == "hard" else (30.0, 30.0)
         sxy = uniform(rng, rg["spacing_xy_mm"])
         sz = uniform(rng, rg["thickness_mm"])
         n = int(rng.integers(3, 5))
@@ -276,7 +332,8 @@ class Report(TrackBase):
         counts = rng.choice([1, 1, 2, 2, 3], size=n)
         if rng.random() < 0.5:
             counts[int(rng.integers(0, n))] = 0
-        cases = [self._case(rng, sxy, sz, noise, int(k), density) for k in counts]
+        fissures = self.fissures(seed, split)
+        cases = [self._case(rng, sxy, sz, noise, int(k), density, fissures) for k in counts]
         files = {
             f"data/images/{cid}.nii.gz": nifti_bytes(
                 c["stored"], c["affine"], descrip="MedBench-Lite chest CT"
@@ -321,7 +378,7 @@ class Report(TrackBase):
                 "thickness_mm": sz,
             },
             files=files,
-            weights=self.weights(),
+            weights=self.weights(fissures),
             model_card=MODEL_CARD,
             task_md=TASK_MD,
             task_json=task_json,
@@ -359,8 +416,9 @@ class Report(TrackBase):
                 "Load data/images/<id>.nii.gz with nibabel (RAS+, HU) and data/metadata.json; record the "
                 "voxel spacing, which is anisotropic and far from the model's 1 mm default.",
                 "pipeline/infer.py calls infer_lib.find_nodules(volume, W, spacing=header zooms in mm). "
-                "Validate on a case with a finding: each reported diameter must agree with the nodule's "
-                "extent across its centre along x, measured in mm straight from the image.",
+                "Validate on the case with the clearest finding (fewest, densest nodules): each reported "
+                "diameter must agree with the nodule's width at half contrast across its centre along x, "
+                "measured in mm straight from the image.",
                 "Write outputs/reports/<id>.txt with infer_lib.format_report (FINDINGS lines in task.json's "
                 "format), outputs/predictions.csv, then outputs/submission.csv (id,report_file,n_findings) "
                 "in task.json order, with receipts.",
@@ -374,8 +432,8 @@ class Report(TrackBase):
                 "its spacing argument, so the pipeline passes the header zooms in mm.",
                 "pipeline_bug": "Writing the pipeline: load each volume, find the nodules, write the report "
                 "with the metadata.",
-                "pilot": "Pilot on a case with a nodule, cross-checking each reported size against the "
-                "nodule's extent measured in mm directly on the image.",
+                "pilot": "Pilot on the case with the clearest nodule, cross-checking each reported size "
+                "against the nodule's width at half contrast measured in mm directly on the image.",
                 "bug_seen": "The reported sizes are about a third of the measured extents: the model gave "
                 "sizes in voxel units because no spacing was passed.",
                 "fix": "Passing the voxel spacing in mm from the header zooms, then rerunning the pilot.",
