@@ -1053,9 +1053,12 @@ def train(
             )  # fmt: skip
             sched.step()
             if source is not None:
-                # A copy: the generator loads it at its next call, while this model trains on.
+                # A host copy: the generator loads it at its next call while this model
+                # trains on, and it holds no accelerator memory while it waits.
                 weights = full_state(model, None, dist, every_rank=True)[0]
-                source.publish(step + 1, {k: v.detach().clone() for k, v in weights.items()})
+                source.publish(
+                    step + 1, {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
+                )
             elif cfg.generator == "vllm":
                 policy.update_weights(full_state(model, None, dist, every_rank=True)[0])
             t_update = time.perf_counter() - t1
