@@ -2,17 +2,22 @@
 
 A *version* is the number of optimizer steps in a set of weights: the run starts at
 version ``s0`` (0, or the step it resumed from), and step ``s`` trains at version
-``s - 1`` and publishes version ``s``. One producer thread plays the episodes; the
-trainer consumes whole batches::
+``s - 1`` and publishes version ``s``. The producer is ``num_envs`` episode slots
+(threads, one env each); the trainer consumes whole batches::
 
-    producer (a background thread)               trainer (calls next_batch, publish)
-    ------------------------------               -----------------------------------
-    batch j: wait until version >= s0 + j - K    batch <- next_batch(v)      (waits if none)
-    states <- sampler.next(B)                    drop groups older than v - K  (counted)
-    play the B*G episodes; every turn is         update on the rest -> version v + 1
-      sampled with the newest weights that       publish(v + 1, weights)
-      were published before its call
-    queue <- batch j, every token stamped
+    producer (num_envs slots)                    trainer (calls next_batch, publish)
+    -------------------------                    -----------------------------------
+    a free slot plays the next drawn episode;    batch <- next_batch(v)      (waits if none)
+      when all are taken, it draws batch j       drop groups older than v - K  (counted)
+      once version >= s0 + j - K:                update on the rest -> version v + 1
+      states <- sampler.next(B), G each          publish(v + 1, weights)
+    every turn is sampled with the newest
+      weights published before its call
+    queue <- batch j once all its episodes are
+      played, in order, every token stamped
+
+A slow episode holds up only its slot: the next batch's episodes start as the current
+batch's last ones finish, as far as the bound allows.
 
 Batch ``j`` (0-based) feeds step ``s0 + j + 1``, trained at version ``s0 + j``; it is
 started no earlier than version ``s0 + j - K``, so its oldest token is at most ``K``
@@ -268,8 +273,8 @@ class AsyncBatch:
         rollouts: the fresh groups' episodes, group by group (G consecutive per state).
         dropped_groups: groups left out because a token was more than K versions old.
         wait_s: seconds the trainer waited for the batch (its idle time).
-        generator_idle_s: seconds the producer waited at the staleness bound since the
-            previous batch was handed over (its idle time).
+        generator_idle_s: seconds without an episode in play (every slot waiting at the
+            staleness bound) since the previous batch was handed over.
     """
 
     rollouts: list[VersionedRollout]
@@ -280,15 +285,25 @@ class AsyncBatch:
 
 @dataclass
 class _Produced:
+    """A drawn batch: its episodes (state id, pool) and their results as they come in."""
+
     index: int
-    groups: list[list[VersionedRollout]]
+    episodes: list[tuple[str, str]]
+    results: list[VersionedRollout | None]
+    started: int = 0  # episodes handed to a slot so far
+    remaining: int = 0  # episodes not yet finished
+
+    def groups(self, size: int) -> list[list[VersionedRollout]]:
+        done = [r for r in self.results if r is not None]
+        return [done[i : i + size] for i in range(0, len(done), size)]
 
 
 class AsyncRollouts:
-    """The producer thread and the bounded hand-over between it and the trainer.
+    """The producer's episode slots and the bounded hand-over between them and the trainer.
 
     Args:
-        workers: plays the episodes (their generator is the one weights are published to).
+        workers: plays the episodes, ``workers.num_envs`` at once (their generator is the
+            one weights are published to).
         sampler: the run's state sampler (``next(n)`` -> ``SampledState`` rows, with
             ``state_dict``/``load_state_dict``); only the producer draws from it.
         groups_per_step: B, states per batch.
@@ -334,18 +349,25 @@ class AsyncRollouts:
         self._skipped = 0  # batches left with no fresh group: later ones move up a step
         self._error: BaseException | None = None
         self._stop = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        # Batches drawn and not all played, by index; the next index to draw.
+        self._playing: dict[int, _Produced] = {}
+        self._next_index = 0
+        self._busy = 0  # episodes being played
+        self._idle_since: float | None = time.perf_counter()
 
     # ---- trainer side ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the producer thread (after the sampler's state is loaded on resume)."""
-        if self._thread is not None:
+        """Start the producer's slots (after the sampler's state is loaded on resume)."""
+        if self._threads:
             raise RuntimeError("AsyncRollouts.start was called twice")
-        self._thread = threading.Thread(
-            target=self._produce, name="bat-async-rollouts", daemon=True
-        )
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._slot, name=f"bat-async-rollout-{i}", daemon=True)
+            for i in range(self.workers.num_envs)
+        ]
+        for t in self._threads:
+            t.start()
 
     def next_batch(self, version: int) -> AsyncBatch:
         """The next batch with a fresh group, for training at ``version``; waits for one.
@@ -368,7 +390,11 @@ class AsyncRollouts:
                 while self._drawn and self._drawn[0][0] <= batch.index:
                     self._drawn.popleft()
                 idle, self._idle_s = self._idle_s, 0.0
-            keep = fresh_groups(batch.groups, version, self.max_staleness)
+                if self._idle_since is not None:  # the idle spell so far counts for this step
+                    now = time.perf_counter()
+                    idle, self._idle_since = idle + now - self._idle_since, now
+            groups = batch.groups(self.group_size)
+            keep = fresh_groups(groups, version, self.max_staleness)
             dropped += keep.count(False)
             if any(keep):
                 break
@@ -378,7 +404,7 @@ class AsyncRollouts:
         self.dropped_total += dropped
         if dropped:
             log.info("dropped %d group(s) more than %d version(s) old", dropped, self.max_staleness)
-        rollouts = [r for group, k in zip(batch.groups, keep, strict=True) if k for r in group]
+        rollouts = [r for group, k in zip(groups, keep, strict=True) if k for r in group]
         return AsyncBatch(rollouts, dropped, time.perf_counter() - t0, idle)
 
     def publish(self, version: int, weights: Mapping[str, Any]) -> None:
@@ -396,49 +422,84 @@ class AsyncRollouts:
             return copy.deepcopy(self.sampler.state_dict())
 
     def close(self) -> None:
-        """Stop the producer (episodes in flight end at their next generation call) and the envs."""
+        """Stop the slots (episodes in flight end at their next generation call) and the envs."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         self.workers.batcher.close()
-        if self._thread is not None:
-            self._thread.join(timeout=120)
+        for t in self._threads:
+            t.join(timeout=120)
         self.workers.close()
 
     # ---- producer side --------------------------------------------------------------
 
-    def _produce(self) -> None:
-        index = 0
+    def _slot(self) -> None:
+        """One of ``num_envs`` episode slots: play the next episode, again and again.
+
+        A slot that finds every drawn episode taken draws the next batch, once the
+        staleness bound lets it start; so a slow episode holds up only its own slot, and
+        the next batch's episodes start as the last ones of the current batch finish.
+        """
         try:
             while True:
                 with self._cond:
-                    t0 = time.perf_counter()
-                    # Batch `index` trains at version first + index (less the batches
-                    # skipped whole): start it no earlier than K versions before that.
-                    while not self._stop and self._version < (
-                        self.first_version + index - self._skipped - self.max_staleness
-                    ):
-                        self._cond.wait()
-                    self._idle_s += time.perf_counter() - t0
-                    if self._stop:
+                    batch = self._next_episode()
+                    if batch is None:
                         return
-                    before = copy.deepcopy(self.sampler.state_dict())
-                    drawn = self.sampler.next(self.groups_per_step)[self.rank :: self.world]
-                    self._drawn.append((index, before))
-                episodes = [d for d in drawn for _ in range(self.group_size)]
-                played = self.workers.play([d.state_id for d in episodes])
-                stamped = [
-                    VersionedRollout(r.rollout, r.token_versions, d.pool)
-                    for r, d in zip(played, episodes, strict=True)
-                ]
-                g = self.group_size
-                groups = [stamped[i : i + g] for i in range(0, len(stamped), g)]
+                    pos = batch.started
+                    batch.started += 1
+                    if self._busy == 0 and self._idle_since is not None:
+                        self._idle_s += time.perf_counter() - self._idle_since
+                        self._idle_since = None
+                    self._busy += 1
+                state_id, pool = batch.episodes[pos]
+                played = self.workers.play_one(state_id)
                 with self._cond:
-                    self._queue.append(_Produced(index, groups))
+                    batch.results[pos] = VersionedRollout(
+                        played.rollout, played.token_versions, pool
+                    )
+                    batch.remaining -= 1
+                    self._busy -= 1
+                    if self._busy == 0:
+                        self._idle_since = time.perf_counter()
+                    # Hand finished batches over in order.
+                    while self._playing:
+                        first = min(self._playing)
+                        if self._playing[first].remaining:
+                            break
+                        self._queue.append(self._playing.pop(first))
                     self._cond.notify_all()
-                index += 1
         except BaseException as exc:  # handed to the trainer at its next_batch
             with self._cond:
                 if not self._stop:
                     self._error = exc
+                    self._stop = True  # the other slots end too
                 self._cond.notify_all()
+
+    def _next_episode(self) -> _Produced | None:
+        """The batch whose next episode a slot plays (drawing one if need be); None: stop.
+
+        Called with the lock held; waits at the staleness bound.
+        """
+        while not self._stop:
+            for index in sorted(self._playing):
+                if self._playing[index].started < len(self._playing[index].episodes):
+                    return self._playing[index]
+            # Batch `index` trains at version first + index (less the batches skipped
+            # whole): draw it no earlier than K versions before that.
+            bound = self.first_version + self._next_index - self._skipped - self.max_staleness
+            if self._version >= bound:
+                before = copy.deepcopy(self.sampler.state_dict())
+                drawn = self.sampler.next(self.groups_per_step)[self.rank :: self.world]
+                self._drawn.append((self._next_index, before))
+                episodes = [(d.state_id, d.pool) for d in drawn for _ in range(self.group_size)]
+                batch = _Produced(self._next_index, episodes, [None] * len(episodes))
+                batch.remaining = len(episodes)
+                self._playing[self._next_index] = batch
+                self._next_index += 1
+                if not episodes:  # this rank has no share of the batch
+                    self._queue.append(self._playing.pop(batch.index))
+                    self._cond.notify_all()
+                continue
+            self._cond.wait()
+        return None

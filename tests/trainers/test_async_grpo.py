@@ -241,7 +241,7 @@ def test_k0_through_the_async_machinery_equals_the_synchronous_trainer(
     # weights (5% a step): a generator a version behind would sample other tokens.
     kw = dict(steps=3, num_envs=1, max_turns=2, lr=0.05, weight_decay=1.0)
     sync = train(config(tiny, toy_bank, tmp_path / "sync", **kw))["history"]
-    monkeypatch.setattr(grpo, "_ASYNC_FROM", 0)  # the producer thread and weight copy, lockstep
+    monkeypatch.setattr(grpo, "_ASYNC_FROM", 0)  # the producer slots and weight copy, lockstep
     lockstep = train(config(tiny, toy_bank, tmp_path / "async", max_staleness=0, **kw))["history"]
     assert all("staleness_mean" in h for h in lockstep) and "staleness_mean" not in sync[0]
     assert all(h["staleness_mean"] == 0 and h["stale_dropped_groups"] == 0 for h in lockstep)

@@ -1,0 +1,194 @@
+"""Asynchronous GRPO against the synchronous trainer: wall time per step, and who waits.
+
+One tiny Qwen3-style model (built on the spot, nothing downloaded) trains with
+``bat_gym.trainers.grpo.train`` on skill_ladder, three times from the same weights and
+seed: synchronously (``max_staleness=0``: sample, then update) and asynchronously with
+``max_staleness`` K = 1 and K = 2 (a background thread samples with the last published
+weights while the trainer updates). Every run has the same batch (B groups of G
+episodes), turn budget and tokens per turn; the random model never closes a turn, so
+every turn is cut at ``max_new_tokens`` and acted on (``cut_turn="act"``), and each
+step trains on the same number of sampled tokens (the table shows it).
+
+Tool time: a real tool call (a build, a test run, a DICOM query) takes seconds, the toy
+tools here microseconds. The benchmark (only it) makes every env step sleep
+``--tool-latency`` seconds first, so the rollouts wait on tools as real ones do. That
+wait is where asynchrony pays: the trainer updates while episodes wait on their tools.
+
+Reported per run, over the steady steps (the first step, which fills the pipeline and
+loads the models, is left out):
+
+* ``s/step``: wall time per optimizer step, and its ratio to the synchronous run's;
+* ``trainer idle``: share of the wall time the trainer waited for rollouts
+  (synchronous: the rollout time; asynchronous: the wait in ``next_batch``);
+* ``generator idle``: share of the wall time no episode was being played
+  (synchronous: the update time; asynchronous: the producer's wait at the staleness bound);
+* ``tokens/step``: sampled tokens trained on per step (equal across runs by construction);
+* ``dropped``: groups dropped as staler than K (0 expected: the producer never runs
+  further ahead than the bound).
+
+CPU contention: the update and the sampling both run on this machine's CPU cores. On a
+GPU box they overlap on separate engines (the vLLM generator, the trainer); here they
+share the cores, so the overlap can only hide the tool wait (and the time either side
+leaves cores free), not the compute. The ratio is the smaller the closer the rollout's
+tool wait comes to the update time.
+
+The default run takes one to two minutes on two CPU cores; ``--long`` runs 12 steps a
+configuration instead of 4.
+
+Usage: python benchmarks/async_grpo.py [--long] [--steps N] [--tool-latency S] [--ks 0,1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bat_gym.trainers.grpo import GRPOConfig, train
+
+
+def progress(what: str) -> None:
+    print(f"... {what}", file=sys.stderr, flush=True)
+
+
+def inject_tool_latency(seconds: float) -> None:
+    """Make every env step of this process sleep ``seconds`` first (the benchmark's tool time)."""
+    from bat_gym.env import StageEnv
+
+    step = StageEnv.step
+
+    def slow_step(self: StageEnv, action: Any) -> Any:
+        time.sleep(seconds)
+        return step(self, action)
+
+    StageEnv.step = slow_step  # type: ignore[method-assign]
+
+
+def build_setup(out: Path, hidden: int, layers: int) -> tuple[Path, Path, list[str]]:
+    """The skill_ladder bank, a random-init tiny model, and the E2E states to train on."""
+    from bat_gym.bank import build_bank
+    from bat_gym.registry import get_benchmark
+    from bat_gym.trainers.tiny_model import build_tiny_model
+
+    bench = get_benchmark("skill_ladder")
+    bank = build_bank(bench, out / "bank", tasks_per_track=1, outcomes=("success",))
+    states = list(bank.select(focus="E2E"))
+    texts = [m.get("content") or "" for i in states for m in bank.get(i).messages]
+    rng = random.Random(0)
+    texts += [" ".join(rng.choices(texts[0].split() or ["x"], k=40)) for _ in range(50)]
+    model = build_tiny_model(
+        out / "model", texts, vocab_size=1024, hidden_size=hidden, num_layers=layers
+    )
+    return Path(bank.root), Path(model), states
+
+
+def run(
+    args: argparse.Namespace, k: int, bank: Path, model: Path, states: list[str], out: Path
+) -> dict[str, Any]:
+    """One training run with ``max_staleness=k``; its steady-state figures."""
+    cfg = GRPOConfig(
+        model=str(model), output_dir=str(out), benchmark="skill_ladder", bank=str(bank),
+        state_ids=tuple(states), steps=args.steps, groups_per_step=args.groups,
+        group_size=args.group_size, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
+        num_envs=args.groups * args.group_size, micro_batch_size=args.groups * args.group_size,
+        cut_turn="act", overlong="keep", lr=1e-4, seed=0, save_every=10**6, keep_last=1,
+        max_staleness=k, device="cpu", bf16="off", kl_coef=0.006, sampler_gap_alarm_at=None,
+    )  # fmt: skip
+    stamps: list[float] = []
+    records: list[dict[str, Any]] = []
+
+    def on_step(record: dict[str, Any]) -> None:
+        stamps.append(time.perf_counter())
+        records.append(record)
+        progress(
+            f"K={k} step {record['step']}: {stamps[-1] - (stamps[-2] if len(stamps) > 1 else t0):.2f} s"
+        )
+
+    t0 = time.perf_counter()
+    train(cfg, on_step=on_step)
+    steady = records[1:]
+    wall = stamps[-1] - stamps[0]
+    if k == 0:
+        trainer_idle = sum(r["rollout_s"] for r in steady)
+        generator_idle = sum(r["update_s"] for r in steady)
+    else:
+        trainer_idle = sum(r["trainer_idle_s"] for r in steady)
+        generator_idle = sum(r["generator_idle_s"] for r in steady)
+    return {
+        "k": k,
+        "s_per_step": wall / len(steady),
+        "trainer_idle": trainer_idle / wall,
+        "generator_idle": generator_idle / wall,
+        "tokens": sum(r["response_tokens"] * r["scored_rollouts"] for r in steady) / len(steady),
+        "dropped": sum(r.get("stale_dropped_groups", 0) for r in steady),
+        "staleness": sum(r.get("staleness_mean", 0.0) for r in steady) / len(steady),
+        "update_s": sum(r["update_s"] for r in steady) / len(steady),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps per run (default 4; 12 with --long)"
+    )
+    parser.add_argument("--long", action="store_true", help="12 steps per run instead of 4")
+    parser.add_argument(
+        "--tool-latency", type=float, default=0.4, help="seconds per env step (default 0.4)"
+    )
+    parser.add_argument(
+        "--ks", default="0,1,2", help="max_staleness values, 0 first (default 0,1,2)"
+    )
+    parser.add_argument("--groups", type=int, default=2, help="B, groups per step (default 2)")
+    parser.add_argument(
+        "--group-size", type=int, default=4, help="G, episodes per group (default 4)"
+    )
+    parser.add_argument("--max-turns", type=int, default=3, help="turns per episode (default 3)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=16, help="tokens per turn (default 16)"
+    )
+    parser.add_argument("--hidden", type=int, default=128, help="model width (default 128)")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
+    )
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    args.steps = args.steps or (12 if args.long else 4)
+    ks = [int(x) for x in args.ks.split(",")]
+    if ks[0] != 0 or args.steps < 2:
+        parser.error("--ks must start with 0 (the baseline) and --steps be >= 2")
+    inject_tool_latency(args.tool_latency)
+    with tempfile.TemporaryDirectory(prefix="bat-async-grpo-") as tmp:
+        root = Path(tmp)
+        progress("building the skill_ladder bank and the tiny model")
+        bank, model, states = build_setup(root, args.hidden, args.layers)
+        results = [run(args, k, bank, model, states, root / f"run-k{k}") for k in ks]
+    base = results[0]["s_per_step"]
+    print(
+        f"GRPO on skill_ladder, tiny model ({args.hidden} wide, {args.layers} layers), "
+        f"B={args.groups} x G={args.group_size}, {args.max_turns} turns x {args.max_new_tokens} "
+        f"tokens, tool latency {args.tool_latency} s/step, {args.steps} steps "
+        f"(steady: {args.steps - 1}), torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"{'run':<10}{'s/step':>8}{'vs sync':>9}{'trainer idle':>14}{'generator idle':>16}"
+        f"{'update s':>10}{'tokens/step':>13}{'staleness':>11}{'dropped':>9}"
+    )
+    for r in results:
+        name = "sync" if r["k"] == 0 else f"K={r['k']}"
+        print(
+            f"{name:<10}{r['s_per_step']:>8.2f}{r['s_per_step'] / base:>8.2f}x"
+            f"{r['trainer_idle']:>14.0%}{r['generator_idle']:>16.0%}{r['update_s']:>10.2f}"
+            f"{r['tokens']:>13.0f}{r['staleness']:>11.2f}{int(r['dropped']):>9d}"
+        )
+
+
+if __name__ == "__main__":
+    main()
