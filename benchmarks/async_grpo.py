@@ -22,6 +22,10 @@ loads the models, is left out):
   (synchronous: the rollout time; asynchronous: the wait in ``next_batch``);
 * ``generator idle``: share of the wall time no episode was being played
   (synchronous: the update time; asynchronous: the producer's wait at the staleness bound);
+* ``update s``: seconds of the update per step (it grows when sampling runs beside it);
+* ``cpu s/step``: CPU seconds this process used per step, all threads: the work is the
+  same in every run, so when ``s/step`` is close to it over the cores available, the run
+  is bound by CPU, not by waiting;
 * ``tokens/step``: sampled tokens trained on per step (equal across runs by construction);
 * ``dropped``: groups dropped as staler than K (0 expected: the producer never runs
   further ahead than the bound).
@@ -101,10 +105,12 @@ def run(
         max_staleness=k, device="cpu", bf16="off", kl_coef=0.006, sampler_gap_alarm_at=None,
     )  # fmt: skip
     stamps: list[float] = []
+    cpu: list[float] = []
     records: list[dict[str, Any]] = []
 
     def on_step(record: dict[str, Any]) -> None:
         stamps.append(time.perf_counter())
+        cpu.append(time.process_time())
         records.append(record)
         progress(
             f"K={k} step {record['step']}: {stamps[-1] - (stamps[-2] if len(stamps) > 1 else t0):.2f} s"
@@ -123,6 +129,7 @@ def run(
     return {
         "k": k,
         "s_per_step": wall / len(steady),
+        "cpu_per_step": (cpu[-1] - cpu[0]) / len(steady),
         "trainer_idle": trainer_idle / wall,
         "generator_idle": generator_idle / wall,
         "tokens": sum(r["response_tokens"] * r["scored_rollouts"] for r in steady) / len(steady),
@@ -179,13 +186,14 @@ def main() -> None:
     )
     print(
         f"{'run':<10}{'s/step':>8}{'vs sync':>9}{'trainer idle':>14}{'generator idle':>16}"
-        f"{'update s':>10}{'tokens/step':>13}{'staleness':>11}{'dropped':>9}"
+        f"{'update s':>10}{'cpu s/step':>12}{'tokens/step':>13}{'staleness':>11}{'dropped':>9}"
     )
     for r in results:
         name = "sync" if r["k"] == 0 else f"K={r['k']}"
         print(
             f"{name:<10}{r['s_per_step']:>8.2f}{r['s_per_step'] / base:>8.2f}x"
             f"{r['trainer_idle']:>14.0%}{r['generator_idle']:>16.0%}{r['update_s']:>10.2f}"
+            f"{r['cpu_per_step']:>12.2f}"
             f"{r['tokens']:>13.0f}{r['staleness']:>11.2f}{int(r['dropped']):>9d}"
         )
 
