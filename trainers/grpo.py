@@ -30,6 +30,13 @@ bf16's spacing near a weight of typical size (2^-8 relative, ~8e-5 at 0.02), so 
 rounds away. Checkpoints and ``final/`` are therefore written in float32 too: casting
 them back to bf16 would round a round's update away in the same way.
 
+Asynchronous rollouts (``max_staleness`` K >= 1): the rollouts of the next steps are
+played in the background with the last published weights while this loop updates
+(:mod:`bat_gym.trainers.async_rollouts`); each token keeps its policy version and
+behaviour log-prob, truncated importance weights against the behaviour policy correct
+for the lag (decoupled PPO, see :mod:`bat_gym.trainers.grpo_loss`), and groups more than
+K versions old are dropped. K = 0 keeps the loop above exactly.
+
 Scale-out: launched with ``torchrun --nproc-per-node N``, every rank plays its share
 of the groups and the model is sharded with FSDP2 (:mod:`bat_gym.trainers.fsdp`:
 weights gathered once for the rollouts, gradients summed across ranks, checkpoints
