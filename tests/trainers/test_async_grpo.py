@@ -281,3 +281,23 @@ def test_async_settings_are_checked(tiny, toy_bank, tmp_path):
     with pytest.raises(ConfigError, match="give a tis_cap"):
         config(tiny, toy_bank, tmp_path, max_staleness=2, tis_cap=None)
     assert config(tiny, toy_bank, tmp_path).max_staleness == 0  # synchronous by default
+
+
+@pytest.mark.slow
+def test_an_async_vllm_generator_gets_each_published_version(tiny, toy_bank, tmp_path):
+    pytest.importorskip(
+        "vllm", reason="vllm is not installed (optional extra: pip install 'bat-gym[vllm]')"
+    )
+    engine = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3,
+              "max_model_len": 2048}  # fmt: skip
+    # Weight decay moves the weights 5% a step whatever the (zero) advantages.
+    cfg = config(
+        tiny, toy_bank, tmp_path, steps=3, generator="vllm", vllm_kwargs=engine, lr=0.05,
+        weight_decay=1.0, max_staleness=1,
+    )  # fmt: skip
+    history = train(cfg)["history"]
+    assert history[-1]["kl"] > 1e-4, history
+    # Tokens of the trainer's own version score as vLLM scored them: the engine loaded
+    # each published version (older tokens differ by the updates since, and are weighted).
+    assert all(h["sampler_logprob_gap"] < 1e-3 for h in history), history
+    assert all(h["staleness_max"] <= 1 and h["stale_dropped_groups"] == 0 for h in history)
