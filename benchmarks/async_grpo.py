@@ -36,16 +36,19 @@ share the cores, so the overlap can only hide the tool wait (and the time either
 leaves cores free), not the compute. The ratio is the smaller the closer the rollout's
 tool wait comes to the update time.
 
-The default run takes one to two minutes on two CPU cores; ``--long`` runs 12 steps a
-configuration instead of 4.
+The runs go round by round (sync, K = 1, K = 2, then again), so that load from other
+processes falls on each alike; the table gives medians over the rounds, and each ratio is
+taken within its round. The default (one round of 4 steps per run) takes about two
+minutes on two CPU cores; ``--long`` runs 3 rounds of 8 steps.
 
-Usage: python benchmarks/async_grpo.py [--long] [--steps N] [--tool-latency S] [--ks 0,1,2]
+Usage: python benchmarks/async_grpo.py [--long] [--rounds N] [--steps N] [--tool-latency S]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -141,10 +144,13 @@ def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=4, help="steps per run (default 4)")
     parser.add_argument(
-        "--steps", type=int, default=None, help="steps per run (default 4; 12 with --long)"
+        "--rounds", type=int, default=1, help="rounds of (sync, K=1, K=2) runs (default 1)"
     )
-    parser.add_argument("--long", action="store_true", help="12 steps per run instead of 4")
+    parser.add_argument(
+        "--long", action="store_true", help="3 rounds of 8 steps (about 15 minutes)"
+    )
     parser.add_argument(
         "--tool-latency", type=float, default=0.4, help="seconds per env step (default 0.4)"
     )
@@ -167,34 +173,44 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    args.steps = args.steps or (12 if args.long else 4)
+    if args.long:
+        args.steps, args.rounds = 8, 3
     ks = [int(x) for x in args.ks.split(",")]
-    if ks[0] != 0 or args.steps < 2:
-        parser.error("--ks must start with 0 (the baseline) and --steps be >= 2")
+    if ks[0] != 0 or args.steps < 2 or args.rounds < 1:
+        parser.error("--ks must start with 0 (the baseline), --steps be >= 2, --rounds >= 1")
     inject_tool_latency(args.tool_latency)
+    rounds: list[list[dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="bat-async-grpo-") as tmp:
         root = Path(tmp)
         progress("building the skill_ladder bank and the tiny model")
         bank, model, states = build_setup(root, args.hidden, args.layers)
-        results = [run(args, k, bank, model, states, root / f"run-k{k}") for k in ks]
-    base = results[0]["s_per_step"]
+        for n in range(args.rounds):
+            # Round by round, so that load from other processes falls on every K alike.
+            rounds.append([run(args, k, bank, model, states, root / f"run-{n}-k{k}") for k in ks])
     print(
         f"GRPO on skill_ladder, tiny model ({args.hidden} wide, {args.layers} layers), "
         f"B={args.groups} x G={args.group_size}, {args.max_turns} turns x {args.max_new_tokens} "
-        f"tokens, tool latency {args.tool_latency} s/step, {args.steps} steps "
-        f"(steady: {args.steps - 1}), torch threads {torch.get_num_threads()}"
+        f"tokens, tool latency {args.tool_latency} s/step, {args.rounds} round(s) of "
+        f"{args.steps} steps per run (steady: {args.steps - 1}), torch threads "
+        f"{torch.get_num_threads()}; medians over rounds, ratios taken within a round"
     )
     print(
         f"{'run':<10}{'s/step':>8}{'vs sync':>9}{'trainer idle':>14}{'generator idle':>16}"
         f"{'update s':>10}{'cpu s/step':>12}{'tokens/step':>13}{'staleness':>11}{'dropped':>9}"
     )
-    for r in results:
-        name = "sync" if r["k"] == 0 else f"K={r['k']}"
+    for i, k in enumerate(ks):
+        runs = [r[i] for r in rounds]
+
+        def med(key: str, runs: list[dict[str, Any]] = runs) -> float:
+            return statistics.median(r[key] for r in runs)
+
+        ratio = statistics.median(r[i]["s_per_step"] / r[0]["s_per_step"] for r in rounds)
+        name = "sync" if k == 0 else f"K={k}"
         print(
-            f"{name:<10}{r['s_per_step']:>8.2f}{r['s_per_step'] / base:>8.2f}x"
-            f"{r['trainer_idle']:>14.0%}{r['generator_idle']:>16.0%}{r['update_s']:>10.2f}"
-            f"{r['cpu_per_step']:>12.2f}"
-            f"{r['tokens']:>13.0f}{r['staleness']:>11.2f}{int(r['dropped']):>9d}"
+            f"{name:<10}{med('s_per_step'):>8.2f}{ratio:>8.2f}x"
+            f"{med('trainer_idle'):>14.0%}{med('generator_idle'):>16.0%}{med('update_s'):>10.2f}"
+            f"{med('cpu_per_step'):>12.2f}{med('tokens'):>13.0f}{med('staleness'):>11.2f}"
+            f"{sum(int(r['dropped']) for r in runs):>9d}"
         )
 
 
