@@ -3,16 +3,17 @@
 One tiny Qwen3-style model (built on the spot, nothing downloaded) trains with
 ``bat_gym.trainers.grpo.train`` on skill_ladder, three times from the same weights and
 seed: synchronously (``max_staleness=0``: sample, then update) and asynchronously with
-``max_staleness`` K = 1 and K = 2 (a background thread samples with the last published
-weights while the trainer updates). Every run has the same batch (B groups of G
+``max_staleness`` K = 1 and K = 2 (``num_envs`` background slots sample with the last
+published weights while the trainer updates). Every run has the same batch (B groups of G
 episodes), turn budget and tokens per turn; the random model never closes a turn, so
 every turn is cut at ``max_new_tokens`` and acted on (``cut_turn="act"``), and each
 step trains on the same number of sampled tokens (the table shows it).
 
 Tool time: a real tool call (a build, a test run, a DICOM query) takes seconds, the toy
 tools here microseconds. The benchmark (only it) makes every env step sleep
-``--tool-latency`` seconds first, so the rollouts wait on tools as real ones do. That
-wait is where asynchrony pays: the trainer updates while episodes wait on their tools.
+``--tool-latency`` seconds (default 1) first, so the rollouts wait on tools as real ones
+do. That wait is where asynchrony pays: the trainer updates while episodes wait on their
+tools. With ``--num-envs`` above B x G, K = 2 may play two batches at once.
 
 Reported per run, over the steady steps (the first step, which fills the pipeline and
 loads the models, is left out):
@@ -21,7 +22,7 @@ loads the models, is left out):
 * ``trainer idle``: share of the wall time the trainer waited for rollouts
   (synchronous: the rollout time; asynchronous: the wait in ``next_batch``);
 * ``generator idle``: share of the wall time no episode was being played
-  (synchronous: the update time; asynchronous: the producer's wait at the staleness bound);
+  (synchronous: the update time; asynchronous: every slot waiting at the staleness bound);
 * ``update s``: seconds of the update per step (it grows when sampling runs beside it);
 * ``cpu s/step``: CPU seconds this process used per step, all threads: the work is the
   same in every run, so when ``s/step`` is close to it over the cores available, the run
@@ -33,8 +34,10 @@ loads the models, is left out):
 CPU contention: the update and the sampling both run on this machine's CPU cores. On a
 GPU box they overlap on separate engines (the vLLM generator, the trainer); here they
 share the cores, so the overlap can only hide the tool wait (and the time either side
-leaves cores free), not the compute. The ratio is the smaller the closer the rollout's
-tool wait comes to the update time.
+leaves cores free), not the compute: with U the update, Rc the sampling compute and Rs the
+tool wait of a step, synchronous is U + Rc + Rs, asynchronous at best max(U + Rc, Rc + Rs)
+on a saturated CPU (max(U, Rc + Rs) with cores to spare). When both idle shares are near
+0 the asynchronous run is CPU-bound, and others' load on the machine sets the figure.
 
 The runs go round by round (sync, K = 1, K = 2, then again), so that load from other
 processes falls on each alike; the table gives medians over the rounds, and each ratio is
@@ -103,7 +106,8 @@ def run(
         model=str(model), output_dir=str(out), benchmark="skill_ladder", bank=str(bank),
         state_ids=tuple(states), steps=args.steps, groups_per_step=args.groups,
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
-        num_envs=args.groups * args.group_size, micro_batch_size=args.groups * args.group_size,
+        num_envs=args.num_envs or args.groups * args.group_size,
+        micro_batch_size=args.groups * args.group_size,
         cut_turn="act", overlong="keep", lr=1e-4, seed=0, save_every=10**6, keep_last=1,
         max_staleness=k, device="cpu", bf16="off", kl_coef=0.006, sampler_gap_alarm_at=None,
     )  # fmt: skip
@@ -152,7 +156,7 @@ def main() -> None:
         "--long", action="store_true", help="3 rounds of 8 steps (about 15 minutes)"
     )
     parser.add_argument(
-        "--tool-latency", type=float, default=0.4, help="seconds per env step (default 0.4)"
+        "--tool-latency", type=float, default=1.0, help="seconds per env step (default 1.0)"
     )
     parser.add_argument(
         "--ks", default="0,1,2", help="max_staleness values, 0 first (default 0,1,2)"
@@ -165,6 +169,10 @@ def main() -> None:
     parser.add_argument(
         "--max-new-tokens", type=int, default=16, help="tokens per turn (default 16)"
     )
+    parser.add_argument(
+        "--num-envs", type=int, default=None,
+        help="episodes played at once (default B x G; more lets K >= 2 play two batches at once)",
+    )  # fmt: skip
     parser.add_argument("--hidden", type=int, default=128, help="model width (default 128)")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     parser.add_argument(
@@ -189,7 +197,8 @@ def main() -> None:
             rounds.append([run(args, k, bank, model, states, root / f"run-{n}-k{k}") for k in ks])
     print(
         f"GRPO on skill_ladder, tiny model ({args.hidden} wide, {args.layers} layers), "
-        f"B={args.groups} x G={args.group_size}, {args.max_turns} turns x {args.max_new_tokens} "
+        f"B={args.groups} x G={args.group_size}, {args.num_envs or args.groups * args.group_size} "
+        f"envs, {args.max_turns} turns x {args.max_new_tokens} "
         f"tokens, tool latency {args.tool_latency} s/step, {args.rounds} round(s) of "
         f"{args.steps} steps per run (steady: {args.steps - 1}), torch threads "
         f"{torch.get_num_threads()}; medians over rounds, ratios taken within a round"
