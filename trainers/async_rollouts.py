@@ -407,6 +407,12 @@ class AsyncRollouts:
         rollouts = [r for group, k in zip(groups, keep, strict=True) if k for r in group]
         return AsyncBatch(rollouts, dropped, time.perf_counter() - t0, idle)
 
+    @property
+    def queued(self) -> int:
+        """Batches played in full and waiting for the trainer."""
+        with self._cond:
+            return len(self._queue)
+
     def publish(self, version: int, weights: Mapping[str, Any]) -> None:
         """The trainer reached ``version`` with ``weights`` (a copy it will not modify)."""
         self.workers.generator.publish(version, weights)

@@ -161,10 +161,10 @@ def test_the_producer_drops_batches_the_trainer_outran_and_counts_them(tiny, toy
     try:
         # K = 1: batches 0 and 1 may start at version 0; batch 2 waits for version 1.
         deadline = time.monotonic() + 60
-        while len(source._queue) < 2 and time.monotonic() < deadline:
+        while source.queued < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.3)
-        assert len(source._queue) == 2, "the producer ran past its staleness bound"
+        assert source.queued == 2, "the producer ran past its staleness bound"
         # The trainer is three updates on: both queued batches are too old to train on.
         source.publish(3, nudged(pol.model))
         batch = source.next_batch(3)
