@@ -13,7 +13,13 @@ Tool time: a real tool call (a build, a test run, a DICOM query) takes seconds, 
 tools here microseconds. The benchmark (only it) makes every env step sleep
 ``--tool-latency`` seconds (default 1) first, so the rollouts wait on tools as real ones
 do. That wait is where asynchrony pays: the trainer updates while episodes wait on their
-tools. With ``--num-envs`` above B x G, K = 2 may play two batches at once.
+tools.
+
+Envs: every run gets ``--num-envs`` (default 2 x B x G) envs. The synchronous trainer
+plays one batch at a time and leaves half of them unused; asynchronously, batch j + 1
+may start (K = 1) while batch j still plays, so with R the rollout time of a batch and
+U the update time a step takes about max(U, R, (R + U) / 2) instead of R + U. With
+``--num-envs`` equal to B x G the batches take turns on the envs and a step is at least R.
 
 Reported per run, over the steady steps (the first step, which fills the pipeline and
 loads the models, is left out):
@@ -106,7 +112,7 @@ def run(
         model=str(model), output_dir=str(out), benchmark="skill_ladder", bank=str(bank),
         state_ids=tuple(states), steps=args.steps, groups_per_step=args.groups,
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
-        num_envs=args.num_envs or args.groups * args.group_size,
+        num_envs=args.num_envs or 2 * args.groups * args.group_size,
         micro_batch_size=args.groups * args.group_size,
         cut_turn="act", overlong="keep", lr=1e-4, seed=0, save_every=10**6, keep_last=1,
         max_staleness=k, device="cpu", bf16="off", kl_coef=0.006, sampler_gap_alarm_at=None,
@@ -171,7 +177,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--num-envs", type=int, default=None,
-        help="episodes played at once (default B x G; more lets K >= 2 play two batches at once)",
+        help="episodes played at once (default 2 x B x G, so two batches can play at once)",
     )  # fmt: skip
     parser.add_argument("--hidden", type=int, default=128, help="model width (default 128)")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
@@ -197,7 +203,7 @@ def main() -> None:
             rounds.append([run(args, k, bank, model, states, root / f"run-{n}-k{k}") for k in ks])
     print(
         f"GRPO on skill_ladder, tiny model ({args.hidden} wide, {args.layers} layers), "
-        f"B={args.groups} x G={args.group_size}, {args.num_envs or args.groups * args.group_size} "
+        f"B={args.groups} x G={args.group_size}, {args.num_envs or 2 * args.groups * args.group_size} "
         f"envs, {args.max_turns} turns x {args.max_new_tokens} "
         f"tokens, tool latency {args.tool_latency} s/step, {args.rounds} round(s) of "
         f"{args.steps} steps per run (steady: {args.steps - 1}), torch threads "
