@@ -18,8 +18,9 @@ tools.
 Envs: every run gets ``--num-envs`` (default 2 x B x G) envs. The synchronous trainer
 plays one batch at a time and leaves half of them unused; asynchronously, batch j + 1
 may start (K = 1) while batch j still plays, so with R the rollout time of a batch and
-U the update time a step takes about max(U, R, (R + U) / 2) instead of R + U. With
-``--num-envs`` equal to B x G the batches take turns on the envs and a step is at least R.
+U the update time a step takes about max(U, (R + U) / 2) instead of R + U (batch j + 1
+starts when the update before batch j ends). With ``--num-envs`` equal to B x G the
+batches take turns on the envs and a step is at least R.
 
 Reported per run, over the steady steps (the first step, which fills the pipeline and
 loads the models, is left out):
