@@ -275,7 +275,9 @@ class GRPOConfig:
     vLLM engine) while the trainer updates; each token keeps its version and the sampler's
     log-prob of it, and the loss weights it by ``min(pi_old / pi_behaviour, tis_cap)``
     (decoupled PPO). Groups with a token more than K versions old are dropped, never trained
-    on (``stale_dropped_groups``). 0: the synchronous trainer (sample, then update)."""
+    on (``stale_dropped_groups``). ``num_envs`` above B x G lets the next batch start while
+    the current one plays (each batch may start K versions before it is trained). 0: the
+    synchronous trainer (sample, then update)."""
     micro_batch_size: int = 8
     """Rollouts per forward/backward pass (gradient accumulation over the batch)."""
     num_envs: int = 8
