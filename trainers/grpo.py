@@ -30,6 +30,13 @@ bf16's spacing near a weight of typical size (2^-8 relative, ~8e-5 at 0.02), so 
 rounds away. Checkpoints and ``final/`` are therefore written in float32 too: casting
 them back to bf16 would round a round's update away in the same way.
 
+Asynchronous rollouts (``max_staleness`` K >= 1): the rollouts of the next steps are
+played in the background with the last published weights while this loop updates
+(:mod:`bat_gym.trainers.async_rollouts`); each token keeps its policy version and
+behaviour log-prob, truncated importance weights against the behaviour policy correct
+for the lag (decoupled PPO, see :mod:`bat_gym.trainers.grpo_loss`), and groups more than
+K versions old are dropped. K = 0 keeps the loop above exactly.
+
 Scale-out: launched with ``torchrun --nproc-per-node N``, every rank plays its share
 of the groups and the model is sharded with FSDP2 (:mod:`bat_gym.trainers.fsdp`:
 weights gathered once for the rollouts, gradients summed across ranks, checkpoints
@@ -41,7 +48,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -55,6 +61,11 @@ import torch
 from bat_gym import progress
 from bat_gym.errors import ConfigError
 from bat_gym.integrations.episode import EpisodeResult
+from bat_gym.trainers.async_rollouts import (
+    AsyncRollouts,
+    VersionedGenerator,
+    VersionedWorkers,
+)
 from bat_gym.trainers.checkpoints import (
     CheckpointDir,
     load_resume_state,
@@ -73,13 +84,13 @@ from bat_gym.trainers.fsdp import (
 )
 from bat_gym.trainers.grpo_loss import (
     Aggregation,
+    behaviour_is_weights,
     chunked_logprobs_and_entropy,
     entropy_from_logits,
     filter_uniform_groups,
     group_advantages,
     grpo_loss,
     masked_mean,
-    tis_weights,
     token_logprobs,
 )
 from bat_gym.trainers.grpo_metrics import StepMetrics
@@ -257,6 +268,16 @@ class GRPOConfig:
     """Drop groups whose rewards are all equal (they carry no policy gradient)."""
     updates_per_batch: int = 1
     """Optimizer passes over one batch of rollouts (1: on-policy, ratio = 1 at start)."""
+    max_staleness: int = 0
+    """Asynchronous rollouts, K: the most optimizer steps (policy versions) a trained token
+    may lag the weights it is trained against. With K >= 1 a background thread keeps
+    playing episodes with the last published weights (a second copy of the model, or the
+    vLLM engine) while the trainer updates; each token keeps its version and the sampler's
+    log-prob of it, and the loss weights it by ``min(pi_old / pi_behaviour, tis_cap)``
+    (decoupled PPO). Groups with a token more than K versions old are dropped, never trained
+    on (``stale_dropped_groups``). ``num_envs`` above B x G lets the next batch start while
+    the current one plays (each batch may start K versions before it is trained). 0: the
+    synchronous trainer (sample, then update)."""
     micro_batch_size: int = 8
     """Rollouts per forward/backward pass (gradient accumulation over the batch)."""
     num_envs: int = 8
@@ -328,6 +349,17 @@ class GRPOConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be > 0, or None to turn it off, got {value}")
+        if self.max_staleness < 0:
+            raise ConfigError(
+                f"max_staleness must be >= 0 optimizer steps (0: synchronous), got "
+                f"{self.max_staleness}"
+            )
+        if self.max_staleness > 0 and self.tis_cap is None:
+            raise ConfigError(
+                f"max_staleness={self.max_staleness} trains on tokens sampled by older weights, "
+                "which the importance weights capped at tis_cap correct for: give a tis_cap "
+                "(e.g. 2.0) or set max_staleness=0"
+            )
         if self.logprob_chunk_size is not None and self.logprob_chunk_size < 1:
             raise ConfigError(
                 f"logprob_chunk_size must be >= 1 token, or None for the whole logits, got "
@@ -407,7 +439,10 @@ class CurriculumStates(StateSampler):
 
 
 def _batch_tensors(
-    rollouts: Sequence[EpisodeResult], pad_id: int, device: torch.device
+    rollouts: Sequence[EpisodeResult],
+    pad_id: int,
+    device: torch.device,
+    versions: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Right-padded token batch; mask/logprob positions aligned with next-token targets.
 
@@ -415,7 +450,9 @@ def _batch_tensors(
     ``sample_logprobs`` (B, T) for the last T = L - min(prompt length) predicted
     positions, the first of which predicts the earliest response token: column j is
     position s + j (s = L - 1 - T), which predicts token s + j + 1. Prompt-only
-    positions before s are left out, so no logits are computed for them.
+    positions before s are left out, so no logits are computed for them. With
+    ``versions`` (each rollout's per-response-token policy versions, asynchronous
+    rollouts) also ``version`` (B, T) long, aligned the same way, -1 off the response.
     """
     length = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
     start = min(len(r.prompt_ids) for r in rollouts) - 1
@@ -423,6 +460,7 @@ def _batch_tensors(
     attn = torch.zeros((len(rollouts), length), dtype=torch.long)
     mask = torch.zeros((len(rollouts), length - 1 - start))
     sample_lp = torch.zeros((len(rollouts), length - 1 - start))
+    version = torch.full((len(rollouts), length - 1 - start), -1, dtype=torch.long)
     for i, r in enumerate(rollouts):
         seq = r.prompt_ids + r.response_ids
         p, c = len(r.prompt_ids), len(r.response_ids)
@@ -435,12 +473,17 @@ def _batch_tensors(
         )
         if r.response_logprobs is not None:
             sample_lp[i, p - 1 - start : p - 1 - start + c] = torch.tensor(r.response_logprobs)
-    return {
+        if versions is not None:
+            version[i, p - 1 - start : p - 1 - start + c] = torch.tensor(versions[i])
+    out = {
         "input_ids": ids.to(device),
         "attention_mask": attn.to(device),
         "loss_mask": mask.to(device),
         "sample_logprobs": sample_lp.to(device),
     }
+    if versions is not None:
+        out["version"] = version.to(device)
+    return out
 
 
 def _logprobs(
@@ -731,6 +774,61 @@ def _chunks(n: int, size: int) -> Iterator[slice]:
         yield slice(start, min(n, start + size))
 
 
+# ============================================================================ async
+
+# Staleness bounds from which ``train`` plays its rollouts in the background
+# (:mod:`bat_gym.trainers.async_rollouts`); below it, the synchronous loop.
+_ASYNC_FROM = 1
+
+
+def _versioned(
+    generate: Callable[[list[list[int]], int], Any], policy: Any, cfg: GRPOConfig
+) -> VersionedGenerator:
+    """The generator of asynchronous rollouts: ``generate``, with published weights loaded between calls.
+
+    The transformers sampler holds its own copy of the model (``policy.model``) and
+    copies a published state dict into it; a vLLM engine loads it through
+    :meth:`~bat_gym.policies.vllm_policy.VLLMPolicy.update_weights`, its one weight path.
+    """
+    if cfg.generator == "vllm":
+        load = policy.update_weights
+    else:
+
+        def load(weights: Any) -> None:
+            policy.model.load_state_dict(weights)
+
+    return VersionedGenerator(generate, load, version=0)
+
+
+def _async_batch(
+    source: AsyncRollouts, step: int
+) -> tuple[list[EpisodeResult], list[str], list[list[int]], dict[str, float]]:
+    """The producer's next batch for training at version ``step``, unpacked, and its metrics.
+
+    Returns:
+        ``(rollouts, pools, versions, stats)``: the episodes, their pools, their
+        per-token versions, and ``stale_dropped_groups`` (this step),
+        ``stale_dropped_total`` (the run so far, since its start or resume),
+        ``staleness_max`` (versions behind, oldest trained token), ``trainer_idle_s`` (the
+        wait for the batch), ``generator_idle_s`` (the producer's wait at the bound).
+    """
+    batch = source.next_batch(step)
+    oldest = [v for r in batch.rollouts if (v := r.oldest_version) is not None]
+    stats = {
+        "stale_dropped_groups": float(batch.dropped_groups),
+        "stale_dropped_total": float(source.dropped_total),
+        "staleness_max": float(step - min(oldest)) if oldest else 0.0,
+        "trainer_idle_s": batch.wait_s,
+        "generator_idle_s": batch.generator_idle_s,
+    }
+    return (
+        [r.rollout for r in batch.rollouts],
+        [r.pool for r in batch.rollouts],
+        [r.token_versions for r in batch.rollouts],
+        stats,
+    )
+
+
 # ============================================================================ train
 
 
@@ -764,6 +862,12 @@ def train(
     checkpoints = CheckpointDir(out, marker=_STATE, keep_last=cfg.keep_last)
     checkpoints.clean_partial()
     latest = checkpoints.latest()
+    asynchronous = cfg.max_staleness >= _ASYNC_FROM
+    if asynchronous and dist.world > 1:
+        raise ConfigError(
+            f"max_staleness={cfg.max_staleness} (asynchronous rollouts) runs in one process; "
+            f"launch without torchrun (this run has {dist.world}) or set max_staleness=0"
+        )
 
     # ---- the sampler, and the model it trains ---------------------------------------
     start = latest or cfg.model
@@ -787,6 +891,7 @@ def train(
         tokenizer = AutoTokenizer.from_pretrained(start)
     else:
         # One set of weights: the policy samples with the very model being trained.
+        # Asynchronously, a second one: the policy samples with the last published weights.
         policy = TransformersPolicy(
             start,
             device=str(device),
@@ -797,6 +902,8 @@ def train(
             **sampling,
         )
         model, tokenizer = policy.model, policy.tokenizer
+        if asynchronous:
+            model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).to(device)
     context = _context_length(model, cfg)
     if cfg.max_total_tokens is not None and context is not None and cfg.max_total_tokens > context:
         raise ConfigError(
@@ -812,6 +919,8 @@ def train(
         ref = ref.to(device).eval()
         ref.requires_grad_(False)
     model = shard(model, dist)
+    # Once for the run: it only acts in training mode, so sampling is left as it was.
+    _set_gradient_checkpointing(model, cfg.gradient_checkpointing)
     opt = _make_optimizer(model, cfg, device)
     sched = lr_scheduler(
         opt, warmup_steps=cfg.warmup_steps, max_steps=cfg.steps, schedule=cfg.lr_schedule
@@ -856,9 +965,12 @@ def train(
         def rollout_env() -> Any:
             return ActorEnv(pool, next(handles))
 
-    workers = RolloutWorkers(
+    def generate(prompts: list[list[int]], n: int) -> Any:
+        return policy.generate_tokens(prompts, max_new_tokens=n)
+
+    workers = (VersionedWorkers if asynchronous else RolloutWorkers)(
         rollout_env,
-        lambda prompts, n: policy.generate_tokens(prompts, max_new_tokens=n),
+        _versioned(generate, policy, cfg) if asynchronous else generate,
         tokenizer,
         max_new_tokens=cfg.max_new_tokens,
         num_envs=cfg.num_envs,
@@ -883,6 +995,18 @@ def train(
         # so a resumed run samples as the uninterrupted one would have.
         policy.load_sampling_state(saved.get("sampling", {}))
         step, history = saved["step"], saved["history"]
+    source = None
+    if asynchronous:
+        # The producer draws states ahead of the trainer, so it starts after the resume.
+        source = AsyncRollouts(
+            workers,  # type: ignore[arg-type]
+            sampler,
+            groups_per_step=cfg.groups_per_step,
+            group_size=cfg.group_size,
+            max_staleness=cfg.max_staleness,
+            version=step,
+        )
+        source.start()
 
     metrics_path = out / "metrics.jsonl"
     if dist.rank == 0:
@@ -893,16 +1017,23 @@ def train(
     try:
         while step < cfg.steps:
             t0 = time.perf_counter()
-            # ---- rollouts: this rank's share of B groups, G episodes each ---------
-            drawn = sampler.next(cfg.groups_per_step)[dist.rank :: dist.world]
-            episodes = [d for d in drawn for _ in range(cfg.group_size)]
-            model.eval()
-            with gathered(model, dist) if cfg.generator == "transformers" else nullcontext():
-                rollouts = workers.play([d.state_id for d in episodes])
+            versions, async_stats = None, {}
+            if source is None:
+                # ---- rollouts: this rank's share of B groups, G episodes each -----
+                drawn = sampler.next(cfg.groups_per_step)[dist.rank :: dist.world]
+                episodes = [d for d in drawn for _ in range(cfg.group_size)]
+                pools = [d.pool for d in episodes]
+                model.eval()
+                with gathered(model, dist) if cfg.generator == "transformers" else nullcontext():
+                    rollouts = workers.play([d.state_id for d in episodes])
+            else:
+                # ---- rollouts: the producer's next batch, at most K versions old ---
+                rollouts, pools, versions, async_stats = _async_batch(source, step)
             t_rollout = time.perf_counter() - t0
 
             # ---- rewards and advantages ------------------------------------------
-            scored = [r for r in rollouts if r.reward_or_none is not None]  # null verdicts dropped
+            scored_at = [i for i, r in enumerate(rollouts) if r.reward_or_none is not None]
+            scored = [rollouts[i] for i in scored_at]  # null verdicts dropped
             rewards = torch.tensor(
                 [_shaped_reward(r, cfg) for r in scored], dtype=torch.float
             )  # (N,)
@@ -913,35 +1044,50 @@ def train(
             keep, _ = filter_uniform_groups(rewards, groups)
             if cfg.filter_uniform_groups:
                 scored = [r for r, k in zip(scored, keep.tolist(), strict=True) if k]
+                scored_at = [i for i, k in zip(scored_at, keep.tolist(), strict=True) if k]
                 adv = adv[keep]
             if cfg.overlong == "mask":
                 # After the baselines: a masked episode still counts in its group's mean.
+                scored_at = [i for i in scored_at if rollouts[i].stop_reason != "length"]
                 scored, adv = _mask_overlong(scored, adv)
 
             # ---- policy update -------------------------------------------------------
             t1 = time.perf_counter()
             lr = sched.get_last_lr()[0]
-            stats = _update(model, ref, opt, scored, adv, cfg, device, tokenizer, ctx, dist)
+            stats = _update(
+                model, ref, opt, scored, adv, cfg, device, tokenizer, ctx, dist,
+                versions=None if versions is None else [versions[i] for i in scored_at],
+                version=step,
+                set_checkpointing=False,
+            )  # fmt: skip
             sched.step()
-            if cfg.generator == "vllm":
+            if source is not None:
+                # A host copy: the generator loads it at its next call while this model
+                # trains on, and it holds no accelerator memory while it waits.
+                weights = full_state(model, None, dist, every_rank=True)[0]
+                source.publish(
+                    step + 1, {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
+                )
+            elif cfg.generator == "vllm":
                 policy.update_weights(full_state(model, None, dist, every_rank=True)[0])
             t_update = time.perf_counter() - t1
             step += 1
             record = StepMetrics.model_validate(
                 {
                     "step": step,
-                    **_rollout_metrics(rollouts, [d.pool for d in episodes], dist),
+                    **_rollout_metrics(rollouts, pools, dist),
                     "lr": lr,
                     **stats,
                     "rollout_s": t_rollout,
                     "update_s": t_update,
+                    **async_stats,
                 }
             ).model_dump()  # checked, and plain data for metrics.jsonl and the checkpoint
             history.append(record)
             if dist.rank == 0:
                 with metrics_path.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
-                log_rollouts(out, step, rollouts, [d.pool for d in episodes])  # for bat-gym view
+                log_rollouts(out, step, rollouts, pools)  # for bat-gym view
             if on_step is not None:
                 on_step(record)
             steps_task.advance()
@@ -956,13 +1102,15 @@ def train(
                         tokenizer,
                         optim,
                         sched,
-                        sampler,
+                        sampler.state_dict() if source is None else source.resume_state(),
                         policy.sampling_state(),
                         history,
                         cfg,
                     )
     finally:
         steps_task.close()
+        if source is not None:
+            source.close()  # stops the producer before the envs close under it
         workers.close()
         if pool is not None:
             pool.close()
@@ -1002,15 +1150,29 @@ def _update(
     tokenizer: Any,
     ctx: Any,
     dist: Dist,
+    *,
+    versions: Sequence[Sequence[int]] | None = None,
+    version: int = 0,
+    set_checkpointing: bool = True,
 ) -> dict[str, float]:
     """``updates_per_batch`` optimizer steps over the rollouts, micro-batch by micro-batch.
 
     Under FSDP every forward and backward is a collective, so a rank with fewer
     micro-batches than another runs idle passes (zero loss, zero gradient) to match.
+
+    Asynchronous rollouts pass ``versions``, each rollout's per-response-token policy
+    versions (:class:`~bat_gym.trainers.async_rollouts.VersionedRollout`), and
+    ``version``, the weights' own (optimizer steps so far): the stats then include
+    ``staleness_mean`` and ``stale_token_fraction``, and the sampler gap is measured on
+    the tokens of the current version only (older ones differ by the updates since,
+    which the importance weights correct). ``set_checkpointing`` applies
+    ``cfg.gradient_checkpointing`` to the model first; ``train`` sets it once at the
+    start and passes False.
     """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = [
-        _batch_tensors(rollouts[s], pad, device) | {"adv": adv[s].to(device)}
+        _batch_tensors(rollouts[s], pad, device, None if versions is None else versions[s])
+        | {"adv": adv[s].to(device)}
         for s in _chunks(len(rollouts), cfg.micro_batch_size)
     ]
     # The outer denominator spans the whole accumulated batch (and every rank), so
@@ -1022,14 +1184,15 @@ def _update(
     )
     normalizer = float(dist.all_sum(torch.tensor(local, device=device)).item())
     if normalizer == 0:  # no rollout scored on any rank
-        return dict.fromkeys(_UPDATE_STATS, 0.0)
+        return dict.fromkeys(_UPDATE_STATS + (_ASYNC_STATS if versions is not None else ()), 0.0)
     batches += [_idle_batch(pad, device)] * (dist.all_max(len(batches)) - len(batches))
     # old log-probs: the policy that sampled (this model, before the update); ref: pi_ref.
     # With one pass over the batch the weights do not move before the optimizer step, so
     # old = logp.detach() (rho = 1, the same gradient) and no forward is spent on it.
     on_policy = cfg.updates_per_batch == 1
     chunk = cfg.logprob_chunk_size
-    _set_gradient_checkpointing(model, cfg.gradient_checkpointing)
+    if set_checkpointing:
+        _set_gradient_checkpointing(model, cfg.gradient_checkpointing)
     with torch.no_grad():
         for b in batches:
             if b.get("idle"):
@@ -1058,8 +1221,8 @@ def _update(
     tis = cfg.tis_cap is not None and sampled_lp
     model.train()
     totals = dict.fromkeys(
-        ("loss", "entropy_sum", "kl_sum", "clip_fraction_sum", "gap_sum", "tokens")
-        + ("tis_weight_sum", "tis_truncated_sum"),
+        ("loss", "entropy_sum", "kl_sum", "clip_fraction_sum", "gap_sum", "gap_tokens", "tokens")
+        + ("tis_weight_sum", "tis_truncated_sum", "lag_sum", "stale_sum"),
         0.0,
     )
     for update in range(cfg.updates_per_batch):
@@ -1072,12 +1235,14 @@ def _update(
                 (logp.sum() * 0.0).backward()
                 continue
             logp, entropy = _logprobs(model, b, cfg.temperature, ctx, chunk_size=chunk)
+            # The proximal policy: the weights at the start of this step.
             old = logp.detach() if b["old"] is None else b["old"]
-            # w_t = min(exp(old_t - sampler_t), C)  -> (B, T), detached
-            is_w = (
-                tis_weights(old, b["sample_logprobs"], b["loss_mask"], cap=cfg.tis_cap)
+            # w_t = min(exp(old_t - sampler_t), C)  -> (B, T), detached; the sampler is the
+            # behaviour policy, whether it differs by engine or, asynchronously, by version.
+            is_w, truncated = (
+                behaviour_is_weights(old, b["sample_logprobs"], b["loss_mask"], cap=cfg.tis_cap)
                 if tis
-                else None
+                else (None, None)
             )
             loss, stats = grpo_loss(
                 logp,
@@ -1104,9 +1269,20 @@ def _update(
             totals["tokens"] += weight
             if update == 0 and sampled_lp:
                 gap = (logp.detach() - b["sample_logprobs"]).abs()
-                totals["gap_sum"] += float(masked_mean(gap, b["loss_mask"]) * weight)
+                # Asynchronously, only tokens of the current version: the engine's gap.
+                fresh = (
+                    b["loss_mask"] * (b["version"] == version) if "version" in b else b["loss_mask"]
+                )
+                n_fresh = fresh.sum().item()
+                totals["gap_sum"] += float(masked_mean(gap, fresh) * n_fresh)
+                totals["gap_tokens"] += n_fresh
+            if update == 0 and "version" in b:
+                lag = (version - b["version"]).clamp(min=0).float()  # (B, T) versions behind
+                totals["lag_sum"] += float(masked_mean(lag, b["loss_mask"]) * weight)
+                totals["stale_sum"] += float(
+                    masked_mean((lag > 0).float(), b["loss_mask"]) * weight
+                )
             if is_w is not None:
-                truncated = (old - b["sample_logprobs"]) > math.log(cfg.tis_cap)
                 totals["tis_weight_sum"] += float(stats["is_weight_mean"]) * weight
                 totals["tis_truncated_sum"] += float(
                     masked_mean(truncated.float(), b["loss_mask"]) * weight
@@ -1121,7 +1297,7 @@ def _update(
     n = cfg.updates_per_batch
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
         grad_norm = grad_norm.full_tensor()
-    gap = totals["gap_sum"] / (tokens / n)
+    gap = totals["gap_sum"] / max(totals["gap_tokens"], 1.0)
     alarm = cfg.sampler_gap_alarm_at is not None and gap > cfg.sampler_gap_alarm_at
     if alarm and dist.rank == 0:
         log.warning(
@@ -1134,7 +1310,15 @@ def _update(
             if tis
             else "no importance correction is applied (tis_cap=None)",
         )
-    return {
+    staleness = (
+        {
+            "staleness_mean": totals["lag_sum"] / (tokens / n),
+            "stale_token_fraction": totals["stale_sum"] / (tokens / n),
+        }
+        if versions is not None
+        else {}
+    )
+    return staleness | {
         "sampler_logprob_gap": gap,
         "sampler_gap_alarm": float(alarm),
         # Token means over updates (1 and 0 when TIS was not applied).
@@ -1159,6 +1343,9 @@ _UPDATE_STATS = (
     "entropy",
     "grad_norm",
 )
+# Stats of an update on asynchronous rollouts: mean versions behind per trained token, and
+# the share of trained tokens sampled by older weights.
+_ASYNC_STATS = ("staleness_mean", "stale_token_fraction")
 
 
 def _idle_batch(pad: int, device: torch.device) -> dict[str, Any]:
@@ -1179,7 +1366,7 @@ def _save(
     tokenizer: Any,
     optim: dict[str, Any] | None,
     sched: torch.optim.lr_scheduler.LRScheduler,
-    sampler: StateSampler,
+    sampler_state: dict[str, Any],
     sampling: dict[str, Any],
     history: list[dict[str, Any]],
     cfg: GRPOConfig,
@@ -1193,7 +1380,7 @@ def _save(
             {
                 "optimizer": optim,
                 "scheduler": sched.state_dict(),
-                "sampler": sampler.state_dict(),
+                "sampler": sampler_state,
                 "sampling": sampling,
                 "rng": rng_state(),
                 "step": step,

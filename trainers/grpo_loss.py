@@ -22,6 +22,25 @@ clamp of k3 are optional, and without them the objective is the plain one.
 
 Every generated token of rollout ``i`` carries the rollout's advantage ``A_i``; prompt,
 observation (tool result) and padding tokens have mask 0 and get exactly zero gradient.
+
+Asynchronous (off-policy) rollouts use the decoupled objective of Hilton et al. 2022
+("Batch size-invariance for policy optimization"), as in Fu et al. 2025 ("AReaL"). A
+token may have been sampled by a *behaviour* policy ``pi_behav`` some versions older than
+the weights ``pi_prox`` the trainer holds when the step begins (the *proximal* policy,
+``old_logp`` above). The clip keeps the update close to ``pi_prox``, and a truncated
+importance weight (Espeholt et al. 2018, "IMPALA": V-trace's ``rho_bar``) moves the
+expectation from ``pi_behav`` to ``pi_prox``::
+
+    rho_it  = exp(logp_it - prox_logp_it)                          (PPO ratio, clipped)
+    w_it    = min(exp(prox_logp_it - behav_logp_it), C)             (behaviour IS weight)
+    l_it    = -w_it * min(rho_it * A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) * A_i)
+              + beta * min(k3(logp_it, ref_logp_it), kl_clamp)
+
+which is the objective above with the sampler's log-probs taken as the behaviour
+policy's (:func:`behaviour_is_weights`): staleness and engine mismatch are one gap to
+the behaviour policy, corrected once. With fresh samples (staleness 0)
+``pi_behav = pi_prox`` up to the engine's rounding, ``w = 1``, and the plain objective
+is back.
 """
 
 from __future__ import annotations
@@ -50,6 +69,7 @@ __all__ = [
     "chunked_logprobs_and_entropy",
     "masked_mean",
     "tis_weights",
+    "behaviour_is_weights",
     "grpo_loss",
 ]
 
@@ -513,6 +533,49 @@ def tis_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, cap: fl
         log_w = (old_logp.detach().float() - sampler_logp.detach().float()).clamp(max=math.log(cap))
         w = torch.exp(torch.where(m, log_w, torch.zeros_like(log_w)))
     return w
+
+
+def behaviour_is_weights(
+    prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, cap: float
+) -> tuple[Tensor, Tensor]:
+    """Truncated importance weights from the behaviour policy to the proximal one, and where they were cut.
+
+    For asynchronous rollouts (see the module doc): ``behav_logp`` is what the sampler
+    reported when it drew each token, with weights possibly some versions behind;
+    ``prox_logp`` is the trainer's log-prob of the same token at the start of the step::
+
+        w_t = min(pi_prox(y_t) / pi_behav(y_t), C) = exp(min(prox_t - behav_t, log C))
+        truncated_t = prox_t - behav_t > log C        (on masked tokens only)
+
+    The weights are the same numbers :func:`tis_weights` gives (one gap, whether from
+    staleness or from the engine); this helper also says which tokens the cap hit, for
+    the ``tis_truncated_fraction`` metric.
+
+    Args:
+        prox_logp: (B, T) log-probs of the sampled tokens under the proximal policy (the
+            trainer's weights when the step starts; no gradient is taken).
+        behav_logp: (B, T) log-probs of the same tokens under the policy that sampled them.
+        mask: (B, T) 1 (or True) on generated tokens.
+        cap: the truncation ``C`` (> 0); V-trace's ``rho_bar`` is 1, this trainer's
+            default (``tis_cap``) 2.
+
+    Returns:
+        ``(w, truncated)``: (B, T) float32 weights without gradient, 1 where ``mask`` is
+        0; (B, T) bool, True on masked tokens whose weight the cap lowered.
+
+    Example:
+        >>> w, cut = behaviour_is_weights(torch.tensor([[-1.0, -1.0, -1.0]]),
+        ...     torch.tensor([[-1.0, -2.0, -0.5]]), torch.ones(1, 3), cap=2.0)
+        >>> w
+        tensor([[1.0000, 2.0000, 0.6065]])
+        >>> cut
+        tensor([[False,  True, False]])
+    """
+    w = tis_weights(prox_logp, behav_logp, mask, cap=cap)
+    with torch.no_grad():
+        gap = prox_logp.detach().float() - behav_logp.detach().float()
+        truncated = (gap > math.log(cap)) & mask.bool()
+    return w, truncated
 
 
 # --------------------------------------------------------------------------- aggregation
