@@ -50,7 +50,9 @@ _ALIASES = {
 }
 
 # The one option whose default the command computes (from --steps) instead of the config's.
-_SFT_WARMUP_HELP = "Linear warmup from 0 to lr over this many steps. Default: 10, or steps // 10 if fewer."
+_SFT_WARMUP_HELP = (
+    "Linear warmup from 0 to lr over this many steps. Default: 10, or steps // 10 if fewer."
+)
 
 # The GRPO fields `bat-gym loop` sets for every round with a flag of their own (more
 # through --grpo); None keeps GRPO's default.
@@ -229,7 +231,9 @@ def tiny_model(
         int, typer.Option("--hidden-size", min=64, help="Width; heads are 64 wide.")
     ] = 128,
     layers: Annotated[int, typer.Option("--layers", min=1, help="Decoder layers.")] = 2,
-    vocab_size: Annotated[int, typer.Option("--vocab-size", min=300, help="BPE vocabulary.")] = 1024,
+    vocab_size: Annotated[
+        int, typer.Option("--vocab-size", min=300, help="BPE vocabulary.")
+    ] = 1024,
     seed: Seed = 0,
 ) -> None:
     """Build a tiny random-init Qwen3-style model whose tokenizer knows the benchmark's text.

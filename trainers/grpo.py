@@ -61,6 +61,7 @@ import torch
 from bat_gym import progress
 from bat_gym.errors import ConfigError
 from bat_gym.integrations.episode import EpisodeResult
+from bat_gym.trainers.activation_checkpointing import set_activation_checkpointing
 from bat_gym.trainers.async_rollouts import (
     AsyncRollouts,
     VersionedGenerator,
@@ -642,44 +643,6 @@ def _chunked_logprobs(
         )
 
 
-# Models that cannot checkpoint their activations (each logged once), updated without it.
-_NO_CHECKPOINTING: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _set_gradient_checkpointing(model: Any, on: bool) -> None:
-    """Turn the decoder's activation checkpointing on or off, as ``gradient_checkpointing`` says.
-
-    Hugging Face models recompute a checkpointed layer only in training mode, so the
-    rollouts (sampled in eval mode, with the KV cache) run as before. Non-reentrant
-    checkpointing: it needs no input that requires grad, and nests under FSDP2.
-    """
-    # transformers >= 5 names it "activation checkpointing"; the old names warn there.
-    new = hasattr(model, "activation_checkpointing_enable")
-    is_on = getattr(
-        model, "is_activation_checkpointing" if new else "is_gradient_checkpointing", False
-    )
-    if bool(is_on) == on:
-        return
-    if not on:
-        (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
-        return
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        if model not in _NO_CHECKPOINTING:
-            _NO_CHECKPOINTING.add(model)
-            log.warning(
-                "gradient_checkpointing: %s does not support activation checkpointing; its "
-                "update keeps every layer's activations (set gradient_checkpointing=False "
-                "to silence this)",
-                type(model).__name__,
-            )
-        return
-    kwargs = {"use_reentrant": False}
-    if new:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:  # transformers < 5
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
 class _RolloutRow(NamedTuple):
     """What the step's metrics need of one rollout (small enough to gather from ranks)."""
 
@@ -920,7 +883,7 @@ def train(
         ref.requires_grad_(False)
     model = shard(model, dist)
     # Once for the run: it only acts in training mode, so sampling is left as it was.
-    _set_gradient_checkpointing(model, cfg.gradient_checkpointing)
+    set_activation_checkpointing(model, cfg.gradient_checkpointing)
     opt = _make_optimizer(model, cfg, device)
     sched = lr_scheduler(
         opt, warmup_steps=cfg.warmup_steps, max_steps=cfg.steps, schedule=cfg.lr_schedule
@@ -1192,7 +1155,7 @@ def _update(
     on_policy = cfg.updates_per_batch == 1
     chunk = cfg.logprob_chunk_size
     if set_checkpointing:
-        _set_gradient_checkpointing(model, cfg.gradient_checkpointing)
+        set_activation_checkpointing(model, cfg.gradient_checkpointing)
     with torch.no_grad():
         for b in batches:
             if b.get("idle"):

@@ -53,6 +53,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("bat_gym.trainers.sft needs torch: pip install 'bat-gym[train]'") from exc
 
+from bat_gym.trainers.activation_checkpointing import set_activation_checkpointing  # noqa: E402
 from bat_gym.trainers.checkpoints import (  # noqa: E402 - after the torch check
     CheckpointDir,
     load_resume_state,
@@ -575,8 +576,7 @@ def train(
     tokenizer = AutoTokenizer.from_pretrained(source)
     # fp32 master weights: bf16 weights would round away most 2e-5-sized updates.
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(device)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    set_activation_checkpointing(model, cfg.gradient_checkpointing)
     model.train()
     pad_id = tokenizer.pad_token_id
     if pad_id is None:

@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 
 from bat_gym.integrations.episode import EpisodeResult  # noqa: E402
 from bat_gym.trainers import grpo  # noqa: E402
+from bat_gym.trainers.activation_checkpointing import set_activation_checkpointing  # noqa: E402
 from bat_gym.trainers.fsdp import Dist  # noqa: E402
 from bat_gym.trainers.grpo import GRPOConfig, _batch_tensors, _logprobs, _update  # noqa: E402
 from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
@@ -291,9 +292,9 @@ def test_gradient_checkpointing_leaves_sampling_alone_and_can_be_turned_off(tiny
 def test_a_model_without_checkpointing_support_is_updated_without_it(tiny, caplog):
     model = load(tiny)
     model.supports_gradient_checkpointing = False  # shadows the class attribute
-    with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.grpo"):
-        grpo._set_gradient_checkpointing(model, True)
-        grpo._set_gradient_checkpointing(model, True)
+    with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.activation_checkpointing"):
+        set_activation_checkpointing(model, True)
+        set_activation_checkpointing(model, True)
     assert not model.is_activation_checkpointing
     assert caplog.text.count("does not support activation checkpointing") == 1
 

@@ -334,6 +334,19 @@ def test_gradient_accumulation_is_invariant(tiny, examples, tmp_path):
         assert (a[k] - b[k]).norm() <= 1e-3 * update + 1e-7, k
 
 
+def test_activation_checkpointing_changes_memory_not_the_math(tiny, examples, tmp_path):
+    # The layers are recomputed in the backward; the losses and the weights they lead
+    # to are those of the run that kept every activation.
+    kw = dict(max_steps=3, lr_schedule="constant", warmup_steps=0)
+    plain = train(config(tiny, tmp_path / "a", **kw), train_rows=examples)
+    ckpt = train(
+        config(tiny, tmp_path / "b", gradient_checkpointing=True, **kw), train_rows=examples
+    )
+    assert ckpt["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-5)
+    a, b = params(plain["final_dir"]), params(ckpt["final_dir"])
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
 def test_bf16_autocast_when_asked_on_cpu(tiny, examples, tmp_path):
     summary = train(config(tiny, tmp_path, max_steps=2, bf16="on"), train_rows=examples)
     assert summary["bf16"] is True and all(0 < x < 20 for x in summary["train_loss"])
