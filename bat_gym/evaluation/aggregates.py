@@ -188,19 +188,15 @@ def aggregate(results: Sequence[CellResult], spec: BenchmarkSpec) -> Aggregates:
     (:class:`TierAggregate`), with the same formula over that tier's cells.
     """
     stage_ids = [s.id for s in spec.stages]
-    tracks, runs = _tracks(results, stage_ids)
     failures = {c: 0 for c in FAILURE_CATEGORIES}
     for r in results:
         for c in r.failures:
             failures[c] += 1
     tier_names = sorted({r.tier for r in results if r.tier is not None})
+    # The headline figures are the tier formula over every cell.
+    whole = _tier(results, stage_ids)
     return Aggregates(
-        overall=mean_of_tracks(runs(lambda r: r.overall)),
-        task=mean_of_tracks(runs(lambda r: r.task)),
-        agentic=mean_of_tracks(runs(lambda r: r.agentic)),
-        stages={s: mean_of_tracks(runs(lambda r, s=s: r.stages.get(s))) for s in stage_ids},
-        tracks=tracks,
-        completion=_counts(results),
+        **dict(whole),
         failures=failures,  # type: ignore[arg-type]
         tiers={t: _tier([r for r in results if r.tier == t], stage_ids) for t in tier_names},
         cells_digest=cells_digest(results),
