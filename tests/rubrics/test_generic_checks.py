@@ -2,14 +2,19 @@
 and the benchmark's pilot metric."""
 
 import json
+import re
+from dataclasses import replace
 
 import pytest
 
+from bat_gym.envs.skill_ladder.tasks import label_accuracy
 from bat_gym.envs.toy_pipeline.suite import SPEC
+from bat_gym.errors import PluginError
 from bat_gym.record import ProgramRun
 from bat_gym.rubrics.checks import run_check
 from bat_gym.rubrics.context import Evidence, TaskOracle
 from bat_gym.rubrics.invocation import runs_script
+from bat_gym.rubrics.workspace import FrozenWorkspace
 
 from .conftest import CASES, LABELS, START, call
 
@@ -343,3 +348,117 @@ def test_the_pilot_metric_is_cached_and_range_checked(make_ctx):
     bad = TaskOracle(lambda: {}, lambda ws: None, lambda ws, path: 2.0)
     with pytest.raises(ValueError, match="pilot metric returned 2.0"):
         bad.pilot_score(ctx.workspace, "validation/pilot.csv")
+
+
+# -- pilot_quality held to the reference run on the same case(s) ---------------------------------
+
+# The reference run (a correct pipeline with an imperfect model) gets case004 wrong, as
+# a wrong pipeline does, but with another label: its task score is 0.75, and 0 there.
+TRUTH = {"case001": 1, "case002": 0, "case003": 1, "case004": 0}
+REFERENCE_ROWS = {"case001": 1, "case002": 0, "case003": 1, "case004": 2}
+RELATIVE = {"path": "validation/pilot.csv", "threshold": 0.9, "relative": True}
+AGREE = {**RELATIVE, "below_floor_agree": ["outputs/submission.csv"]}
+
+
+def _csv(rows):
+    return "id,label\n" + "".join(f"{c},{v}\n" for c, v in rows.items())
+
+
+def _relative_ctx(make_ctx, store, pilot_rows, *, per_case=True, reference=True):
+    """A context whose oracle has a reference run and, with ``per_case``, the hook."""
+    ctx = make_ctx({"validation/pilot.csv": _csv(pilot_rows)})
+    ref_ws = FrozenWorkspace.from_files(store, {"outputs/submission.csv": _csv(REFERENCE_ROWS)})
+
+    def on_cases(ref, ws, path):
+        # As a benchmark would: the reference's own rows for the ids the pilot names.
+        ids = [line.split(",")[0] for line in ws.read_text(path).splitlines()[1:]]
+        return label_accuracy(ref, "outputs/submission.csv", TRUTH, scored=ids)
+
+    oracle = TaskOracle(
+        lambda: {},
+        lambda ws: label_accuracy(ws, "outputs/submission.csv", TRUTH, scored=list(TRUTH)),
+        lambda ws, path: label_accuracy(ws, path, TRUTH, scored=None),
+        reference=(lambda: ref_ws) if reference else None,
+        pilot_reference=on_cases if per_case else None,
+    )
+    return replace(ctx, task=oracle)
+
+
+def _quality(make_ctx, store, rows, args=RELATIVE, **kw):
+    return run_check("pilot_quality", _relative_ctx(make_ctx, store, rows, **kw), args)
+
+
+def test_a_correct_pilot_on_cases_the_model_does_worse_on_than_its_mean_passes(make_ctx, store):
+    # The model's rows on case003 and case004 score 0.5, below 0.9 of its task score
+    # (0.675): held to the whole task a correct pilot fails, held to the same cases it
+    # passes (bar 0.9 * 0.5).
+    correct = {"case003": 1, "case004": 2}
+    whole = _quality(make_ctx, store, correct, per_case=False)
+    assert whole.passed is False and "0.500 < 0.675" in whole.detail
+    res = _quality(make_ctx, store, correct)
+    assert res.passed is True and "0.500 meets the bar" in res.detail
+    # A wrong pipeline on the same cases still fails.
+    assert _quality(make_ctx, store, {"case003": 0, "case004": 1}).passed is False
+
+
+def test_a_pilot_cannot_lower_its_bar_by_choosing_the_references_worst_case(make_ctx, store):
+    # The reference scores 0 on case004: without the floor the bar would be 0 and a
+    # wrong pilot there would pass; with it the bar is 0.9 * 0.5 * 0.75.
+    wrong_on_worst = {"case004": 1}
+    res = _quality(make_ctx, store, wrong_on_worst)
+    assert res.passed is False and "0.000 is below the bar" in res.detail
+    assert _quality(make_ctx, store, wrong_on_worst, {**RELATIVE, "floor": 0.0}).passed is True
+    # Without below_floor_agree, being the reference's own rows does not lift it.
+    assert _quality(make_ctx, store, {"case004": 2}).passed is False
+    # A pilot that is right there clears the floored bar.
+    assert _quality(make_ctx, store, {"case004": 0}).passed is True
+
+
+def test_below_the_floor_a_pilot_passes_only_as_the_references_own_rows(make_ctx, store):
+    # On case004 the metric cannot tell the model's output (2) from a mistake (1): both
+    # score 0. With below_floor_agree, the model's own rows pass and the mistake fails.
+    assert _quality(make_ctx, store, {"case004": 2}, AGREE).passed is True
+    assert _quality(make_ctx, store, {"case004": 1}, AGREE).passed is False
+    assert _quality(make_ctx, store, {"case004": 2, "case002": 1}, AGREE).passed is False
+    # Above the floor agreement buys nothing: the per-case bar applies as it is.
+    assert _quality(make_ctx, store, {"case001": 0}, AGREE).passed is False
+    # Nor on something that is not a case.
+    assert _quality(make_ctx, store, {"case009": 2}, AGREE).passed is False
+
+
+def test_the_per_case_bar_is_never_said(make_ctx, store):
+    # The bar would tell how the reference does on the piloted case; the detail gives
+    # the pilot's own score only.
+    for rows in ({"case003": 1, "case004": 2}, {"case004": 1}, {"case001": 1}, {"case004": 2}):
+        for args in (RELATIVE, AGREE):
+            res = _quality(make_ctx, store, rows, args)
+            assert len(re.findall(r"\d\.\d+", res.detail)) == 1, res.detail
+            assert "label" not in res.detail
+
+
+def test_the_relative_bar_falls_back_without_a_per_case_reference(make_ctx, store):
+    # No hook: the reference's whole-task score (0.9 * 0.75), said as before.
+    res = _quality(make_ctx, store, {"case001": 1}, per_case=False)
+    assert res.passed is True and "1.000 >= 0.675" in res.detail
+    # No reference run at all: the plain threshold.
+    res = _quality(make_ctx, store, {"case004": 1}, reference=False)
+    assert res.passed is False and "0.000 < 0.900" in res.detail
+    # Not relative: the plain threshold, whatever the reference does.
+    res = _quality(make_ctx, store, {"case003": 1, "case004": 2}, {**RELATIVE, "relative": False})
+    assert res.passed is False and "0.500 < 0.900" in res.detail
+    # A pilot on something that is not a case scores 0 whatever the bar.
+    assert _quality(make_ctx, store, {"zzz": 1}).passed is False
+
+
+def test_the_per_case_reference_metric_is_range_checked(make_ctx, store):
+    ctx = _relative_ctx(make_ctx, store, {"case001": 1})
+    bad = TaskOracle(
+        lambda: {},
+        lambda ws: 1.0,
+        lambda ws, path: 1.0,
+        reference=lambda: ctx.workspace,
+        pilot_reference=lambda ref, ws, path: 1.5,
+    )
+    with pytest.raises(PluginError, match="pilot reference metric returned 1.5"):
+        bad.pilot_reference_score(ctx.workspace, "validation/pilot.csv")
+    assert TaskOracle(lambda: {}, lambda ws: 1.0).pilot_reference_score(ctx.workspace, "x") is None
