@@ -321,16 +321,20 @@ def _rows_are_the_references(
             return False
         for col in header[1:]:
             mine, theirs = row[col], want.get(col)
-            if theirs is None or mine == theirs:
-                continue
+            if theirs is None:
+                continue  # a column the reference does not write: nothing to compare
             ref_file, my_file = posixpath.normpath(theirs), posixpath.normpath(mine)
-            if reference.sha256(ref_file) is None or ctx.workspace.sha256(my_file) is None:
-                return False
-            if ctx.workspace.sha256(my_file) != reference.sha256(ref_file) and not (
-                ctx.task.files_agree(
-                    my_file, ctx.workspace.read_bytes(my_file), reference.read_bytes(ref_file)
-                )
-            ):
+            if theirs and reference.sha256(ref_file) is not None:
+                # The cell names a file: the same name is not enough, the contents must agree.
+                if ctx.workspace.sha256(my_file) is None:
+                    return False
+                if ctx.workspace.sha256(my_file) != reference.sha256(ref_file) and not (
+                    ctx.task.files_agree(
+                        my_file, ctx.workspace.read_bytes(my_file), reference.read_bytes(ref_file)
+                    )
+                ):
+                    return False
+            elif mine != theirs:
                 return False
     return True
 

@@ -192,6 +192,12 @@ def test_a_correct_pipeline_passes_the_pilot_and_the_mistake_fails_it(bench, tra
 @pytest.mark.parametrize("track", ["detection", "report"])
 def test_the_pilot_separates_right_from_wrong_over_thirty_seeds(bench, track, split, seed):
     _check(bench, track, split, seed)
+    task = bench.make_task(track, seed, split)
+    recipe = get_track(track).recipe()
+    _, res = s3_quality(bench, task, recipe.pipeline)
+    assert res.passed is True, (track, seed, res.detail)
+    _, res = s3_quality(bench, task, recipe.pipeline_bug, worst=True)
+    assert res.passed is False, (track, seed, res.detail)
 
 
 @pytest.mark.parametrize("track, split, seed", BELOW_TASK_MEAN)

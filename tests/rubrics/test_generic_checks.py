@@ -9,12 +9,14 @@ import pytest
 
 from bat_gym.envs.skill_ladder.tasks import label_accuracy
 from bat_gym.envs.toy_pipeline.suite import SPEC
-from bat_gym.errors import PluginError
+from bat_gym.errors import PluginError, RubricContractError
 from bat_gym.record import ProgramRun
 from bat_gym.rubrics.checks import run_check
 from bat_gym.rubrics.context import Evidence, TaskOracle
+from bat_gym.rubrics.contract import ContractLibrary
 from bat_gym.rubrics.invocation import runs_script
 from bat_gym.rubrics.workspace import FrozenWorkspace
+from bat_gym.spec import ContractRef
 
 from .conftest import CASES, LABELS, START, call
 
@@ -462,3 +464,47 @@ def test_the_per_case_reference_metric_is_range_checked(make_ctx, store):
     with pytest.raises(PluginError, match="pilot reference metric returned 1.5"):
         bad.pilot_reference_score(ctx.workspace, "validation/pilot.csv")
     assert TaskOracle(lambda: {}, lambda ws: 1.0).pilot_reference_score(ctx.workspace, "x") is None
+
+
+# The refs a Stage Bank built before the per-case pilot bar pins (s3_validate and e2e 1.4).
+_BEFORE_PER_CASE_BAR = [
+    ("s3_validate", "1.4", "73d89fbeb1e37cef3c9b5432ae20cb83ee72ad6288a822aec51d8f4227ebb9db"),
+    ("e2e", "1.4", "3800e6a0ddd8fee3e2135ebf0a728fba1b4c3fd6eabbba6b7cdb8c5bfbea516c"),
+]
+
+
+@pytest.mark.parametrize("contract_id, version, sha256", _BEFORE_PER_CASE_BAR)
+def test_a_bank_scored_under_the_whole_task_pilot_bar_is_refused(contract_id, version, sha256):
+    lib = ContractLibrary.reference()
+    ref = ContractRef(id=contract_id, version=version, sha256=sha256)
+    with pytest.raises(RubricContractError, match="Rebuild the Stage Bank"):
+        lib.get(ref)
+    s3 = next(i for i in lib.by_id("s3_validate").items if i.id == "pilot_quality")
+    assert s3.args["relative"] is True and s3.args["floor"] == 0.5
+    assert s3.args["below_floor_agree"] == ["outputs/predictions.csv", "validation/pilot.csv"]
+
+
+def test_below_the_floor_a_named_file_must_agree_not_just_its_name(make_ctx, store):
+    # The reference's row names a file; a pilot naming the same path with other
+    # contents is not the reference's output.
+    ref_files = {
+        "outputs/submission.csv": "id,label,mask\ncase004,2,outputs/case004.txt\n",
+        "outputs/case004.txt": "model output\n",
+    }
+    ref_ws = FrozenWorkspace.from_files(store, ref_files)
+    args = {**AGREE, "floor": 1.0}
+
+    def ctx_with(contents):
+        pilot = "id,label,mask\ncase004,2,outputs/case004.txt\n"
+        ctx = make_ctx({"validation/pilot.csv": pilot, "outputs/case004.txt": contents})
+        oracle = TaskOracle(
+            lambda: {},
+            lambda ws: 0.75,
+            lambda ws, path: 0.0,
+            reference=lambda: ref_ws,
+            pilot_reference=lambda ref, ws, path: 0.0,
+        )
+        return replace(ctx, task=oracle)
+
+    assert run_check("pilot_quality", ctx_with("model output\n"), args).passed is True
+    assert run_check("pilot_quality", ctx_with("a transposed output\n"), args).passed is False
