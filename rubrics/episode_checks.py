@@ -245,9 +245,15 @@ def pilot_quality(
     ``matches_reference``) a pilot under the floored bar still passes when each of its
     rows is the reference run's row for its case, the files it names agreeing by the
     benchmark's ``files_agree``: being the correct run's output is a stricter bar than
-    any score, and a wrong pipeline's rows are not. Without a per-case reference score
-    the bar is ``threshold * R_task``; without a reference run, or one the metric
-    cannot score, it is ``threshold``.
+    any score. (A wrong pipeline whose output on that case happens to be the model's,
+    say no boxes to transpose, passes too: nothing in the pilot tells them apart, and
+    ``pipeline_reproduces`` reruns every case.) A floor rather than refusing such cases
+    and falling back to the whole-task bar: the bar moves continuously with
+    ``R_cases`` and on those cases asks less than that fallback would, so a correct
+    pilot fails only where the reference itself scores below ``threshold * floor *
+    R_task`` (and, with ``below_floor_agree``, not even there).
+    Without a per-case reference score the bar is ``threshold * R_task``; without a
+    reference run, or one the metric cannot score, it is ``threshold``.
 
     Null when there is no task oracle or the benchmark has no pilot metric. The detail
     gives the pilot's score; it gives the bar only where the bar rests on the whole
