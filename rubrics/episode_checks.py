@@ -220,7 +220,7 @@ def pilot_quality(
     path: str,
     threshold: Annotated[float, Field(ge=0, le=1)],
     relative: bool = False,
-    floor: Annotated[float, Field(ge=0, le=1)] = 0.5,
+    floor: Annotated[float, Field(ge=0, le=1)] = 1.0,
     below_floor_agree: list[str] | None = None,
 ) -> CheckResult:
     """The benchmark's task metric on the pilot's case(s) is at least the bar.
@@ -235,25 +235,27 @@ def pilot_quality(
     Where the benchmark scores the reference on the pilot's own case(s)
     (:meth:`~bat_gym.benchmark.Benchmark.pilot_reference_score`), the bar is
     ``threshold * max(R_cases, floor * R_task)``, with ``R_cases`` the reference's
-    metric on those cases and ``R_task`` its whole-task metric capped at 1: one case
-    can score well below the task's mean even for a correct pipeline (the model misses
-    a nodule there). The floor keeps a policy from lowering its own bar by piloting the
-    case the reference does worst on: where the reference scores 0 the bar would
-    otherwise be 0, and any pilot would pass. On such a case (``R_cases`` below
-    ``floor * R_task``) the metric cannot tell a correct pipeline from a wrong one (both
-    may score 0), so with ``below_floor_agree`` (reference files, as ``against`` of
-    ``matches_reference``) a pilot under the floored bar still passes when each of its
-    rows is the reference run's row for its case, the files it names agreeing by the
-    benchmark's ``files_agree``: being the correct run's output is a stricter bar than
-    any score. (A wrong pipeline whose output on that case happens to be the model's,
-    say no boxes to transpose, passes too: nothing in the pilot tells them apart, and
-    ``pipeline_reproduces`` reruns every case.) A floor rather than refusing such cases
-    and falling back to the whole-task bar: the bar moves continuously with
-    ``R_cases`` and on those cases asks less than that fallback would, so a correct
-    pilot fails only where the reference itself scores below ``threshold * floor *
-    R_task`` (and, with ``below_floor_agree``, not even there).
-    Without a per-case reference score the bar is ``threshold * R_task``; without a
-    reference run, or one the metric cannot score, it is ``threshold``.
+    metric on those cases and ``R_task`` its whole-task metric capped at 1. The floor
+    keeps a policy from lowering its own bar by piloting a case the reference does
+    badly on: where the reference scores 0 the bar would otherwise be 0 and any pilot
+    would pass, and where it scores, say, 0.5 a mistake the metric scores 0.5 as well
+    (a report with the right count and wrong sizes) would pass. The default floor, 1,
+    never puts the metric bar below the whole-task one; with 0.5, MedBench-Lite's
+    report mistake passed on 5 of 30 seeds piloted on the reference's worst case.
+
+    Yet one case can score well below the task's mean even for a correct pipeline (the
+    model misses a nodule there), and there the metric cannot tell a correct pipeline
+    from a wrong one. So with ``below_floor_agree`` (reference files, as ``against`` of
+    ``matches_reference``), a pilot on cases where ``R_cases`` is below ``floor *
+    R_task`` also passes when each of its rows is the reference run's row for its case,
+    the files it names agreeing by the benchmark's ``files_agree``: being the correct
+    run's output is a stricter bar than any score. (A wrong pipeline whose output on
+    that case happens to be the model's, say no boxes to transpose, passes too: nothing
+    in the pilot tells them apart, and ``pipeline_reproduces`` reruns every case.) This
+    beats refusing such cases outright (falling back to the whole-task bar), which
+    fails a correct pilot there. Without a per-case reference score the bar is
+    ``threshold * R_task``; without a reference run, or one the metric cannot score, it
+    is ``threshold``.
 
     Null when there is no task oracle or the benchmark has no pilot metric. The detail
     gives the pilot's score; it gives the bar only where the bar rests on the whole

@@ -392,28 +392,39 @@ def _quality(make_ctx, store, rows, args=RELATIVE, **kw):
 
 def test_a_correct_pilot_on_cases_the_model_does_worse_on_than_its_mean_passes(make_ctx, store):
     # The model's rows on case003 and case004 score 0.5, below 0.9 of its task score
-    # (0.675): held to the whole task a correct pilot fails, held to the same cases it
-    # passes (bar 0.9 * 0.5).
+    # (0.675): held to the whole task a correct pilot fails; as the reference's own rows
+    # on cases where the reference is below its task score, it passes.
     correct = {"case003": 1, "case004": 2}
     whole = _quality(make_ctx, store, correct, per_case=False)
     assert whole.passed is False and "0.500 < 0.675" in whole.detail
-    res = _quality(make_ctx, store, correct)
+    res = _quality(make_ctx, store, correct, AGREE)
     assert res.passed is True and "0.500 meets the bar" in res.detail
+    # With a floor of 0.5 the metric bar alone (0.9 * 0.5) lets it through.
+    assert _quality(make_ctx, store, correct, {**RELATIVE, "floor": 0.5}).passed is True
     # A wrong pipeline on the same cases still fails.
-    assert _quality(make_ctx, store, {"case003": 0, "case004": 1}).passed is False
+    assert _quality(make_ctx, store, {"case003": 0, "case004": 1}, AGREE).passed is False
 
 
 def test_a_pilot_cannot_lower_its_bar_by_choosing_the_references_worst_case(make_ctx, store):
     # The reference scores 0 on case004: without the floor the bar would be 0 and a
-    # wrong pilot there would pass; with it the bar is 0.9 * 0.5 * 0.75.
+    # wrong pilot there would pass; with it the bar is 0.9 * 0.75.
     wrong_on_worst = {"case004": 1}
-    res = _quality(make_ctx, store, wrong_on_worst)
+    res = _quality(make_ctx, store, wrong_on_worst, AGREE)
     assert res.passed is False and "0.000 is below the bar" in res.detail
     assert _quality(make_ctx, store, wrong_on_worst, {**RELATIVE, "floor": 0.0}).passed is True
     # Without below_floor_agree, being the reference's own rows does not lift it.
     assert _quality(make_ctx, store, {"case004": 2}).passed is False
     # A pilot that is right there clears the floored bar.
-    assert _quality(make_ctx, store, {"case004": 0}).passed is True
+    assert _quality(make_ctx, store, {"case004": 0}, AGREE).passed is True
+
+
+def test_a_mistake_scoring_like_the_model_on_a_middling_case_fails(make_ctx, store):
+    # On case003 + case004 the reference scores 0.5, and so does a mistake that gets
+    # case004 wrong its own way: a bar of 0.9 * 0.5 (floor 0.5) lets it through, the
+    # default floor (the whole-task bar) does not, and its rows are not the reference's.
+    mistake = {"case003": 1, "case004": 1}
+    assert _quality(make_ctx, store, mistake, {**AGREE, "floor": 0.5}).passed is True
+    assert _quality(make_ctx, store, mistake, AGREE).passed is False
 
 
 def test_below_the_floor_a_pilot_passes_only_as_the_references_own_rows(make_ctx, store):
@@ -422,7 +433,7 @@ def test_below_the_floor_a_pilot_passes_only_as_the_references_own_rows(make_ctx
     assert _quality(make_ctx, store, {"case004": 2}, AGREE).passed is True
     assert _quality(make_ctx, store, {"case004": 1}, AGREE).passed is False
     assert _quality(make_ctx, store, {"case004": 2, "case002": 1}, AGREE).passed is False
-    # Above the floor agreement buys nothing: the per-case bar applies as it is.
+    # At or above the floor agreement buys nothing: the per-case bar applies as it is.
     assert _quality(make_ctx, store, {"case001": 0}, AGREE).passed is False
     # Nor on something that is not a case.
     assert _quality(make_ctx, store, {"case009": 2}, AGREE).passed is False
@@ -480,7 +491,7 @@ def test_a_bank_scored_under_the_whole_task_pilot_bar_is_refused(contract_id, ve
     with pytest.raises(RubricContractError, match="Rebuild the Stage Bank"):
         lib.get(ref)
     s3 = next(i for i in lib.by_id("s3_validate").items if i.id == "pilot_quality")
-    assert s3.args["relative"] is True and s3.args["floor"] == 0.5
+    assert s3.args["relative"] is True and s3.args["floor"] == 1.0
     assert s3.args["below_floor_agree"] == ["outputs/predictions.csv", "validation/pilot.csv"]
 
 
