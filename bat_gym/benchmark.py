@@ -368,6 +368,31 @@ class Benchmark(ABC):
         """
         return None
 
+    def pilot_reference_score(
+        self,
+        task: Task,
+        reference: FrozenWorkspace,
+        workspace: FrozenWorkspace,
+        pilot_path: str,
+    ) -> float | None:
+        """The reference run's task metric on the case(s) the agent's pilot names, in [0, 1].
+
+        S3's quality check with ``relative`` holds the pilot to what a correct run
+        scores on the same case(s), since a single case may score well below the
+        task's mean even for a correct pipeline (an imperfect model on a hard case).
+        ``reference`` is what the reference script left on the pristine task
+        (:meth:`reference_script`); ``workspace`` and ``pilot_path`` are the agent's
+        frozen workspace and pilot file, read only for the case ids the pilot names.
+        Score the reference run's own outputs for those ids with the metric
+        :meth:`pilot_score` uses. Return None when the reference has no output for
+        one of them (the pilot names a case the reference did not run) or the pilot
+        names none: the check then falls back to the reference's whole-task score.
+        The check floors this score itself, so a pilot cannot lower its bar by
+        choosing the case the reference does worst on. Default: None (the whole-task
+        bar, as without this hook).
+        """
+        return None
+
     # -- prompts ----------------------------------------------------------------------
 
     def system_prompt(self, focus: str, protocol: ToolProtocol) -> str:

@@ -154,6 +154,10 @@ class TaskOracle:
             or None. Default: none (reproduction checks are null).
         judge: returns the benchmark's judge policy (:meth:`Benchmark.judge`), or None.
             Default: none (judged checks are null).
+        pilot_reference: ``(reference, workspace, pilot_path)`` to the reference run's
+            task metric on the case(s) the pilot names, in [0, 1], or None
+            (:meth:`Benchmark.pilot_reference_score`). Default: none (a relative pilot
+            bar rests on the reference's whole-task score).
     """
 
     def __init__(
@@ -167,6 +171,8 @@ class TaskOracle:
         | None = None,
         plan_facts: Callable[[], tuple[Any, ...]] | None = None,
         judge: Callable[[], Any] | None = None,
+        pilot_reference: Callable[[FrozenWorkspace, FrozenWorkspace, str], float | None]
+        | None = None,
     ) -> None:
         self._answers = answers
         self._metric = metric
@@ -176,8 +182,10 @@ class TaskOracle:
         self._reproduce = reproduce
         self._plan_facts = plan_facts
         self._judge = judge
+        self._pilot_reference = pilot_reference
         self._scores: dict[str, float | None] = {}
         self._pilot_scores: dict[tuple[str, str], float | None] = {}
+        self._pilot_reference_scores: dict[tuple[str, str], float | None] = {}
 
     @cached_property
     def judge(self) -> Any:
@@ -227,6 +235,25 @@ class TaskOracle:
         if key not in self._pilot_scores:
             self._pilot_scores[key] = _unit_or_none(self._pilot(workspace, path), "pilot metric")
         return self._pilot_scores[key]
+
+    def pilot_reference_score(self, workspace: FrozenWorkspace, path: str) -> float | None:
+        """The reference run's task metric on the case(s) the pilot at ``path`` names.
+
+        None without a reference run, without the benchmark's hook, or when the
+        benchmark cannot score the reference on those cases. Computed once per
+        snapshot and path.
+
+        Raises:
+            PluginError: the hook returned something other than None or a number in [0, 1].
+        """
+        if self._pilot_reference is None:
+            return None
+        key = (workspace.digest, path)
+        if key not in self._pilot_reference_scores:
+            reference = self.reference
+            value = None if reference is None else self._pilot_reference(reference, workspace, path)
+            self._pilot_reference_scores[key] = _unit_or_none(value, "pilot reference metric")
+        return self._pilot_reference_scores[key]
 
 
 @dataclass(frozen=True)

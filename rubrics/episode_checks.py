@@ -9,6 +9,7 @@ Each is registered under its function's name.
 
 from __future__ import annotations
 
+import posixpath
 from typing import Annotated, Literal, NoReturn
 
 from pydantic import Field
@@ -25,7 +26,7 @@ from bat_gym.rubrics.context import (
 from bat_gym.rubrics.invocation import runs_script
 from bat_gym.rubrics.provenance import observed_run_of
 from bat_gym.rubrics.reading import listing, read_csv, states_answer
-from bat_gym.rubrics.workspace import path_matches
+from bat_gym.rubrics.workspace import FrozenWorkspace, path_matches
 
 __all__ = [
     "command_ran",
@@ -219,18 +220,46 @@ def pilot_quality(
     path: str,
     threshold: Annotated[float, Field(ge=0, le=1)],
     relative: bool = False,
+    floor: Annotated[float, Field(ge=0, le=1)] = 1.0,
+    below_floor_agree: list[str] | None = None,
 ) -> CheckResult:
     """The benchmark's task metric on the pilot's case(s) is at least the bar.
 
     The benchmark scores the pilot file (:meth:`~bat_gym.benchmark.Benchmark.pilot_score`)
     against the truth of the cases it names; this is S3's quality check. The bar is
-    ``threshold``; with ``relative``, it is ``threshold`` times the task metric of the
-    benchmark's reference run (a correct pipeline with the provided model, capped at 1),
-    so that where the provided model is imperfect by design (a hard tier) a correct
-    pilot is held to what a correct run achieves rather than to a perfect score.
-    Without a reference run, or one the metric cannot score, the bar is ``threshold``.
+    ``threshold``; with ``relative``, it is ``threshold`` times what the benchmark's
+    reference run (a correct pipeline with the provided model) scores, so that where
+    the provided model is imperfect by design (a hard tier) a correct pilot is held to
+    what a correct run achieves rather than to a perfect score.
+
+    Where the benchmark scores the reference on the pilot's own case(s)
+    (:meth:`~bat_gym.benchmark.Benchmark.pilot_reference_score`), the bar is
+    ``threshold * max(R_cases, floor * R_task)``, with ``R_cases`` the reference's
+    metric on those cases and ``R_task`` its whole-task metric capped at 1. The floor
+    keeps a policy from lowering its own bar by piloting a case the reference does
+    badly on: where the reference scores 0 the bar would otherwise be 0 and any pilot
+    would pass, and where it scores, say, 0.5 a mistake the metric scores 0.5 as well
+    (a report with the right count and wrong sizes) would pass. The default floor, 1,
+    never puts the metric bar below the whole-task one; with 0.5, MedBench-Lite's
+    report mistake passed on 5 of 30 seeds piloted on the reference's worst case.
+
+    Yet one case can score well below the task's mean even for a correct pipeline (the
+    model misses a nodule there), and there the metric cannot tell a correct pipeline
+    from a wrong one. So with ``below_floor_agree`` (reference files, as ``against`` of
+    ``matches_reference``), a pilot on cases where ``R_cases`` is below ``floor *
+    R_task`` also passes when each of its rows is the reference run's row for its case,
+    the files it names agreeing by the benchmark's ``files_agree``: being the correct
+    run's output is a stricter bar than any score. (A wrong pipeline whose output on
+    that case happens to be the model's, say no boxes to transpose, passes too: nothing
+    in the pilot tells them apart, and ``pipeline_reproduces`` reruns every case.) This
+    beats refusing such cases outright (falling back to the whole-task bar), which
+    fails a correct pilot there. Without a per-case reference score the bar is
+    ``threshold * R_task``; without a reference run, or one the metric cannot score, it
+    is ``threshold``.
+
     Null when there is no task oracle or the benchmark has no pilot metric. The detail
-    gives the score and the bar, never the truth.
+    gives the pilot's score; it gives the bar only where the bar rests on the whole
+    task, so the reference's per-case score stays private, and it never gives the truth.
     """
     if ctx.task is None:
         raise CheckUnscorable("no task oracle: the pilot cannot be scored")
@@ -239,15 +268,83 @@ def pilot_quality(
     score = ctx.task.pilot_score(ctx.workspace, path)
     if score is None:
         raise CheckUnscorable("the benchmark has no pilot metric for this task")
-    bar = threshold
-    if relative and ctx.task.reference is not None:
-        reference = ctx.task.score(ctx.task.reference)
-        if reference is not None:
-            bar = threshold * min(1.0, reference)
     evidence = ctx.artifact(path)
+    bar = threshold
+    reference = ctx.task.reference if relative else None
+    task_ref = None if reference is None else ctx.task.score(reference)
+    if reference is not None and task_ref is not None:
+        task_ref = min(1.0, task_ref)
+        on_cases = ctx.task.pilot_reference_score(ctx.workspace, path)
+        if on_cases is not None:
+            # The bar itself would tell the policy how the reference does on this case.
+            said = "the bar the reference run sets on the same case(s)"
+            passed = score >= threshold * max(on_cases, floor * task_ref) or (
+                below_floor_agree is not None
+                and on_cases < floor * task_ref
+                and _rows_are_the_references(ctx, reference, path, below_floor_agree)
+            )
+            if not passed:
+                raise CheckFailed(
+                    f"{path}: task metric on the pilot {score:.3f} is below {said}", evidence
+                )
+            return CheckResult.ok(
+                f"{path}: task metric on the pilot {score:.3f} meets {said}", evidence
+            )
+        bar = threshold * task_ref
     if score < bar:
         raise CheckFailed(f"{path}: task metric on the pilot {score:.3f} < {bar:.3f}", evidence)
     return CheckResult.ok(f"{path}: task metric on the pilot {score:.3f} >= {bar:.3f}", evidence)
+
+
+def _rows_are_the_references(
+    ctx: CheckContext, reference: FrozenWorkspace, path: str, against: list[str]
+) -> bool:
+    """Whether every row of the CSV ``path`` is the reference's row for its case.
+
+    A case's row is taken from the first of the reference's files ``against`` that has
+    one. Cells agree as text, or, where the reference's cell names a file of its
+    workspace, when the agent's cell names a file that agrees with it (same bytes, or
+    the benchmark's ``files_agree``). A missing or garbled file agrees with nothing.
+    """
+    assert ctx.task is not None
+    try:
+        header, rows = read_csv(ctx.workspace, path)
+    except CheckFailed:
+        return False
+    if not rows or not header:
+        return False
+    key = header[0]
+    by_key: dict[str, dict[str, str]] = {}
+    for other in against:
+        try:
+            ref_header, ref_rows = read_csv(reference, other)
+        except CheckFailed:
+            continue
+        if ref_header[:1] == [key]:
+            for r in ref_rows:
+                by_key.setdefault(r[key], r)
+    for row in rows:
+        want = by_key.get(row[key])
+        if want is None:
+            return False
+        for col in header[1:]:
+            mine, theirs = row[col], want.get(col)
+            if theirs is None:
+                continue  # a column the reference does not write: nothing to compare
+            ref_file, my_file = posixpath.normpath(theirs), posixpath.normpath(mine)
+            if theirs and reference.sha256(ref_file) is not None:
+                # The cell names a file: the same name is not enough, the contents must agree.
+                if ctx.workspace.sha256(my_file) is None:
+                    return False
+                if ctx.workspace.sha256(my_file) != reference.sha256(ref_file) and not (
+                    ctx.task.files_agree(
+                        my_file, ctx.workspace.read_bytes(my_file), reference.read_bytes(ref_file)
+                    )
+                ):
+                    return False
+            elif mine != theirs:
+                return False
+    return True
 
 
 @register_check("matches_answers")

@@ -314,9 +314,9 @@ def reproduce(
 def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> TaskOracle:
     """What only the verifier may see about ``task`` under ``benchmark``, for the checks.
 
-    Its private answers, ``task_score`` and ``pilot_score``, the reference run and the
-    reproduction of this module (on ``backend``), ``files_agree``, ``plan_facts`` and the
-    judge; each computed on first use.
+    Its private answers, ``task_score``, ``pilot_score`` and ``pilot_reference_score``,
+    the reference run and the reproduction of this module (on ``backend``),
+    ``files_agree``, ``plan_facts`` and the judge; each computed on first use.
     """
     return TaskOracle(
         lambda: benchmark.private_answers(task),
@@ -330,4 +330,7 @@ def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> 
         ),
         plan_facts=lambda: benchmark.plan_facts(task),
         judge=benchmark.judge,
+        pilot_reference=lambda ref, workspace, path: benchmark.pilot_reference_score(
+            task, ref, workspace, path
+        ),
     )

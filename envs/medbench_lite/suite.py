@@ -257,6 +257,25 @@ class MedBenchLite(Benchmark):
         with workspace.as_directory() as directory:
             return get_track(task.track).pilot_score(self._task_draw(task), directory, pilot_path)
 
+    def pilot_reference_score(
+        self,
+        task: Task,
+        reference: FrozenWorkspace,
+        workspace: FrozenWorkspace,
+        pilot_path: str,
+    ) -> float | None:
+        """The reference run's track metric on the case(s) the agent's pilot names.
+
+        Its submission's rows (or, for a worked example, its own pilot's) for those
+        ids, scored like a pilot; None when the pilot is unusable or names a case the
+        reference has no row for. See
+        :meth:`TrackBase.pilot_reference_score <bat_gym.envs.medbench_lite.tracks.base.TrackBase.pilot_reference_score>`.
+        """
+        with reference.as_directory() as ref_dir, workspace.as_directory() as directory:
+            return get_track(task.track).pilot_reference_score(
+                self._task_draw(task), ref_dir, directory, pilot_path
+            )
+
 
 def _task_md(task: Task, d: Draw) -> str:
     stages = "\n".join(

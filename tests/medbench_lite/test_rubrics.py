@@ -157,7 +157,9 @@ def test_a_naive_pilot_with_a_true_receipt_earns_nothing_on_s3(bench, bank):
     assert all(
         items[i].passed for i in ("pilot_shape", "pilot_ran", "pilot_written", "pilot_receipt")
     ), [(i.id, i.detail) for i in items.values()]
-    assert items["pilot_quality"].passed is False and "< 0.9" in items["pilot_quality"].detail
+    quality = items["pilot_quality"]
+    # Held to the reference run on the same cases, a bar it does not say.
+    assert quality.passed is False and "is below the bar the reference run sets" in quality.detail
     assert items["pilot_is_model_output"].passed is False
     assert items["pipeline_reproduces"].passed is False
     assert reward == 0.0

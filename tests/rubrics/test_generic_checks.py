@@ -2,14 +2,21 @@
 and the benchmark's pilot metric."""
 
 import json
+import re
+from dataclasses import replace
 
 import pytest
 
+from bat_gym.envs.skill_ladder.tasks import label_accuracy
 from bat_gym.envs.toy_pipeline.suite import SPEC
+from bat_gym.errors import PluginError, RubricContractError
 from bat_gym.record import ProgramRun
 from bat_gym.rubrics.checks import run_check
 from bat_gym.rubrics.context import Evidence, TaskOracle
+from bat_gym.rubrics.contract import ContractLibrary
 from bat_gym.rubrics.invocation import runs_script
+from bat_gym.rubrics.workspace import FrozenWorkspace
+from bat_gym.spec import ContractRef
 
 from .conftest import CASES, LABELS, START, call
 
@@ -343,3 +350,172 @@ def test_the_pilot_metric_is_cached_and_range_checked(make_ctx):
     bad = TaskOracle(lambda: {}, lambda ws: None, lambda ws, path: 2.0)
     with pytest.raises(ValueError, match="pilot metric returned 2.0"):
         bad.pilot_score(ctx.workspace, "validation/pilot.csv")
+
+
+# -- pilot_quality held to the reference run on the same case(s) ---------------------------------
+
+# The reference run (a correct pipeline with an imperfect model) gets case004 wrong, as
+# a wrong pipeline does, but with another label: its task score is 0.75, and 0 there.
+TRUTH = {"case001": 1, "case002": 0, "case003": 1, "case004": 0}
+REFERENCE_ROWS = {"case001": 1, "case002": 0, "case003": 1, "case004": 2}
+RELATIVE = {"path": "validation/pilot.csv", "threshold": 0.9, "relative": True}
+AGREE = {**RELATIVE, "below_floor_agree": ["outputs/submission.csv"]}
+
+
+def _csv(rows):
+    return "id,label\n" + "".join(f"{c},{v}\n" for c, v in rows.items())
+
+
+def _relative_ctx(make_ctx, store, pilot_rows, *, per_case=True, reference=True):
+    """A context whose oracle has a reference run and, with ``per_case``, the hook."""
+    ctx = make_ctx({"validation/pilot.csv": _csv(pilot_rows)})
+    ref_ws = FrozenWorkspace.from_files(store, {"outputs/submission.csv": _csv(REFERENCE_ROWS)})
+
+    def on_cases(ref, ws, path):
+        # As a benchmark would: the reference's own rows for the ids the pilot names.
+        ids = [line.split(",")[0] for line in ws.read_text(path).splitlines()[1:]]
+        return label_accuracy(ref, "outputs/submission.csv", TRUTH, scored=ids)
+
+    oracle = TaskOracle(
+        lambda: {},
+        lambda ws: label_accuracy(ws, "outputs/submission.csv", TRUTH, scored=list(TRUTH)),
+        lambda ws, path: label_accuracy(ws, path, TRUTH, scored=None),
+        reference=(lambda: ref_ws) if reference else None,
+        pilot_reference=on_cases if per_case else None,
+    )
+    return replace(ctx, task=oracle)
+
+
+def _quality(make_ctx, store, rows, args=RELATIVE, **kw):
+    return run_check("pilot_quality", _relative_ctx(make_ctx, store, rows, **kw), args)
+
+
+def test_a_correct_pilot_on_cases_the_model_does_worse_on_than_its_mean_passes(make_ctx, store):
+    # The model's rows on case003 and case004 score 0.5, below 0.9 of its task score
+    # (0.675): held to the whole task a correct pilot fails; as the reference's own rows
+    # on cases where the reference is below its task score, it passes.
+    correct = {"case003": 1, "case004": 2}
+    whole = _quality(make_ctx, store, correct, per_case=False)
+    assert whole.passed is False and "0.500 < 0.675" in whole.detail
+    res = _quality(make_ctx, store, correct, AGREE)
+    assert res.passed is True and "0.500 meets the bar" in res.detail
+    # With a floor of 0.5 the metric bar alone (0.9 * 0.5) lets it through.
+    assert _quality(make_ctx, store, correct, {**RELATIVE, "floor": 0.5}).passed is True
+    # A wrong pipeline on the same cases still fails.
+    assert _quality(make_ctx, store, {"case003": 0, "case004": 1}, AGREE).passed is False
+
+
+def test_a_pilot_cannot_lower_its_bar_by_choosing_the_references_worst_case(make_ctx, store):
+    # The reference scores 0 on case004: without the floor the bar would be 0 and a
+    # wrong pilot there would pass; with it the bar is 0.9 * 0.75.
+    wrong_on_worst = {"case004": 1}
+    res = _quality(make_ctx, store, wrong_on_worst, AGREE)
+    assert res.passed is False and "0.000 is below the bar" in res.detail
+    assert _quality(make_ctx, store, wrong_on_worst, {**RELATIVE, "floor": 0.0}).passed is True
+    # Without below_floor_agree, being the reference's own rows does not lift it.
+    assert _quality(make_ctx, store, {"case004": 2}).passed is False
+    # A pilot that is right there clears the floored bar.
+    assert _quality(make_ctx, store, {"case004": 0}, AGREE).passed is True
+
+
+def test_a_mistake_scoring_like_the_model_on_a_middling_case_fails(make_ctx, store):
+    # On case003 + case004 the reference scores 0.5, and so does a mistake that gets
+    # case004 wrong its own way: a bar of 0.9 * 0.5 (floor 0.5) lets it through, the
+    # default floor (the whole-task bar) does not, and its rows are not the reference's.
+    mistake = {"case003": 1, "case004": 1}
+    assert _quality(make_ctx, store, mistake, {**AGREE, "floor": 0.5}).passed is True
+    assert _quality(make_ctx, store, mistake, AGREE).passed is False
+
+
+def test_below_the_floor_a_pilot_passes_only_as_the_references_own_rows(make_ctx, store):
+    # On case004 the metric cannot tell the model's output (2) from a mistake (1): both
+    # score 0. With below_floor_agree, the model's own rows pass and the mistake fails.
+    assert _quality(make_ctx, store, {"case004": 2}, AGREE).passed is True
+    assert _quality(make_ctx, store, {"case004": 1}, AGREE).passed is False
+    assert _quality(make_ctx, store, {"case004": 2, "case002": 1}, AGREE).passed is False
+    # At or above the floor agreement buys nothing: the per-case bar applies as it is.
+    assert _quality(make_ctx, store, {"case001": 0}, AGREE).passed is False
+    # Nor on something that is not a case.
+    assert _quality(make_ctx, store, {"case009": 2}, AGREE).passed is False
+
+
+def test_the_per_case_bar_is_never_said(make_ctx, store):
+    # The bar would tell how the reference does on the piloted case; the detail gives
+    # the pilot's own score only.
+    for rows in ({"case003": 1, "case004": 2}, {"case004": 1}, {"case001": 1}, {"case004": 2}):
+        for args in (RELATIVE, AGREE):
+            res = _quality(make_ctx, store, rows, args)
+            assert len(re.findall(r"\d\.\d+", res.detail)) == 1, res.detail
+            assert "label" not in res.detail
+
+
+def test_the_relative_bar_falls_back_without_a_per_case_reference(make_ctx, store):
+    # No hook: the reference's whole-task score (0.9 * 0.75), said as before.
+    res = _quality(make_ctx, store, {"case001": 1}, per_case=False)
+    assert res.passed is True and "1.000 >= 0.675" in res.detail
+    # No reference run at all: the plain threshold.
+    res = _quality(make_ctx, store, {"case004": 1}, reference=False)
+    assert res.passed is False and "0.000 < 0.900" in res.detail
+    # Not relative: the plain threshold, whatever the reference does.
+    res = _quality(make_ctx, store, {"case003": 1, "case004": 2}, {**RELATIVE, "relative": False})
+    assert res.passed is False and "0.500 < 0.900" in res.detail
+    # A pilot on something that is not a case scores 0 whatever the bar.
+    assert _quality(make_ctx, store, {"zzz": 1}).passed is False
+
+
+def test_the_per_case_reference_metric_is_range_checked(make_ctx, store):
+    ctx = _relative_ctx(make_ctx, store, {"case001": 1})
+    bad = TaskOracle(
+        lambda: {},
+        lambda ws: 1.0,
+        lambda ws, path: 1.0,
+        reference=lambda: ctx.workspace,
+        pilot_reference=lambda ref, ws, path: 1.5,
+    )
+    with pytest.raises(PluginError, match="pilot reference metric returned 1.5"):
+        bad.pilot_reference_score(ctx.workspace, "validation/pilot.csv")
+    assert TaskOracle(lambda: {}, lambda ws: 1.0).pilot_reference_score(ctx.workspace, "x") is None
+
+
+# The refs a Stage Bank built before the per-case pilot bar pins (s3_validate and e2e 1.4).
+_BEFORE_PER_CASE_BAR = [
+    ("s3_validate", "1.4", "73d89fbeb1e37cef3c9b5432ae20cb83ee72ad6288a822aec51d8f4227ebb9db"),
+    ("e2e", "1.4", "3800e6a0ddd8fee3e2135ebf0a728fba1b4c3fd6eabbba6b7cdb8c5bfbea516c"),
+]
+
+
+@pytest.mark.parametrize("contract_id, version, sha256", _BEFORE_PER_CASE_BAR)
+def test_a_bank_scored_under_the_whole_task_pilot_bar_is_refused(contract_id, version, sha256):
+    lib = ContractLibrary.reference()
+    ref = ContractRef(id=contract_id, version=version, sha256=sha256)
+    with pytest.raises(RubricContractError, match="Rebuild the Stage Bank"):
+        lib.get(ref)
+    s3 = next(i for i in lib.by_id("s3_validate").items if i.id == "pilot_quality")
+    assert s3.args["relative"] is True and s3.args["floor"] == 1.0
+    assert s3.args["below_floor_agree"] == ["outputs/predictions.csv", "validation/pilot.csv"]
+
+
+def test_below_the_floor_a_named_file_must_agree_not_just_its_name(make_ctx, store):
+    # The reference's row names a file; a pilot naming the same path with other
+    # contents is not the reference's output.
+    ref_files = {
+        "outputs/submission.csv": "id,label,mask\ncase004,2,outputs/case004.txt\n",
+        "outputs/case004.txt": "model output\n",
+    }
+    ref_ws = FrozenWorkspace.from_files(store, ref_files)
+    args = {**AGREE, "floor": 1.0}
+
+    def ctx_with(contents):
+        pilot = "id,label,mask\ncase004,2,outputs/case004.txt\n"
+        ctx = make_ctx({"validation/pilot.csv": pilot, "outputs/case004.txt": contents})
+        oracle = TaskOracle(
+            lambda: {},
+            lambda ws: 0.75,
+            lambda ws, path: 0.0,
+            reference=lambda: ref_ws,
+            pilot_reference=lambda ref, ws, path: 0.0,
+        )
+        return replace(ctx, task=oracle)
+
+    assert run_check("pilot_quality", ctx_with("model output\n"), args).passed is True
+    assert run_check("pilot_quality", ctx_with("a transposed output\n"), args).passed is False

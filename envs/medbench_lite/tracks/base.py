@@ -196,6 +196,33 @@ class TrackBase(ABC):
             return 0.0
         return self.score_cases(draw, workspace, rows, list(rows))
 
+    def pilot_reference_score(
+        self, draw: Draw, reference: Path, workspace: Path, pilot_csv: str
+    ) -> float | None:
+        """The reference run's metric on the cases the agent's pilot CSV names.
+
+        The agent's pilot (in ``workspace``) is read only for its case ids. The
+        reference run's rows for them come from its ``outputs/submission.csv``, or,
+        for a case it did not submit (a worked example), from its own pilot at
+        ``pilot_csv``; they are scored in ``reference`` (where the files they name
+        live) with :meth:`score_cases`, the metric :meth:`pilot_score` uses.
+
+        Returns:
+            The score in ``[0, 1]``, or None when the agent's pilot is unusable or
+            names a case that is unknown or has no reference row (the caller then
+            rests on the reference's whole-task score).
+        """
+        columns = draw.task_json["submission"]["columns"]
+        mine = read_rows(Path(workspace) / pilot_csv, columns)
+        if not mine or not set(mine) <= self.known_ids(draw):
+            return None
+        ref_rows: dict[str, dict[str, str]] = {}
+        for rel in (pilot_csv, "outputs/submission.csv"):
+            ref_rows.update(read_rows(Path(reference) / rel, columns) or {})
+        if not set(mine) <= set(ref_rows):
+            return None
+        return self.score_cases(draw, reference, ref_rows, list(mine))
+
     @abstractmethod
     def recipe(self) -> Recipe:
         """The track's part of the scripted teacher."""
