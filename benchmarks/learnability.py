@@ -295,12 +295,21 @@ def _run_log(run: Path) -> tuple[float, float, float]:
 
 
 def section_grpo(
-    out: Path, plan: Plan, sft: Path, sft_eval: Any, bank: Path, rule: str
+    out: Path,
+    plan: Plan,
+    sft: Path,
+    sft_eval: Any,
+    bank: Path,
+    rule: str,
+    max_staleness: int = 0,
 ) -> tuple[str, list[Any]]:
     """GRPO on the weakest stage over seeds, against the evaluation noise.
 
     ``sft_eval`` is section 1's evaluation of ``sft`` (sampling seed 0), the first of
-    the noise evaluations. Returns the target and each seed's held-out evaluation.
+    the noise evaluations. ``max_staleness`` > 0 trains asynchronously (its runs are
+    named ``<target>-k<K>-seed<n>``, so a rerun with K set compares against the
+    synchronous runs in the same ``--out``). Returns the target and each seed's
+    held-out evaluation.
     """
     from bat_gym.selection import paper_target
 
@@ -321,9 +330,18 @@ def section_grpo(
     ci = reports[0].intervals[target]
 
     trained, logs = [], []
+    name = f"{target}-k{max_staleness}" if max_staleness else target
     for seed in range(plan.seeds):
-        final = grpo(sft, bank, out / "grpo" / f"{target}-seed{seed}", plan, seed, target=target)
-        trained.append(held_out(final, out / "eval" / f"grpo-{target}-seed{seed}", plan))
+        final = grpo(
+            sft,
+            bank,
+            out / "grpo" / f"{name}-seed{seed}",
+            plan,
+            seed,
+            target=target,
+            max_staleness=max_staleness,
+        )
+        trained.append(held_out(final, out / "eval" / f"grpo-{name}-seed{seed}", plan))
         logs.append(_run_log(final))
     after = [r.aggregates.stages[target] or 0.0 for r in trained]
     after_overall = [r.aggregates.overall or 0.0 for r in trained]
@@ -495,6 +513,12 @@ def main(argv: list[str] | None = None) -> None:
         choices=["bicurl", "ablation"],
         help="leave a section out (repeatable)",
     )
+    p.add_argument(
+        "--max-staleness",
+        type=int,
+        default=0,
+        help="train section 2's GRPO runs asynchronously with this bound (0: synchronous)",
+    )
     args = p.parse_args(argv)
 
     plan = QUICK if args.quick else Plan()
@@ -522,7 +546,9 @@ def main(argv: list[str] | None = None) -> None:
     bank, model, sft_data = build_setup(args.out, plan)
     _log(f"setup (bank, tokenizer, model, SFT export): {time.perf_counter() - t0:.0f} s")
     sft, sft_eval = section_sft(args.out, plan, model, sft_data)
-    target, mix_evals = section_grpo(args.out, plan, sft, sft_eval, bank, args.target)
+    target, mix_evals = section_grpo(
+        args.out, plan, sft, sft_eval, bank, args.target, args.max_staleness
+    )
     if "bicurl" not in args.skip:
         section_bicurl(args.out, plan, sft, bank, args.target)
     if "ablation" not in args.skip:
