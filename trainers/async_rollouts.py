@@ -55,10 +55,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bat_gym.errors import EnvLost
 from bat_gym.integrations.episode import EpisodeResult
 from bat_gym.policies.local import TokenGeneration
-from bat_gym.trainers.rollout import LOST_ENV_ATTEMPTS, RolloutWorkers
+from bat_gym.trainers.rollout import RolloutWorkers
 
 __all__ = [
     "AsyncBatch",
@@ -235,31 +234,16 @@ class VersionedWorkers(RolloutWorkers):
             out.append((gen, version))
         return out
 
-    def play_one(self, state_id: str) -> VersionedRollout:  # type: ignore[override]
-        """One episode from ``state_id`` (replayed on a lost env), its tokens stamped."""
-        env = self._acquire()
-        try:
-            for attempt in range(1, LOST_ENV_ATTEMPTS + 1):
-                try:
-                    episode = self.episode(env)
-                    episode.reset(state_id)
-                    starts: list[tuple[int, int]] = []
-                    while not episode.done:
-                        cap = episode.max_new_tokens or self.max_new_tokens
-                        sample, version = self.batcher((episode.context_ids, cap))  # type: ignore[misc]
-                        starts.append((len(episode.response_ids), version))
-                        episode.advance(sample.token_ids, sample.logprobs)
-                    result = episode.result()
-                    return VersionedRollout(
-                        result, token_versions(starts, len(result.response_ids))
-                    )
-                except EnvLost:
-                    if attempt == LOST_ENV_ATTEMPTS:
-                        raise
-                    log.warning("env lost during an episode from %s; replaying it", state_id)
-            raise AssertionError("unreachable")  # pragma: no cover
-        finally:
-            self._release(env)
+    def _play(self, episode: Any) -> VersionedRollout:  # type: ignore[override]
+        """As the base class's, with each token stamped with the version that sampled it."""
+        starts: list[tuple[int, int]] = []
+        while not episode.done:
+            cap = episode.max_new_tokens or self.max_new_tokens
+            sample, version = self.batcher((episode.context_ids, cap))  # type: ignore[misc]
+            starts.append((len(episode.response_ids), version))
+            episode.advance(sample.token_ids, sample.logprobs)
+        result = episode.result()
+        return VersionedRollout(result, token_versions(starts, len(result.response_ids)))
 
 
 # ============================================================================ producer/consumer

@@ -162,11 +162,7 @@ class RolloutWorkers:
                 try:
                     episode = self.episode(env)
                     episode.reset(state_id)
-                    while not episode.done:
-                        cap = episode.max_new_tokens
-                        sample = self.batcher((episode.context_ids, cap or self.max_new_tokens))
-                        episode.advance(sample.token_ids, sample.logprobs)
-                    return episode.result()
+                    return self._play(episode)
                 except EnvLost:
                     if attempt == LOST_ENV_ATTEMPTS:
                         raise
@@ -174,6 +170,14 @@ class RolloutWorkers:
             raise AssertionError("unreachable")  # pragma: no cover
         finally:
             self._release(env)
+
+    def _play(self, episode: TokenEpisode) -> EpisodeResult:
+        """Sample turns into a reset ``episode`` until it is done; its result."""
+        while not episode.done:
+            cap = episode.max_new_tokens
+            sample = self.batcher((episode.context_ids, cap or self.max_new_tokens))
+            episode.advance(sample.token_ids, sample.logprobs)
+        return episode.result()
 
     def play(self, state_ids: Sequence[str]) -> list[EpisodeResult]:
         """One episode per state id (repeat an id for a GRPO group); results in order."""
