@@ -22,6 +22,7 @@ import ast
 import re
 
 from bat_gym.errors import PluginError
+from bat_gym.pyparse import parse
 
 __all__ = ["Source", "without_docstring", "fill_slots", "replace_function"]
 
@@ -39,7 +40,7 @@ class Source(str):
 
 def without_docstring(source: str) -> str:
     """``source`` less its module docstring, stripped, with one final newline."""
-    body = ast.parse(source).body
+    body = parse(source).body
     first = body[0] if body else None
     end = 0
     if (
@@ -105,7 +106,7 @@ def replace_function(base: str, patch: str, where: str) -> str:
         PluginError: the patch defines no function or several, or one ``base`` lacks
             (a ValueError too).
     """
-    patch_fns = [n for n in ast.parse(patch).body if isinstance(n, ast.FunctionDef)]
+    patch_fns = [n for n in parse(patch).body if isinstance(n, ast.FunctionDef)]
     if len(patch_fns) != 1:
         raise PluginError(
             f"{where} must define exactly one function, found "
@@ -113,7 +114,7 @@ def replace_function(base: str, patch: str, where: str) -> str:
         )
     new = patch_fns[0]
     old = next(
-        (n for n in ast.parse(base).body if isinstance(n, ast.FunctionDef) and n.name == new.name),
+        (n for n in parse(base).body if isinstance(n, ast.FunctionDef) and n.name == new.name),
         None,
     )
     if old is None:

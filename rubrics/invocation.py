@@ -24,15 +24,12 @@ import ast
 import posixpath
 import re
 import shlex
-import threading
 from dataclasses import dataclass
+
+from bat_gym.pyparse import parse
 
 __all__ = ["Script", "runs_script"]
 
-# CPython 3.11's parser keeps its recursion depth in shared state: two threads parsing
-# at once (the verifier scores episodes concurrently) can fail with "AST constructor
-# recursion depth mismatch". One parse at a time.
-_PARSE_LOCK = threading.Lock()
 
 # Callables that start a program from a command line (matched by their last name):
 # a list of words (``subprocess.run([...])``) or one shell string (``os.system``).
@@ -210,8 +207,7 @@ def _split_heredocs(code: str) -> tuple[str, list[str]]:
 
 def _python_runs(code: str, target: Script) -> bool:
     try:
-        with _PARSE_LOCK:
-            tree = ast.parse(code)
+        tree = parse(code)
     except (SyntaxError, ValueError):
         return False  # code that does not parse ran nothing
     strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]

@@ -30,6 +30,7 @@ from typing import Annotated, Any
 import typer
 
 from bat_gym.errors import ConfigError
+from bat_gym.pyparse import parse
 
 __all__ = [
     "ConfigField",
@@ -83,7 +84,7 @@ def _module_tree(module: str) -> ast.Module:
     if spec is None or spec.origin is None:
         raise ConfigError(f"cannot find the source of {module}; reinstall bat-gym")
     with open(spec.origin, encoding="utf-8") as fh:
-        return ast.parse(fh.read(), filename=spec.origin)
+        return parse(fh.read(), filename=spec.origin)
 
 
 def _alias(module: str, name: str) -> ast.expr:
