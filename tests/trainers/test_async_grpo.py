@@ -29,16 +29,8 @@ from bat_gym.trainers.async_rollouts import (  # noqa: E402
 )
 from bat_gym.trainers.grpo import FixedStates, GRPOConfig, train  # noqa: E402
 from bat_gym.trainers.grpo_loss import behaviour_is_weights, grpo_loss  # noqa: E402
-from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    texts = (ROOT / "README.md").read_text().splitlines()
-    return build_tiny_model(tmp_path_factory.mktemp("m"), texts, vocab_size=600, hidden_size=64)
 
 
 def config(tiny, bank, out, **kw):

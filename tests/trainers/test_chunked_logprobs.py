@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from contextlib import nullcontext
-from pathlib import Path
 
 import pytest
 
@@ -22,17 +21,9 @@ from bat_gym.trainers import grpo  # noqa: E402
 from bat_gym.trainers.activation_checkpointing import set_activation_checkpointing  # noqa: E402
 from bat_gym.trainers.fsdp import Dist  # noqa: E402
 from bat_gym.trainers.grpo import GRPOConfig, _batch_tensors, _logprobs, _update  # noqa: E402
-from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 OFF = nullcontext()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    texts = (ROOT / "README.md").read_text().splitlines()
-    return build_tiny_model(tmp_path_factory.mktemp("m"), texts, vocab_size=600, hidden_size=64)
 
 
 def load(path):

@@ -23,16 +23,8 @@ pytest.importorskip("transformers")
 from bat_gym.integrations.episode import EpisodeResult  # noqa: E402
 from bat_gym.trainers.fsdp import Dist  # noqa: E402
 from bat_gym.trainers.grpo import GRPOConfig, _update  # noqa: E402
-from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    texts = (ROOT / "README.md").read_text().splitlines()
-    return build_tiny_model(tmp_path_factory.mktemp("m"), texts, vocab_size=600, hidden_size=64)
 
 
 def rollouts(n: int) -> tuple[list[EpisodeResult], torch.Tensor]:

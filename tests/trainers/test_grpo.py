@@ -26,15 +26,8 @@ from bat_gym.trainers.grpo import (  # noqa: E402
 )
 from bat_gym.trainers.grpo_metrics import read_metrics  # noqa: E402
 from bat_gym.trainers.rollout import RolloutWorkers  # noqa: E402
-from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    texts = (ROOT / "README.md").read_text().splitlines()
-    return build_tiny_model(tmp_path_factory.mktemp("m"), texts, vocab_size=600, hidden_size=64)
 
 
 def config(tiny, bank, out, **kw):

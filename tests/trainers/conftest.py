@@ -1,0 +1,16 @@
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random-init tiny causal LM with a tokenizer trained on the README (one per module)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from bat_gym.trainers.tiny_model import build_tiny_model
+
+    texts = (ROOT / "README.md").read_text().splitlines()
+    return build_tiny_model(tmp_path_factory.mktemp("m"), texts, vocab_size=600, hidden_size=64)
