@@ -208,8 +208,11 @@ def _split_heredocs(code: str) -> tuple[str, list[str]]:
 def _python_runs(code: str, target: Script) -> bool:
     try:
         tree = parse(code)
-    except (SyntaxError, ValueError):
-        return False  # code that does not parse ran nothing
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        # Code that does not parse ran nothing. The parser gives up on very deep nesting
+        # (``-`` * 200,000 + ``1``) with MemoryError or RecursionError, as it would have
+        # in the sandbox: one such call must not make the whole check raise.
+        return False
     strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
     names_dir = bool(target.directory) and any(
         isinstance(s, str) and target.directory in _parts(s) for s in strings

@@ -292,6 +292,14 @@ def test_runs_script_reads_python_c_and_ignores_unparsable_code():
     assert runs_script("import infer", "python", "infer.py")  # a script at the root
 
 
+def test_runs_script_treats_code_too_deep_to_parse_as_running_nothing():
+    # The parser runs out of stack on very deep nesting (MemoryError, not SyntaxError):
+    # a hostile call like this is "ran nothing", never an exception out of the check.
+    deep = "-" * 200_000 + "1\nimport runpy; runpy.run_path('pipeline/infer.py')"
+    assert not runs_script(deep, "python", "pipeline/infer.py")
+    assert not runs_script("not " * 200_000 + "x", "python", "pipeline/infer.py")
+
+
 # -- stage_artifacts_written ------------------------------------------------------------------
 
 
