@@ -1,6 +1,7 @@
-"""Does skill_ladder teach? SFT, GRPO, BiCuRL and a pool ablation with a tiny local model.
+"""Does a staged benchmark teach? SFT, GRPO, BiCuRL and a pool ablation with a tiny local model.
 
-Everything is built on the spot: a Stage Bank of skill_ladder training tasks, a
+Everything is built on the spot: a Stage Bank of the benchmark's training tasks
+(``--benchmark``, skill_ladder by default), a
 byte-level BPE tokenizer trained on its prompts and teacher turns, and a random-init
 Qwen3-style model (:mod:`bat_gym.trainers.tiny_model`); nothing is downloaded. Every
 score is a held-out rubric evaluation (:func:`bat_gym.evaluation.evaluate`: E2E
@@ -25,6 +26,11 @@ Sections (each prints a table):
 
     python benchmarks/learnability.py --quick          # the short version (~1.5 h)
     python benchmarks/learnability.py --out runs/learn # the full version (~3 h)
+
+Any registered benchmark runs through the same code (``--benchmark medbench_lite``);
+the sizes above are skill_ladder's, whose teacher turns are short. A suite whose turns
+are whole scripts needs ``--max-new-tokens`` to match, and a tiny model learns little
+of it: that run checks the loop end to end on the suite's real sandboxes and rubrics.
 
 Times are for two CPU cores; a GRPO step (8 groups x 4 rollouts) takes about 35 s
 there, most of it rollouts.
@@ -56,7 +62,8 @@ class Plan:
     sft_steps: int = 300
     """Cold-start SFT optimizer steps (micro batch 4, no accumulation, lr 2e-3)."""
     eval_repeats: int = 48
-    """Held-out tasks per track in every evaluation (3 tracks: 3x this many episodes)."""
+    """Held-out tasks per track in every evaluation (skill_ladder's 3 tracks: 3x this many
+    episodes)."""
     noise_evals: int = 5
     """Evaluations of the SFT checkpoint with different sampling seeds (the noise)."""
     grpo_steps: int = 32
@@ -83,9 +90,9 @@ QUICK = Plan(
     steps_per_round=8,
 )
 
-BENCH = "skill_ladder"
+BENCH = "skill_ladder"  # --benchmark
 MAX_TURNS = 8  # the teacher needs at most 7; tiny policies waste little on dead ends
-MAX_NEW_TOKENS = 96  # a teacher turn is about 50 tokens
+MAX_NEW_TOKENS = 96  # --max-new-tokens; a skill_ladder teacher turn is about 50 tokens
 TEMPERATURE = 0.7  # the BaT sampling temperature, in training and evaluation alike
 
 # GRPO for a 128-wide model; the rest is BaT. After 300 SFT steps the policy is sharp
@@ -204,7 +211,7 @@ def grpo(model: Path, bank: Path, out: Path, plan: Plan, seed: int, **kw: Any) -
         steps=plan.grpo_steps,
         groups_per_step=plan.groups_per_step,
         seed=seed,
-        **{**GRPO_BASE, **kw},
+        **{**GRPO_BASE, "warmup_steps": min(GRPO_BASE["warmup_steps"], plan.grpo_steps), **kw},
     )
     if (out / "final" / "config.json").is_file():
         return out / "final"
@@ -482,6 +489,16 @@ def section_ablation(
 # -------------------------------------------------------------------------- main
 
 
+def _configure(benchmark: str, max_new_tokens: int) -> None:
+    """Point every section at ``benchmark`` and its turn length (module settings)."""
+    global BENCH, MAX_NEW_TOKENS
+    from bat_gym.registry import get_benchmark
+
+    get_benchmark(benchmark)  # an unknown name fails here, before any work
+    BENCH, MAX_NEW_TOKENS = benchmark, max_new_tokens
+    GRPO_BASE["max_new_tokens"] = max_new_tokens
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse flags, run the sections in order, print their tables."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -493,6 +510,10 @@ def main(argv: list[str] | None = None) -> None:
         help="work directory; a rerun reuses finished evaluations and GRPO runs",
     )
     p.add_argument("--fresh", action="store_true", help="delete --out first")
+    p.add_argument("--benchmark", default=BENCH, help="registered benchmark to learn")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="tokens per sampled turn"
+    )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--seeds", type=int, help="GRPO seeds (default: 3)")
     p.add_argument("--grpo-steps", type=int, help="GRPO steps per run")
@@ -520,6 +541,7 @@ def main(argv: list[str] | None = None) -> None:
         help="train section 2's GRPO runs asynchronously with this bound (0: synchronous)",
     )
     args = p.parse_args(argv)
+    _configure(args.benchmark, args.max_new_tokens)
 
     plan = QUICK if args.quick else Plan()
     overrides = {
@@ -540,7 +562,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    _log(f"# skill_ladder learnability ({'quick' if args.quick else 'full'}): {plan}")
+    _log(f"# {BENCH} learnability ({'quick' if args.quick else 'full'}): {plan}")
 
     t0 = time.perf_counter()
     bank, model, sft_data = build_setup(args.out, plan)

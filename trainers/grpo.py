@@ -305,23 +305,23 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         if self.target is None and not self.state_ids:
-            raise ValueError("give a curriculum target (target='S3') or fixed state_ids")
+            raise ConfigError("give a curriculum target (target='S3') or fixed state_ids")
         if self.generator not in ("transformers", "vllm"):
-            raise ValueError(f"generator must be 'transformers' or 'vllm', got {self.generator!r}")
+            raise ConfigError(f"generator must be 'transformers' or 'vllm', got {self.generator!r}")
         for name in ("steps", "groups_per_step", "group_size", "micro_batch_size", "num_envs"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.warmup_steps <= self.steps:
-            raise ValueError(
+            raise ConfigError(
                 f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps}"
             )
         # A group of one has zero advantage by construction: nothing to learn from.
         if self.group_size < 2:
-            raise ValueError(
+            raise ConfigError(
                 f"group_size must be >= 2 for group-relative advantages, got {self.group_size}"
             )
         if not 0 <= self.clip_eps_low < 1 or self.clip_eps_high < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"clip widths must satisfy 0 <= low < 1 and high >= 0, got "
                 f"{self.clip_eps_low}, {self.clip_eps_high}"
             )

@@ -79,13 +79,14 @@ def test_a_metrics_line_that_is_not_a_step_is_named(tmp_path):
 
 
 def test_config_errors_name_the_fix(tiny, toy_bank, tmp_path):
-    with pytest.raises(ValueError, match="target"):
+    # ConfigError is a BatGymError (the CLI shows it as one line) and a ValueError.
+    with pytest.raises(ConfigError, match="target"):
         GRPOConfig(model="m", output_dir="o")
-    with pytest.raises(ValueError, match="group_size"):
+    with pytest.raises(ConfigError, match="group_size"):
         config(tiny, toy_bank, tmp_path, group_size=1)
-    with pytest.raises(ValueError, match="generator"):
+    with pytest.raises(ConfigError, match="generator"):
         config(tiny, toy_bank, tmp_path, generator="sglang")
-    with pytest.raises(ValueError, match="warmup_steps"):
+    with pytest.raises(ConfigError, match="warmup_steps"):
         config(tiny, toy_bank, tmp_path, warmup_steps=3)
     for field, value in (
         ("cut_turn", "run"),
