@@ -18,7 +18,11 @@ sequence-mean then token-mean. The implementations:
   ``logprob_chunk_size`` 1024 (the head runs 1024 positions at a time, recomputed in
   backward), ``gradient_checkpointing`` on (AC: each decoder layer recomputed in
   backward), the optimizer ``train`` makes (torch's fused AdamW).
-* ``bat_gym chunked, AC off``: the same with ``gradient_checkpointing=False``.
+  The decoder's MLPs run 4,096 tokens at a time (``mlp_chunk_size``,
+  :mod:`bat_gym.trainers.tiled_mlp`), so a recomputed layer never holds its MLP
+  intermediates for the whole micro-batch.
+* ``bat_gym chunked, AC on, MLP untiled``: the same with ``mlp_chunk_size=None``.
+* ``bat_gym chunked, AC off``: the default with ``gradient_checkpointing=False``.
 * ``bat_gym whole``: ``logprob_chunk_size=None``: the (B, T, V) logits (AC on).
 * ``trl``: TRL's ``GRPOTrainer`` (loss ``grpo``, ``beta=0``) fed the tensors its
   ``_generate_and_score_completions`` would return, ``training_step`` then the optimizer
@@ -75,9 +79,10 @@ CLIP_EPS = 0.2
 MAX_GRAD_NORM = 1.0
 LR = 1e-6
 ADVANTAGES = (1.0, -0.5, 0.75, -0.25)  # cycled over the rollouts
-IMPLS = ("chunked", "chunked-noac", "whole", "trl", "trl-ac")
+IMPLS = ("chunked", "chunked-untiled", "chunked-noac", "whole", "trl", "trl-ac")
 NAMES = {
     "chunked": "bat_gym chunked, AC on (default)",
+    "chunked-untiled": "bat_gym chunked, AC on, MLP untiled",
     "chunked-noac": "bat_gym chunked, AC off",
     "whole": "bat_gym whole, AC on",
     "trl": "trl, AC off",
@@ -86,6 +91,7 @@ NAMES = {
 # Each implementation's activation checkpointing (AC) of the decoder layers.
 CHECKPOINTING = {
     "chunked": True,
+    "chunked-untiled": True,
     "chunked-noac": False,
     "whole": True,
     "trl": False,
@@ -195,6 +201,7 @@ def bat_gym_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tup
         kl_coef=0.0, micro_batch_size=spec.micro_batch, device=spec.device, bf16="off",
         logprob_chunk_size=None if spec.impl == "whole" else spec.chunk_size,
         gradient_checkpointing=CHECKPOINTING[spec.impl],
+        **({"mlp_chunk_size": None} if spec.impl == "chunked-untiled" else {}),
     )  # fmt: skip
     opt = _make_optimizer(model, cfg, torch.device(spec.device))  # as train() makes it
     _SETUP["optimizer"] = "torch AdamW, fused" if opt.defaults.get("fused") else "torch AdamW"

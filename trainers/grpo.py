@@ -98,6 +98,7 @@ from bat_gym.trainers.grpo_metrics import StepMetrics
 from bat_gym.trainers.rollout import RolloutWorkers
 from bat_gym.trainers.rollout_log import log_rollouts
 from bat_gym.trainers.schedule import Schedule, lr_scheduler
+from bat_gym.trainers.tiled_mlp import set_mlp_tiling
 
 __all__ = [
     "GRPOConfig",
@@ -115,7 +116,16 @@ _STATE = "trainer_state.pt"
 # update and must match the checkpoint (see bat_gym.trainers.checkpoints.load_resume_state);
 # ``model`` among them, as the default KL reference.
 _FREE_ON_RESUME = frozenset(
-    {"output_dir", "steps", "save_every", "keep_last", "device", "ray", "gradient_checkpointing"}
+    {
+        "output_dir",
+        "steps",
+        "save_every",
+        "keep_last",
+        "device",
+        "ray",
+        "gradient_checkpointing",
+        "mlp_chunk_size",
+    }
 )
 
 log = logging.getLogger(__name__)
@@ -256,6 +266,14 @@ class GRPOConfig:
     default, as in TRL's ``GRPOTrainer``: at 8k-token episodes the activations, not the
     weights, decide what fits. Models without Hugging Face gradient-checkpointing support
     run without it, with a log line."""
+    mlp_chunk_size: int | None = 4096
+    """Tokens per tile of each decoder layer's MLP in the update
+    (:mod:`~bat_gym.trainers.tiled_mlp`): the MLP's (tokens x intermediate)
+    intermediates, the largest activations of a recomputed layer at long sequences
+    (three of 0.6 GB each for 4 x 8k tokens at Qwen2.5-0.5B's width, fp32), are only
+    ever formed for one tile, in the forward and again in the backward. Costs one more
+    MLP forward per update; the loss and gradients are the same. Dense gated MLPs only
+    (``gate_proj``/``up_proj``/``down_proj``); other models run untiled. None: untiled."""
     aggregation: Aggregation = "seq_mean_token_mean"
     """How token losses become the batch loss: mean over each sequence's tokens, then over
     sequences (``seq_mean_token_mean``); mean over all tokens (``token_mean``); or each
@@ -360,6 +378,11 @@ class GRPOConfig:
                 f"max_staleness={self.max_staleness} trains on tokens sampled by older weights, "
                 "which the importance weights capped at tis_cap correct for: give a tis_cap "
                 "(e.g. 2.0) or set max_staleness=0"
+            )
+        if self.mlp_chunk_size is not None and self.mlp_chunk_size < 1:
+            raise ConfigError(
+                f"mlp_chunk_size must be >= 1 token, or None for untiled MLPs, got "
+                f"{self.mlp_chunk_size}"
             )
         if self.logprob_chunk_size is not None and self.logprob_chunk_size < 1:
             raise ConfigError(
@@ -884,6 +907,7 @@ def train(
     model = shard(model, dist)
     # Once for the run: it only acts in training mode, so sampling is left as it was.
     set_activation_checkpointing(model, cfg.gradient_checkpointing)
+    set_mlp_tiling(model, cfg.mlp_chunk_size)
     opt = _make_optimizer(model, cfg, device)
     sched = lr_scheduler(
         opt, warmup_steps=cfg.warmup_steps, max_steps=cfg.steps, schedule=cfg.lr_schedule
@@ -1156,6 +1180,7 @@ def _update(
     chunk = cfg.logprob_chunk_size
     if set_checkpointing:
         set_activation_checkpointing(model, cfg.gradient_checkpointing)
+        set_mlp_tiling(model, cfg.mlp_chunk_size)
     with torch.no_grad():
         for b in batches:
             if b.get("idle"):
