@@ -47,11 +47,11 @@ def rollouts(n: int) -> tuple[list[EpisodeResult], torch.Tensor]:
     return out, adv
 
 
-def config(model: Path) -> GRPOConfig:
+def config(model: Path, mlp_tile: int | None = None) -> GRPOConfig:
     # kl_coef 0: no reference model; two passes so the old-policy forward runs too.
     return GRPOConfig(
         model=str(model), output_dir="unused", state_ids=("s",), micro_batch_size=2,
-        lr=1e-2, kl_coef=0.0, updates_per_batch=2, device="cpu",
+        lr=1e-2, kl_coef=0.0, updates_per_batch=2, device="cpu", mlp_chunk_size=mlp_tile,
     )  # fmt: skip
 
 
@@ -105,7 +105,8 @@ def test_a_sharded_update_equals_the_one_process_update(tiny, tmp_path):
         with gathered(model, dist):  # as train() does for the rollouts before each update
             pass
         stats = _update(
-            model, None, opt, [rs[i] for i in mine], adv[mine], config({str(tiny)!r}),
+            # MLPs tiled 5 tokens at a time under FSDP; the one-process update is untiled.
+            model, None, opt, [rs[i] for i in mine], adv[mine], config({str(tiny)!r}, 5),
             torch.device("cpu"), AutoTokenizer.from_pretrained({str(tiny)!r}),
             torch.autocast("cpu", enabled=False), dist,
         )
