@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
@@ -1047,7 +1048,12 @@ def train(
                 version=step,
                 set_checkpointing=False,
             )  # fmt: skip
-            sched.step()
+            with warnings.catch_warnings():
+                # A batch with nothing to learn from (every rollout masked or unscored)
+                # takes no optimizer step; the schedule still counts the step, which
+                # torch would report as a misordered call.
+                warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)`")
+                sched.step()
             if source is not None:
                 # A host copy: the generator loads it at its next call while this model
                 # trains on, and it holds no accelerator memory while it waits.
