@@ -64,6 +64,7 @@ from bat_gym.trainers.checkpoints import (  # noqa: E402 - after the torch check
     set_rng_state,
 )
 from bat_gym.trainers.schedule import Schedule, lr_scheduler  # noqa: E402
+from bat_gym.trainers.tiled_mlp import set_mlp_tiling  # noqa: E402
 
 __all__ = [
     "SFTConfig",
@@ -86,7 +87,7 @@ Example = dict[str, list[int]]
 # field shapes the math (data order, optimizer, precision) and must match the checkpoint.
 _FREE_ON_RESUME = frozenset(
     {"model", "data_dir", "output_dir", "max_steps", "eval_every", "save_every", "keep_last"}
-    | {"log_every", "device", "resume", "gradient_checkpointing"}
+    | {"log_every", "device", "resume", "gradient_checkpointing", "mlp_chunk_size"}
 )
 _STATE = "trainer_state.pt"
 
@@ -159,6 +160,12 @@ class SFTConfig:
     refuses to start over an output directory that already holds checkpoints."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about a third slower)."""
+    mlp_chunk_size: int | None = 4096
+    """Tokens per tile of each decoder layer's MLP in training
+    (:mod:`~bat_gym.trainers.tiled_mlp`): the MLP intermediates, the largest activations
+    of a layer at long sequences, are formed one tile at a time. The same loss and
+    gradients for one more MLP forward per step; no effect on micro-batches of fewer
+    tokens. None: untiled."""
 
     def __post_init__(self) -> None:
         # Catch impossible values before a model is loaded; each message names the fix.
@@ -169,6 +176,11 @@ class SFTConfig:
         for name in ("eval_every", "save_every", "log_every", "weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 disables), got {getattr(self, name)}")
+        if self.mlp_chunk_size is not None and self.mlp_chunk_size < 1:
+            raise ConfigError(
+                f"mlp_chunk_size must be >= 1 token, or None for untiled MLPs, got "
+                f"{self.mlp_chunk_size}"
+            )
         if not 0 <= self.adam_beta1 < 1 or not 0 <= self.adam_beta2 < 1:
             raise ConfigError(
                 f"AdamW betas must lie in [0, 1), got ({self.adam_beta1}, {self.adam_beta2})"
@@ -577,6 +589,7 @@ def train(
     # fp32 master weights: bf16 weights would round away most 2e-5-sized updates.
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(device)
     set_activation_checkpointing(model, cfg.gradient_checkpointing)
+    set_mlp_tiling(model, cfg.mlp_chunk_size)
     model.train()
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
