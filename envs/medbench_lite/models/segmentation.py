@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-DEBUG = False
 __all__ = ["load", "box_mean", "texture_energy", "label_components", "segment"]
 
 
@@ -146,7 +145,6 @@ def segment(volume_hu: np.ndarray, spacing_mm: tuple[float, ...], weights: dict)
     vol = np.asarray(volume_hu, dtype=np.float32)
     size = int(weights["smooth"])
     sm = box_mean(vol, size)
-    sm2d = box_mean(vol, size, axes=(0, 1))
     # The liver lies on the patient's right: the high half of axis 0 in RAS+ order.
     side = np.zeros(vol.shape, dtype=bool)
     side[vol.shape[0] // 2 :] = True
@@ -198,10 +196,7 @@ def segment(volume_hu: np.ndarray, spacing_mm: tuple[float, ...], weights: dict)
         # The 3D mean spreads a focus by a voxel into the parenchyma, whose stripes would
         # blur the focus's own: its texture is read one voxel inside.
         inner = blob & ~_dilate(~blob)
-        if inner.sum() >= int(weights["lesion_min_voxels"]) // 2:
-            blob_t = inner
-        else:
-            blob_t = blob
+        blob_t = inner if inner.sum() >= int(weights["lesion_min_voxels"]) // 2 else blob
         v = vol[blob_t] - float(vol[blob_t].mean())
         # Matched filter against an orientation bank: a lesion's stripes answer the
         # lesion orientation at least lesion_match times the best orientation.
@@ -210,8 +205,6 @@ def segment(volume_hu: np.ndarray, spacing_mm: tuple[float, ...], weights: dict)
             pa = _phase(vol.shape, np.array([theta + a, period]))[blob_t]
             bank.append(abs(np.mean(v * np.exp(-1j * pa))) ** 2)
         own = abs(np.mean(v * np.exp(-1j * ph[blob_t]))) ** 2
-        if DEBUG:
-            print("blob", int(blob.sum()), round(own, 1), round(max(bank), 1))
         # ... and clearly above what noise alone gives a mean over this many voxels.
         floor = float(weights["lesion_snr"]) * float(np.var(v)) / v.size
         if own >= float(weights["lesion_match"]) * max(bank) and own > floor:

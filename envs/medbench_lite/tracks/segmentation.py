@@ -1,17 +1,27 @@
 """Segmentation track: liver and liver lesions in abdominal CT volumes (NIfTI).
 
-Each case is a CT volume with a liver (0-3 hypodense lesions), a spleen of similar
-density, a spine, noise, anisotropic voxels and an affine with an origin offset. Most
-volumes are stored in a voxel order other than RAS+ (LPS, LAS, PLS, LPI).
+Each case is a CT volume with a spine, a spleen, noise, anisotropic voxels and an
+affine with an origin offset. The right upper quadrant is one soft-tissue mass cut
+into ``ORGANS`` abutting organs of the same density and noise, the liver and its
+look-alikes (bowel, kidney), in shuffled roles: no threshold, side prior, size or
+opening separates them. Each organ carries stripes of its own orientation (``180 /
+ORGANS`` degrees apart, one period per task). Focal hypodense findings of six stripe
+orientations (:mod:`~bat_gym.envs.medbench_lite.tracks.findings`), equally many of each
+per task, lie in the organs: type 0, the lesion, always in the liver; the look-alikes
+(cysts, vessels) in any organ, so that every organ holds as many foci on average. The
+provided model's weights hold the liver's and the lesion's orientation and period, so
+only the model tells the liver from its neighbours and lesions from look-alikes.
+Most volumes are stored in a voxel order other than RAS+ (LPS, LAS, PLS, LPI).
 
-TRAP (orientation): the model keeps only the patient's-right half of axis 0, which is
-right only in RAS+ voxel order. Run on the stored array, it segments the spleen or
-half of each organ. ``nib.as_closest_canonical`` before the model, and mapping the
-labels back onto the input's grid and affine, fixes it. A pilot that checks the
-liver's side in world coordinates and its volume catches it.
-Tiers (:func:`~bat_gym.envs.medbench_lite.tracks.base.difficulty`): lesions are 45-60 HU
-darker than the parenchyma on the easy tier, 18-28 HU on the hard one (low-contrast
-cases the model partly misses). Every task has at least one lesion.
+TRAP (orientation): the model keeps only the patient's-right half of axis 0 and reads
+its textures on the RAS+ grid. Run on the stored array, it looks at the left half (or
+the back) and at turned stripes, and labels little or the wrong organ.
+``nib.as_closest_canonical`` before the model, and mapping the labels back onto the
+input's grid and affine, fixes it. A pilot that checks the liver's side in world
+coordinates and its volume catches it.
+Tiers (:func:`~bat_gym.envs.medbench_lite.tracks.base.difficulty`): on the hard tier
+the stripes are fainter and the foci 25-35 HU darker than the parenchyma instead of
+45-60 HU (the model misses or clips some lesions). Every task has at least one lesion.
 Metric: 0.5 x the mean over cases of the liver Dice (labels 1+2) + 0.5 x the lesion
 Dice (label 2) pooled over the cases' voxels (LiTS's "Dice global"): an empty lesion
 mask earns nothing, and a lesion predicted on a lesion-free case costs precision.
@@ -59,10 +69,13 @@ _TIERS = {
     "hard": {"tissue_hu": (11.0, 14.0), "finding_hu": (10.0, 13.0), "contrast": (25.0, 35.0)},
 }
 
-MODEL_CARD = """# Model card: liver-lesion-threshold v1.4
+MODEL_CARD = """# Model card: liver-lesion-texture v2.0
 
 Labels the liver (1) and hypodense liver lesions (2) on contrast-free abdominal CT.
-Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
+Organs next to the liver share its density; the model tells them apart by the
+liver's parenchymal texture, and lesions from look-alike foci (cysts, vessels) by
+the lesions' texture, both held in its weights as stripe orientation and period on
+the RAS+ voxel grid. Parameters: model/weights.npz. Code: model/infer_lib.py (numpy).
 
 ## Input convention
 - `volume_hu`: float array in Hounsfield units (nibabel `get_fdata()` applies the
@@ -70,7 +83,8 @@ Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
 - Voxel axes in **RAS+ order**: axis 0 runs from the patient's left to the patient's
   Right, axis 1 to Anterior, axis 2 to Superior (what `nibabel.as_closest_canonical`
   returns). The model only looks at the high half of axis 0, the patient's right,
-  where the liver is; in any other voxel order it labels the wrong organ.
+  and reads textures on that grid; in any other voxel order it labels the wrong
+  tissue or none.
 - `spacing_mm`: voxel sizes in mm, in the same axis order.
 
 ## Output
@@ -79,7 +93,7 @@ order must have their labels mapped back to the file's own orientation: masks ar
 scored on the input file's voxel grid and affine.
 
 ## Expected behaviour
-Liver 0.7-2.5 L, on the patient's right. Lesions 0-3, about 0-30 HU, 1-4 cm.
+Liver 0.4-1.5 L, on the patient's right. Lesions 0-3, 2-4 cm, darker than the liver.
 
 ## Usage
     W = infer_lib.load("model/weights.npz")
@@ -298,8 +312,16 @@ class Segmentation(TrackBase):
             kinds = [(int(t), h) for t, h, w in zip(types, hosts, where, strict=True) if w == k]
             cases.append(
                 self._case(
-                    rng, sxy, sz, noise, code, _TIERS[tier], organ_thetas, finding_thetas,
-                    period, kinds,
+                    rng,
+                    sxy,
+                    sz,
+                    noise,
+                    code,
+                    _TIERS[tier],
+                    organ_thetas,
+                    finding_thetas,
+                    period,
+                    kinds,
                 )
             )
         files = {
@@ -383,7 +405,7 @@ class Segmentation(TrackBase):
                 "each volume with nib.as_closest_canonical and keep the original affine.",
                 "pipeline/infer.py calls infer_lib.segment(volume_hu, spacing_mm, W) on the canonical "
                 "volume. Validate on one non-RAS+ case first: the liver must be on the patient's right "
-                "(world +x in RAS) with a 0.7-2.5 L volume, and the mask must sit on the input grid.",
+                "(world +x in RAS) with a 0.4-1.5 L volume, and the mask must sit on the input grid.",
                 "Map the labels back to each file's own orientation, save outputs/masks/<id>.nii.gz as "
                 "uint8 with the input affine, write outputs/predictions.csv, then outputs/submission.csv "
                 "(id,mask_file,liver_ml,lesion_ml) in task.json order, each with a receipt.",
@@ -400,8 +422,9 @@ class Segmentation(TrackBase):
                 "the input's affine.",
                 "pilot": "Pilot on one case stored in a non-RAS+ order, the riskiest one; the check is "
                 "anatomical: the liver must lie on the patient's right with a plausible volume.",
-                "bug_seen": "The pilot's 'liver' lies on the patient's left with a spleen-sized volume: the "
-                "model saw the stored axis order, not RAS+, so its right-side prior picked the spleen.",
+                "bug_seen": "The pilot's 'liver' is missing, off the patient's right or of an implausible "
+                "volume: the model saw the stored axis order, not RAS+, so its right-side prior and its "
+                "texture filters looked at the wrong tissue.",
                 "fix": "Reorienting each volume to RAS+ for the model and mapping the labels back, then "
                 "rerunning the pilot.",
             },
