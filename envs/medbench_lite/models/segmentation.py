@@ -167,7 +167,9 @@ def segment(volume_hu: np.ndarray, spacing_mm: tuple[float, ...], weights: dict)
     # textured region, unbiased by the window's width. A majority vote over 3 x 3 x 3
     # voxels then smooths the edge's jitter.
     textured = tissue & (e_liver > float(weights["texture_floor"]) * plateau)
-    textured = tissue & (box_mean(textured.astype(np.float32), 3) >= 0.5)
+    # The vote counts soft-tissue voxels only, so it does not erode the fat edge.
+    votes = box_mean(textured.astype(np.float32), 3)
+    textured = tissue & (votes >= 0.5 * box_mean(soft.astype(np.float32), 3))
     lab = label_components(textured)
     if lab.max() == 0:
         return np.zeros(vol.shape, dtype=np.uint8)
@@ -179,42 +181,44 @@ def segment(volume_hu: np.ndarray, spacing_mm: tuple[float, ...], weights: dict)
     # A focus near the liver's edge has liver on four or five sides, a focus in an
     # abutting organ on one or two.
     inside = _enclosed(core, spacing_mm, reach, int(weights["enclose_sides"])) & ~core & side
-    liver = (core & soft) | inside
-    # Lesion candidates: liver voxels darker than the parenchyma, as components.
+    # The 3D mean's window shaves the soft-tissue edge against fat: soft voxels next
+    # to the core that no other texture claims belong to it.
+    liver = (core & soft) | inside | (_dilate(core) & soft & ~tissue)
+    # Lesion candidates: liver voxels darker than the parenchyma (the texture window
+    # reaches a voxel or two into a focus, so the core may hold its rim; next to fat
+    # the mean drops too, so a focus lies a voxel or more inside the soft tissue).
     par = float(np.median(vol[core])) if core.any() else float(weights["parenchyma_hu"])
-    # The texture window reaches a voxel or two into a focus, so the core may hold its rim.
-    # Next to fat the in-plane mean drops too: a focus lies a voxel or more inside.
     dark = liver & ~_dilate(~soft) & (sm < par - float(weights["lesion_margin_hu"]))
-    comp = label_components(dark)
-    lesion = np.zeros(vol.shape, dtype=bool)
-    ph = _phase(vol.shape, weights["lesion_texture"])
+    # One voxel eroded: the 3D mean's spread is gone, and neighbouring foci bridged by
+    # it come apart, so each seed holds one focus's own stripes.
+    comp = label_components(dark & ~_dilate(~dark))
+    seeds = np.zeros(vol.shape, dtype=bool)
     theta, period = (float(v) for v in weights["lesion_texture"])
     for k in np.unique(comp[comp > 0]):
         blob = comp == k
         if blob.sum() < int(weights["lesion_min_voxels"]):
             continue
-        # The 3D mean spreads a focus by a voxel into the parenchyma, whose stripes would
-        # blur the focus's own: its texture is read one voxel inside.
-        inner = blob & ~_dilate(~blob)
-        blob_t = inner if inner.sum() >= int(weights["lesion_min_voxels"]) // 2 else blob
-        v = vol[blob_t] - float(vol[blob_t].mean())
+        v = vol[blob] - float(vol[blob].mean())
         # Matched filter against an orientation bank: a lesion's stripes answer the
-        # lesion orientation at least lesion_match times the best orientation.
-        bank = []
-        for a in np.linspace(0, np.pi, 12, endpoint=False):
-            pa = _phase(vol.shape, np.array([theta + a, period]))[blob_t]
-            bank.append(abs(np.mean(v * np.exp(-1j * pa))) ** 2)
-        own = abs(np.mean(v * np.exp(-1j * ph[blob_t]))) ** 2
+        # lesion orientation at least lesion_match times the best orientation ...
+        bank = [
+            abs(np.mean(v * np.exp(-1j * _phase(vol.shape, np.array([theta + a, period]))[blob])))
+            ** 2
+            for a in np.linspace(0, np.pi, 12, endpoint=False)
+        ]
         # ... and clearly above what noise alone gives a mean over this many voxels.
         floor = float(weights["lesion_snr"]) * float(np.var(v)) / v.size
-        if own >= float(weights["lesion_match"]) * max(bank) and own > floor:
-            lesion |= blob
-    # The in-plane mean spreads each focus by about a voxel: redraw its edge at the
-    # midpoint between this volume's lesion and parenchyma intensities, on the
-    # five-voxel in-plane mean.
+        if bank[0] >= float(weights["lesion_match"]) * max(bank) and bank[0] > floor:
+            seeds |= blob
+    # Regrow the seeds over their dark component, then redraw the edge at the midpoint
+    # between this volume's lesion and parenchyma intensities, on the five-voxel
+    # in-plane mean.
+    lesion = seeds
+    for _ in range(2):
+        lesion = lesion | (_dilate(lesion) & dark)
     parenchyma = core & ~_dilate(lesion, 2)
     if lesion.any() and parenchyma.any():
-        cut = 0.5 * (float(np.median(fine[lesion])) + float(np.median(fine[parenchyma])))
+        cut = 0.5 * (float(np.median(fine[seeds])) + float(np.median(fine[parenchyma])))
         lesion = _dilate(lesion, int(weights["lesion_grow"])) & liver & (fine < cut)
     labels = np.zeros(vol.shape, dtype=np.uint8)
     labels[liver] = 1

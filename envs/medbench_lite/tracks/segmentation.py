@@ -153,8 +153,8 @@ class Segmentation(TrackBase):
             "enclose_mm": np.array(40.0),
             "enclose_sides": np.array(4),
             "lesion_margin_hu": np.array(12.0),
-            "lesion_min_voxels": np.array(40),
-            "lesion_match": np.array(0.6),
+            "lesion_min_voxels": np.array(20),
+            "lesion_match": np.array(0.7),
             "lesion_snr": np.array(2.0),
             "lesion_grow": np.array(1),
         }
@@ -213,7 +213,8 @@ class Segmentation(TrackBase):
         mass_c = np.array([rng.uniform(60, 70), rng.uniform(-6, 6), rng.uniform(-6, 6)])
         mass_r = np.array([rng.uniform(70, 78), rng.uniform(86, 94), rng.uniform(78, 86)])
         mass = _ellipsoid(x, y, z, mass_c, mass_r) & body
-        mass &= (x**2 + (y + 75.0) ** 2) > 26.0**2  # a fat plane around the spine
+        # Fat planes around the spine and along the midline: the mass is all right-sided.
+        mass &= ((x**2 + (y + 75.0) ** 2) > 26.0**2) & (x > 6.0)
         a0 = rng.uniform(0, 2 * np.pi)
         angles = a0 + 2 * np.pi * np.arange(ORGANS) / ORGANS
         seeds = mass_c + 0.5 * mass_r * np.stack(
