@@ -206,7 +206,9 @@ class Segmentation(TrackBase):
         spleen_c = np.array([rng.uniform(-86, -74), rng.uniform(-41, -29), rng.uniform(2, 18)])
         spleen_r = np.array([rng.uniform(24, 32), rng.uniform(35, 45), rng.uniform(35, 45)])
         spleen = _ellipsoid(x, y, z, spleen_c, spleen_r)
-        hu = np.where(spleen, organ_hu + stripes(float(organ_thetas[1]), amp), hu)
+        # The spleen's stripes run at an orientation of their own, so the left side
+        # rules out none of the right-sided organs' textures.
+        hu = np.where(spleen, organ_hu + stripes(rng.uniform(0, np.pi), amp), hu)
         # The mass: one ellipsoid on the right, cut into ORGANS cells around seeds at
         # equal angles from a random start, roles shuffled, so a cell's position or
         # size says nothing of which organ it is.
