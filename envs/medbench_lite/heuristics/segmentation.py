@@ -23,7 +23,7 @@ from bat_gym.envs.medbench_lite.heuristics._common import (
     largest_component,
 )
 
-__all__ = ["HEURISTICS", "threshold_components", "dominant_texture"]
+__all__ = ["HEURISTICS", "threshold_components", "dominant_texture", "mass_dark_foci"]
 
 
 def _segment(hu: np.ndarray, tissue_hu: tuple[float, float], lesion_margin_hu: float) -> np.ndarray:
@@ -108,6 +108,53 @@ def _texture_segment(hu: np.ndarray, tissue_hu: tuple[float, float], opening: in
     return out
 
 
+def _mass_segment(hu: np.ndarray, tissue_hu: tuple[float, float], margin_hu: float) -> np.ndarray:
+    sm = box_blur(hu, 3)
+    right = np.zeros(hu.shape, dtype=bool)
+    right[hu.shape[0] // 2 :] = True
+    mass = largest_component((sm >= tissue_hu[0]) & (sm <= tissue_hu[1]) & right)
+    if not mass.any():
+        return np.zeros(hu.shape, dtype=np.uint8)
+    # Dark foci inside the mass: what it encloses on five of six sides, or its own
+    # voxels darker than the parenchyma, one voxel in from the fat.
+    count = sum(
+        np.flip(np.maximum.accumulate(np.flip(mass, a), axis=a), a).astype(np.int8)
+        + np.maximum.accumulate(mass, axis=a).astype(np.int8)
+        for a in range(3)
+    )
+    liver = mass | (count >= 5)
+    inner = liver & (box_blur(liver.astype(np.float64), 3) > 0.999)
+    par = float(np.median(hu[mass]))
+    dark = inner & (sm < par - margin_hu)
+    seeds = components(dark & (box_blur(dark.astype(np.float64), 3) > 0.999))
+    lesion = np.zeros(hu.shape, dtype=bool)
+    if seeds.max():
+        counts = np.bincount(seeds.ravel())
+        for c in np.nonzero(counts >= 10)[0][1:]:
+            lesion |= seeds == c
+    # Regrow over the dark voxels, then cut at the midpoint between focus and parenchyma.
+    for _ in range(2):
+        lesion |= (box_blur(lesion.astype(np.float64), 3) > 0.001) & dark
+    if lesion.any():
+        fine = box_blur(hu, 3, axes=(0, 1))
+        cut = 0.5 * (float(np.median(hu[lesion])) + par)
+        lesion = (box_blur(lesion.astype(np.float64), 3) > 0.001) & liver & (fine < cut)
+    out = np.zeros(hu.shape, dtype=np.uint8)
+    out[liver | lesion] = 1
+    out[lesion] = 2
+    return out
+
+
+def mass_dark_foci(
+    workspace: Path,
+    ids: Sequence[str],
+    tissue_hu: tuple[float, float] = (-15.0, 200.0),
+    margin_hu: float = 12.0,
+) -> dict[str, dict[str, str]]:
+    """Liver: the whole right-sided soft-tissue mass; lesions: every dark focus inside it."""
+    return _save_rows(workspace, ids, lambda hu: _mass_segment(hu, tissue_hu, margin_hu))
+
+
 def _save_rows(workspace: Path, ids: Sequence[str], segment) -> dict[str, dict[str, str]]:
     import nibabel as nib
 
@@ -167,6 +214,7 @@ def threshold_components(
 HEURISTICS = {
     "threshold_components": threshold_components,
     "threshold_components_wide": lambda ws, ids: threshold_components(ws, ids, (20.0, 150.0), 15.0),
+    "mass_dark_foci": mass_dark_foci,
     "dominant_texture": dominant_texture,
     "dominant_texture_open2": lambda ws, ids: dominant_texture(ws, ids, opening=2),
 }

@@ -149,6 +149,8 @@ def segment(volume_hu: np.ndarray, spacing_mm: tuple[float, ...], weights: dict)
     side = np.zeros(vol.shape, dtype=bool)
     side[vol.shape[0] // 2 :] = True
     lo, hi = (float(v) for v in weights["tissue_hu"])
+    # Bone, and fat right next to it (whose smoothed values look like soft tissue), is
+    # never liver.
     near_bone = _dilate(vol > hi, int(weights["bone_margin"]))
     tissue = (sm >= lo) & (sm <= hi) & side & ~near_bone
     fine = _cross_mean(vol)
