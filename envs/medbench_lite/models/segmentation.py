@@ -192,36 +192,60 @@ def segment(volume_hu: np.ndarray, spacing_mm: tuple[float, ...], weights: dict)
     par = float(np.median(vol[core])) if core.any() else float(weights["parenchyma_hu"])
     dark = liver & ~_dilate(~soft) & (sm < par - float(weights["lesion_margin_hu"]))
     # One voxel eroded: the 3D mean's spread is gone, and neighbouring foci bridged by
-    # it come apart, so each seed holds one focus's own stripes.
+    # it come apart. Each seed is regrown over the dark voxels and its edge redrawn at
+    # the midpoint between its own and the parenchyma's intensity on the five-voxel
+    # in-plane mean, so the texture test reads the whole focus and nothing around it.
     comp = label_components(dark & ~_dilate(~dark))
-    seeds = np.zeros(vol.shape, dtype=bool)
+    lesion = np.zeros(vol.shape, dtype=bool)
     theta, period = (float(v) for v in weights["lesion_texture"])
     for k in np.unique(comp[comp > 0]):
-        blob = comp == k
-        if blob.sum() < int(weights["lesion_min_voxels"]):
+        seed = comp == k
+        if seed.sum() < int(weights["lesion_min_voxels"]):
             continue
-        v = vol[blob] - float(vol[blob].mean())
-        # Matched filter against an orientation bank: a lesion's stripes answer the
-        # lesion orientation at least lesion_match times the best orientation ...
+        focus = seed
+        for _ in range(2):
+            focus = focus | (_dilate(focus) & dark)
+        cut = 0.5 * (float(np.median(fine[seed])) + par)
+        focus = _dilate(focus, int(weights["lesion_grow"])) & liver & (fine < cut)
+        # The texture is read in a ball of the focus's size at its centre, weighted by
+        # a Gaussian: the focus's own voxels, picked by intensity, would favour its
+        # dark stripes, and its rim would add the parenchyma's stripes.
+        idx = np.argwhere(focus)
+        step = np.asarray(spacing_mm[:3], dtype=np.float64)
+        radius = (3.0 * len(idx) * float(np.prod(step)) / (4.0 * np.pi)) ** (1.0 / 3.0)
+        lo_i = np.maximum(idx.min(axis=0) - 1, 0)
+        hi_i = np.minimum(idx.max(axis=0) + 2, vol.shape)
+        box = tuple(slice(int(p), int(q)) for p, q in zip(lo_i, hi_i, strict=True))
+        grid = np.stack(
+            np.meshgrid(*[np.arange(sl.start, sl.stop) for sl in box], indexing="ij"), -1
+        )
+        d2 = (((grid - idx.mean(axis=0)) * step) ** 2).sum(axis=-1)
+        w = np.exp(-0.5 * d2 / (0.6 * radius) ** 2) * (d2 <= radius**2)
+        w = w / w.sum()
+        v = vol[box] - float((w * vol[box]).sum())
+        # Matched filter against an orientation bank at the lesion's period: the
+        # focus's stripes point where the bank answers most, and a lesion's lie within
+        # lesion_tolerance (radians) of the lesion orientation ...
+        angles = np.linspace(-np.pi / 2, np.pi / 2, 72, endpoint=False)
+        gi, gj = grid[..., 0].astype(np.float64), grid[..., 1].astype(np.float64)
         bank = [
-            abs(np.mean(v * np.exp(-1j * _phase(vol.shape, np.array([theta + a, period]))[blob])))
+            abs(
+                (
+                    w
+                    * v
+                    * np.exp(
+                        -2j * np.pi * (gi * np.cos(theta + a) + gj * np.sin(theta + a)) / period
+                    )
+                ).sum()
+            )
             ** 2
-            for a in np.linspace(0, np.pi, 12, endpoint=False)
+            for a in angles
         ]
-        # ... and clearly above what noise alone gives a mean over this many voxels.
-        floor = float(weights["lesion_snr"]) * float(np.var(v)) / v.size
-        if bank[0] >= float(weights["lesion_match"]) * max(bank) and bank[0] > floor:
-            seeds |= blob
-    # Regrow the seeds over their dark component, then redraw the edge at the midpoint
-    # between this volume's lesion and parenchyma intensities, on the five-voxel
-    # in-plane mean.
-    lesion = seeds
-    for _ in range(2):
-        lesion = lesion | (_dilate(lesion) & dark)
-    parenchyma = core & ~_dilate(lesion, 2)
-    if lesion.any() and parenchyma.any():
-        cut = 0.5 * (float(np.median(fine[seeds])) + float(np.median(fine[parenchyma])))
-        lesion = _dilate(lesion, int(weights["lesion_grow"])) & liver & (fine < cut)
+        best = int(np.argmax(bank))
+        # ... and answer clearly above what noise alone gives this weighted mean.
+        floor = float(weights["lesion_snr"]) * float((w * v**2).sum()) * float((w**2).sum())
+        if abs(angles[best]) < float(weights["lesion_tolerance"]) and bank[best] > floor:
+            lesion |= focus
     labels = np.zeros(vol.shape, dtype=np.uint8)
     labels[liver] = 1
     labels[lesion] = 2

@@ -154,7 +154,7 @@ class Segmentation(TrackBase):
             "enclose_sides": np.array(4),
             "lesion_margin_hu": np.array(12.0),
             "lesion_min_voxels": np.array(20),
-            "lesion_match": np.array(0.7),
+            "lesion_tolerance": np.array(np.pi / 12),
             "lesion_snr": np.array(2.0),
             "lesion_grow": np.array(1),
         }
