@@ -1,12 +1,15 @@
-"""Model-free segmentations: intensity thresholds, connected components and anatomy.
+"""Model-free segmentations: intensity thresholds, connected components, texture, anatomy.
 
 What a careful reader of the images could do without the provided model: reorient to
 RAS+ (so the patient's right is known), keep the largest soft-tissue component on the
-right as the liver, and call the hypodense voxels enclosed by it lesions. The texture
-variant goes further: it finds the stripe textures of the right-sided soft tissue in
-its power spectrum, takes the strongest (the organ with the most textured volume) for
-the liver's, and keeps the region where that texture dominates, after a morphological
-opening that cuts thin bridges.
+right as the liver, and call the hypodense voxels enclosed by it lesions
+(``threshold_components``; ``mass_dark_foci`` keeps every dark focus of the mass with
+a midpoint edge). The texture variant goes further: it finds the stripe textures of
+the right-sided soft tissue in their power spectrum, takes the strongest (the organ
+with the most textured volume) for the liver's, and keeps the region where that
+texture dominates, after a morphological opening that cuts thin bridges
+(``dominant_texture``). None knows which texture is the liver's or the lesions':
+that is what the provided model's weights hold.
 """
 
 from __future__ import annotations
