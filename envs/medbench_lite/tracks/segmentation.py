@@ -11,6 +11,9 @@ per task, lie in the organs: type 0, the lesion, always in the liver; the look-a
 (cysts, vessels) in any organ, so that every organ holds as many foci on average. The
 provided model's weights hold the liver's and the lesion's orientation and period, so
 only the model tells the liver from its neighbours and lesions from look-alikes.
+(Known limit: lesions never leave the liver, so a reader who clustered every focus's
+texture and every organ's across a task could look for the one focus type seen in a
+single organ texture; with two lesions per task that evidence is thin.)
 Most volumes are stored in a voxel order other than RAS+ (LPS, LAS, PLS, LPI).
 
 TRAP (orientation): the model keeps only the patient's-right half of axis 0 and reads
@@ -93,7 +96,7 @@ order must have their labels mapped back to the file's own orientation: masks ar
 scored on the input file's voxel grid and affine.
 
 ## Expected behaviour
-Liver 0.4-1.5 L, on the patient's right. Lesions 0-3, 2-4 cm, darker than the liver.
+Liver 0.4-1.5 L, on the patient's right. Lesions 0-2, 2-4.5 cm, darker than the liver.
 
 ## Usage
     W = infer_lib.load("model/weights.npz")
@@ -135,7 +138,9 @@ class Segmentation(TrackBase):
         },
     }
 
-    def weights(self, liver_theta: float = 0.0, lesion_theta: float = 0.0, period: float = 4.0):
+    def weights(
+        self, liver_theta: float = 0.0, lesion_theta: float = 0.0, period: float = 4.0
+    ) -> dict[str, np.ndarray]:
         """The model's parameters: thresholds plus the liver's and the lesions' stripe texture.
 
         ``liver_theta`` and ``lesion_theta`` are stripe-normal angles (radians from axis 0
