@@ -53,13 +53,7 @@ _BILATERAL = (
     "(heuristic bilateral_5x5 scores what the teacher scores) and a Gaussian blur closes "
     "about 0.5 of the SSIM gap; the degradation carries nothing only the model knows"
 )
-_THRESHOLD = (
-    "open: threshold + connected components still finds the liver and high-contrast "
-    "lesions; the easy tier needs distractors only the model tells apart"
-)
 OPEN = {
-    ("segmentation", "easy"): _THRESHOLD,
-    ("segmentation", "hard"): _THRESHOLD,
     ("enhancement", "easy"): _BILATERAL,
     ("enhancement", "hard"): _BILATERAL,
 }

@@ -1,7 +1,7 @@
 """The segmentation pipeline's mistake: the model sees the stored voxel order.
 
 The model card wants RAS+ voxel order; run on the array as stored, its right-side
-prior picks the spleen or half of each organ.
+prior and its texture filters look at the wrong tissue.
 
 A patch, not a script: the teacher's buggy pipeline is ``pipeline.py`` with its
 function of this name replaced by the one below (see ``scripts/__init__.py``). The
