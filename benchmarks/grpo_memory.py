@@ -120,6 +120,7 @@ class Spec:
     chunk_size: int
     device: str
     tokenizer: str
+    mlp_chunk_size: int = 1024
 
 
 # ============================================================================ child
@@ -201,7 +202,7 @@ def bat_gym_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tup
         kl_coef=0.0, micro_batch_size=spec.micro_batch, device=spec.device, bf16="off",
         logprob_chunk_size=None if spec.impl == "whole" else spec.chunk_size,
         gradient_checkpointing=CHECKPOINTING[spec.impl],
-        **({"mlp_chunk_size": None} if spec.impl == "chunked-untiled" else {}),
+        mlp_chunk_size=None if spec.impl == "chunked-untiled" else spec.mlp_chunk_size,
     )  # fmt: skip
     opt = _make_optimizer(model, cfg, torch.device(spec.device))  # as train() makes it
     _SETUP["optimizer"] = "torch AdamW, fused" if opt.defaults.get("fused") else "torch AdamW"
@@ -451,6 +452,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="2,048 tokens, micro-batch 1")
     parser.add_argument("--impl", default=",".join(IMPLS), help=f"comma-separated, of {IMPLS}")
     parser.add_argument("--chunk-size", type=int, default=1024, help="bat_gym logprob_chunk_size")
+    parser.add_argument(
+        "--mlp-chunk-size", type=int, default=1024, help="bat_gym mlp_chunk_size (tokens per tile)"
+    )
     parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary size (Qwen2/2.5/3)")
     parser.add_argument("--hidden", type=int, default=896, help="model width (Qwen2.5-0.5B: 896)")
     parser.add_argument("--layers", type=int, default=1, help="decoder layers")
@@ -485,7 +489,7 @@ def main() -> int:
         )  # TRL wants one; ids come from the model's range
         build_tokenizer([f"word{i} text{i % 7}" for i in range(200)], tokenizer_dir, vocab_size=300)
         base = Spec("chunked", args.seq_len, batches[0], args.vocab, args.hidden, args.layers,
-                    args.chunk_size, args.device, tokenizer_dir)  # fmt: skip
+                    args.chunk_size, args.device, tokenizer_dir, args.mlp_chunk_size)  # fmt: skip
         print(
             f"One GRPO update (forward, backward, AdamW step): {platform.machine()}, "
             f"{os.cpu_count()} CPUs, torch {torch.__version__}, device {args.device}; "
@@ -495,7 +499,7 @@ def main() -> int:
             f"model: Qwen2 shape, vocab {args.vocab:,}, hidden {args.hidden}, {args.layers} "
             f"layer(s), tied embeddings, float32, random weights; sequences of {args.seq_len:,} "
             f"tokens (prompt {PROMPT}); temperature {TEMPERATURE}, no KL, on-policy; "
-            f"bat_gym chunk {args.chunk_size} positions\n"
+            f"bat_gym chunk {args.chunk_size} positions, MLP tile {args.mlp_chunk_size} tokens\n"
         )
         estimate = None
         if (

@@ -396,7 +396,8 @@ def section_grpo(
         f"change {diff:+.3f} on {target}; evaluation std {sd:.3f}: "
         f"{'beyond' if beyond else 'within'} 2 std of the noise; "
         f"{above}/{len(after)} seeds above every SFT evaluation; "
-        f"standard error of the change {se:.3f} ({diff / se if se else float('inf'):+.1f} SE)"
+        f"standard error of the change {se:.3f} ("
+        + (f"{diff / se:+.1f} SE)" if se else "no spread to compare against)")
     )
     return target, trained
 
