@@ -18,7 +18,7 @@ sequence-mean then token-mean. The implementations:
   ``logprob_chunk_size`` 1024 (the head runs 1024 positions at a time, recomputed in
   backward), ``gradient_checkpointing`` on (AC: each decoder layer recomputed in
   backward), the optimizer ``train`` makes (torch's fused AdamW).
-  The decoder's MLPs run 4,096 tokens at a time (``mlp_chunk_size``,
+  The decoder's MLPs run 1,024 tokens at a time (``mlp_chunk_size``,
   :mod:`bat_gym.trainers.tiled_mlp`), so a recomputed layer never holds its MLP
   intermediates for the whole micro-batch.
 * ``bat_gym chunked, AC on, MLP untiled``: the same with ``mlp_chunk_size=None``.
@@ -120,7 +120,7 @@ class Spec:
     chunk_size: int
     device: str
     tokenizer: str
-    mlp_chunk_size: int = 1024
+    mlp_chunk_size: int | None = None  # None: GRPOConfig's default
 
 
 # ============================================================================ child
@@ -202,7 +202,11 @@ def bat_gym_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tup
         kl_coef=0.0, micro_batch_size=spec.micro_batch, device=spec.device, bf16="off",
         logprob_chunk_size=None if spec.impl == "whole" else spec.chunk_size,
         gradient_checkpointing=CHECKPOINTING[spec.impl],
-        mlp_chunk_size=None if spec.impl == "chunked-untiled" else spec.mlp_chunk_size,
+        **(
+            {"mlp_chunk_size": None}
+            if spec.impl == "chunked-untiled"
+            else {"mlp_chunk_size": spec.mlp_chunk_size} if spec.mlp_chunk_size else {}
+        ),
     )  # fmt: skip
     opt = _make_optimizer(model, cfg, torch.device(spec.device))  # as train() makes it
     _SETUP["optimizer"] = "torch AdamW, fused" if opt.defaults.get("fused") else "torch AdamW"
@@ -453,7 +457,7 @@ def main() -> int:
     parser.add_argument("--impl", default=",".join(IMPLS), help=f"comma-separated, of {IMPLS}")
     parser.add_argument("--chunk-size", type=int, default=1024, help="bat_gym logprob_chunk_size")
     parser.add_argument(
-        "--mlp-chunk-size", type=int, default=1024, help="bat_gym mlp_chunk_size (tokens per tile)"
+        "--mlp-chunk-size", type=int, help="bat_gym mlp_chunk_size (default: GRPOConfig's)"
     )
     parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary size (Qwen2/2.5/3)")
     parser.add_argument("--hidden", type=int, default=896, help="model width (Qwen2.5-0.5B: 896)")
@@ -499,7 +503,8 @@ def main() -> int:
             f"model: Qwen2 shape, vocab {args.vocab:,}, hidden {args.hidden}, {args.layers} "
             f"layer(s), tied embeddings, float32, random weights; sequences of {args.seq_len:,} "
             f"tokens (prompt {PROMPT}); temperature {TEMPERATURE}, no KL, on-policy; "
-            f"bat_gym chunk {args.chunk_size} positions, MLP tile {args.mlp_chunk_size} tokens\n"
+            f"bat_gym chunk {args.chunk_size} positions, MLP tile "
+            f"{args.mlp_chunk_size or 'the default'} tokens\n"
         )
         estimate = None
         if (

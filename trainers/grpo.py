@@ -267,14 +267,15 @@ class GRPOConfig:
     default, as in TRL's ``GRPOTrainer``: at 8k-token episodes the activations, not the
     weights, decide what fits. Models without Hugging Face gradient-checkpointing support
     run without it, with a log line."""
-    mlp_chunk_size: int | None = 4096
+    mlp_chunk_size: int | None = 1024
     """Tokens per tile of each decoder layer's MLP in the update
     (:mod:`~bat_gym.trainers.tiled_mlp`): the MLP's (tokens x intermediate)
     intermediates, the largest activations of a recomputed layer at long sequences
-    (three of 0.6 GB each for 4 x 8k tokens at Qwen2.5-0.5B's width, fp32), are only
-    ever formed for one tile, in the forward and again in the backward. Costs one more
-    MLP forward per update; the loss and gradients are the same. Dense gated MLPs only
-    (``gate_proj``/``up_proj``/``down_proj``); other models run untiled. None: untiled."""
+    (three of 0.6 GB each for 4 x 8k tokens at Qwen2.5-0.5B's width, fp32; 20 MB per
+    1,024-token tile), are only ever formed for one tile, in the forward and again in
+    the backward. Costs one more MLP forward per update; the loss and gradients are the
+    same. Dense gated MLPs only (``gate_proj``/``up_proj``/``down_proj``); other models
+    run untiled. None: untiled."""
     aggregation: Aggregation = "seq_mean_token_mean"
     """How token losses become the batch loss: mean over each sequence's tokens, then over
     sequences (``seq_mean_token_mean``); mean over all tokens (``token_mean``); or each

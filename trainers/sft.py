@@ -160,7 +160,7 @@ class SFTConfig:
     refuses to start over an output directory that already holds checkpoints."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about a third slower)."""
-    mlp_chunk_size: int | None = 4096
+    mlp_chunk_size: int | None = 1024
     """Tokens per tile of each decoder layer's MLP in training
     (:mod:`~bat_gym.trainers.tiled_mlp`): the MLP intermediates, the largest activations
     of a layer at long sequences, are formed one tile at a time. The same loss and
