@@ -62,7 +62,7 @@ SKILLS: dict[str, str] = {
 
 SPEC = BenchmarkSpec(
     name="medbench_lite",
-    version="2.1",
+    version="2.2",
     description=(
         "Seven synthetic medical-imaging tracks (NIfTI, DICOM, PNG) with five-stage workflows, "
         "a small numpy model per task, and a trap per track that only a real validation catches."

@@ -1,12 +1,12 @@
-"""MedBench-Lite 2.1: the version, and the difficulty tier every task records."""
+"""MedBench-Lite 2.2: the version, and the difficulty tier every task records."""
 
 import pytest
 
 from bat_gym.envs.medbench_lite.tracks.base import difficulty
 
 
-def test_the_suite_is_version_2_1(bench):
-    assert bench.spec.version == "2.1"
+def test_the_suite_is_version_2_2(bench):
+    assert bench.spec.version == "2.2"
 
 
 @pytest.mark.parametrize("track", ["classification", "detection", "vqa"])
