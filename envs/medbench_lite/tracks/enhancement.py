@@ -1,12 +1,24 @@
-"""Enhancement track: denoising low-dose-like CT slices (NIfTI).
+"""Enhancement track: restoring low-dose CT slices from one scanner (NIfTI).
 
-Each case is a short stack of abdominal CT slices with low-dose-like noise, stored as
-uint16 with ``scl_inter = -1024`` (nibabel's ``get_fdata`` returns HU).
+Each case is a short stack of abdominal CT slices (one slice per detector row) from a
+low-dose scan, stored as uint16 with ``scl_inter = -1024`` (nibabel's ``get_fdata``
+returns HU). Two degradations are on every slice:
 
-TRAP (intensity convention): the denoiser's range kernel is tuned for intensities
-normalized from the HU window [-1000, 1000] to [0, 1]. Given HU, every neighbour looks
-like an edge and the filter returns its input unchanged: a do-nothing result. A pilot
-that measures the noise before and after (and that the mean HU is preserved) catches it.
+* quantum noise with the NPS of a filtered back-projection (ramp x Hann apodization
+  up to ``_KERNEL_CUTOFF`` cycles/px): blob-like, not white;
+* the scanner's radial artifact: concentric rings (detector channels whose gain drifted
+  since calibration) over broad radial shading bands, centred on the isocentre (the
+  image centre). Its radial profile per detector row is the scanner's calibration
+  (:func:`_scanner_profile`, the model's weights ``artifact_profile``); in a case it is
+  scaled by a per-slice drift gain (``_GAIN``). A generic denoiser leaves the rings and
+  bands (they are coherent structure, not noise) and the bands cannot be told from
+  anatomy without the calibration; the model fits the gain and subtracts the profile.
+
+TRAP (intensity convention): the model works on intensities normalized from the HU
+window [-1000, 1000] to [0, 1]: its flat-region mask, gain range and total-variation
+weight are in those units. Given HU, no pixel passes the mask (no artifact is removed)
+and the regularization is 2000x too weak: it returns its input unchanged. A pilot that
+measures the noise before and after (and that the mean HU is preserved) catches it.
 Tiers: the easy tier draws the noise from the lower half of the split's range, the hard
 tier from the upper half.
 Metric: per case, ``(s - s_in) / (1 - s_in)`` clipped to [0, 1], where ``s`` is the SSIM
@@ -43,20 +55,46 @@ __all__ = ["Enhancement"]
 
 _WINDOW_HU = (-160.0, 240.0)
 _FOV_MM = 350.0
+_HU_WINDOW = (-1000.0, 1000.0)
+_KERNEL_CUTOFF = 0.3
+"""Cutoff of the reconstruction kernel's Hann apodization, cycles per pixel."""
+_GAIN = (0.7, 1.3)
+"""Per-slice drift gain of the calibrated artifact profile (1 = as calibrated)."""
+_HARMONICS = 3
+_SWEEP = (0.15, 0.3)
+"""Relative swing of each of the gain's ``_HARMONICS`` harmonics of the angle about the centre."""
+_RADIUS_GRID = np.linspace(0.0, 1.5, 601)
+"""Radius grid of the calibration profile, in units of the image half-width."""
+_SCANNER_SEED = 20_190_401
+"""Seed of the scanner's calibration (:func:`_scanner_profile`), fixed: one scanner."""
 
-MODEL_CARD = """# Model card: ldct-bilateral v1.1
+MODEL_CARD = """# Model card: ldct-calibrated v2.0
 
-Edge-preserving denoiser for low-dose abdominal CT slices.
+Restoration of low-dose abdominal CT slices from this scanner: removes the scanner's
+ring and radial shading artifact, then the quantum noise.
 Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
+
+## Method
+1. Artifact: the radial artifact profile of each detector row (weights
+   `artifact_profile`, rows x radii, on `artifact_radius` in units of the image
+   half-width; centred on the isocentre, the image centre) is the scanner's
+   calibration. The channel gains drift, also during the rotation, so per slice the
+   model fits a gain that varies smoothly around the circle (a mean and
+   `sweep_harmonics` harmonics of the angle) by least squares on high-passed,
+   edge-free pixels (mean clipped to `gain_range`, each harmonic's swing to
+   `max_sweep` of the mean), and subtracts the scaled profile.
+2. Noise: total-variation denoising (Chambolle's projection, weight `tv_weight`,
+   `tv_iters` iterations).
 
 ## Input convention
 - `x`: **normalized intensities**, not HU: the HU window [-1000, 1000] (weights
-  `hu_window`) mapped linearly to [0, 1] with `infer_lib.to_unit(hu, W)`. The range
-  kernel is tuned in these units.
-- 2D slice, or a stack with slices along the last axis.
+  `hu_window`) mapped linearly to [0, 1] with `infer_lib.to_unit(hu, W)`. The
+  edge mask (`edge_grad`), the fit and the TV weight are tuned in these units.
+- 2D slice (detector row 0), or a stack with slices along the last axis, slice k
+  from detector row k. The scan field of view fills the image.
 
 ## Output
-Denoised normalized intensities, same shape. Convert back with
+Restored normalized intensities, same shape. Convert back with
 `infer_lib.from_unit(x, W)` to Hounsfield units.
 
 ## Expected behaviour
@@ -68,8 +106,9 @@ tissue; the mean HU of the body is unchanged (within a few HU).
     hu_out = infer_lib.from_unit(infer_lib.denoise(infer_lib.to_unit(hu, W), W), W)
 """
 
-TASK_MD = """Denoise every low-dose CT slice stack in `data/images/` (`<id>.nii.gz`, NIfTI-1,
-slices along the last axis; case ids in task.json).
+TASK_MD = """Restore every low-dose CT slice stack in `data/images/` (`<id>.nii.gz`, NIfTI-1,
+slices along the last axis; case ids in task.json): remove the quantum noise and the
+scanner's artifacts.
 
 Output per case: `outputs/denoised/<id>.nii.gz`, float32 **in Hounsfield units**, same
 shape and affine as the input. Submission: `outputs/submission.csv` with columns
@@ -77,8 +116,56 @@ shape and affine as the input. Submission: `outputs/submission.csv` with columns
 Metric: SSIM to the clean reference in the soft-tissue window (HU clipped to
 [-160, 240]) over the body, as the share of the noisy input's gap to a perfect image
 that the output closes: (SSIM(output) - SSIM(input)) / (1 - SSIM(input)), clipped to
-[0, 1]. A missing case scores the task 0.
+[0, 1]. The reference is free of noise and artifacts. A missing case scores the task 0.
 """
+
+
+def _scanner_profile() -> np.ndarray:
+    """The scanner's radial artifact profile per detector row, normalized units.
+
+    Returns:
+        Array ``(3, len(_RADIUS_GRID))``: for each of the three detector rows, the
+        artifact (HU / 2000, the model's normalized scale) at each radius of
+        ``_RADIUS_GRID``. Twenty rings per row (Gaussian profiles 3-6 mm wide, signed
+        amplitudes 20-50 HU) over three broad shading bands (25-50 mm wide, 12-25 HU),
+        shifted to zero mean over the disc of radius 0.8 (area-weighted) so that the
+        artifact leaves the mean HU of the body unchanged. The same for every task.
+    """
+    rng = np.random.default_rng(_SCANNER_SEED)
+    half_mm = _FOV_MM / 2
+    r = _RADIUS_GRID
+    rows = []
+    for _ in range(3):
+        prof = np.zeros_like(r)
+        for _ring in range(20):
+            r0, w = rng.uniform(5, 170) / half_mm, rng.uniform(3, 12) / half_mm
+            prof += rng.choice([-1, 1]) * rng.uniform(10, 30) * np.exp(-0.5 * ((r - r0) / w) ** 2)
+        for _band in range(3):
+            r0, w = rng.uniform(0, 120) / half_mm, rng.uniform(25, 50) / half_mm
+            prof += rng.choice([-1, 1]) * rng.uniform(12, 25) * np.exp(-0.5 * ((r - r0) / w) ** 2)
+        disc = r <= 0.8
+        prof -= np.sum(prof[disc] * r[disc]) / np.sum(r[disc])
+        rows.append(prof / (_HU_WINDOW[1] - _HU_WINDOW[0]))
+    return np.stack(rows)
+
+
+def _polar(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per pixel centre: distance from the image centre (image half-widths) and angle (rad)."""
+    rr, cc = np.mgrid[:size, :size] + 0.5 - size / 2
+    return np.hypot(rr, cc) / (size / 2), np.arctan2(rr, cc)
+
+
+def _ct_noise(rng: np.random.Generator, size: int, std_hu: float) -> np.ndarray:
+    """One slice of reconstructed quantum noise, HU, std ``std_hu``, shape ``(size, size)``.
+
+    White noise shaped in the Fourier domain to a filtered-back-projection noise power
+    spectrum: ramp ``|f|`` times the squared Hann apodization of the kernel up to
+    ``_KERNEL_CUTOFF`` cycles/px (amplitude filter: its square root).
+    """
+    f = np.hypot(np.fft.fftfreq(size)[:, None], np.fft.fftfreq(size)[None, :])
+    hann = np.where(f < _KERNEL_CUTOFF, 0.5 * (1 + np.cos(np.pi * f / _KERNEL_CUTOFF)), 0.0)
+    shaped = np.real(np.fft.ifft2(np.fft.fft2(rng.normal(size=(size, size))) * np.sqrt(f) * hann))
+    return shaped * (std_hu / shaped.std())
 
 
 def _phantom(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -113,25 +200,30 @@ def _phantom(rng: np.random.Generator, size: int) -> np.ndarray:
 
 
 class Enhancement(TrackBase):
-    """Low-dose CT denoising with a normalized-intensity trap."""
+    """Low-dose CT restoration (scanner rings, shading, noise) with a normalized-intensity trap."""
 
     name = "enhancement"
     metric = "ssim_scaled"
-    description = "Denoise low-dose CT slices (NIfTI) and return them in HU."
+    description = "Restore low-dose CT slices (NIfTI): remove artifacts and noise, return HU."
     index = 3
     ranges = {
-        "train": {"noise_hu": (15.0, 35.0), "image_px": (88.0, 96.0)},
-        "heldout": {"noise_hu": (40.0, 60.0), "image_px": (104.0, 112.0)},
+        "train": {"noise_hu": (5.0, 9.5), "image_px": (88.0, 96.0)},
+        "heldout": {"noise_hu": (10.0, 20.0), "image_px": (104.0, 112.0)},
     }
 
     def weights(self) -> dict[str, np.ndarray]:
-        """The model's parameters (the same for every task)."""
+        """The model's parameters (the same for every task): the scanner's calibration."""
         return {
-            "hu_window": np.array([-1000.0, 1000.0]),
-            "radius": np.array(2),
-            "sigma_spatial": np.array(1.5),
-            "sigma_range": np.array(0.05),
-            "passes": np.array(2),
+            "hu_window": np.array(_HU_WINDOW),
+            "artifact_radius": _RADIUS_GRID.copy(),
+            "artifact_profile": _scanner_profile(),
+            "gain_range": np.array([0.5, 1.5]),
+            "sweep_harmonics": np.array(_HARMONICS),
+            "max_sweep": np.array(0.6),
+            "fit_highpass_px": np.array(2.0),
+            "edge_grad": np.array(15.0 / (_HU_WINDOW[1] - _HU_WINDOW[0])),
+            "tv_weight": np.array(40.0 / (_HU_WINDOW[1] - _HU_WINDOW[0])),
+            "tv_iters": np.array(80),
         }
 
     def draw(self, seed: int, split: Split) -> Draw:  # noqa: D102
@@ -147,11 +239,20 @@ class Enhancement(TrackBase):
         files: dict[str, bytes] = {}
         answers: dict[str, dict] = {"clean": {}, "affines": {}, "ssim_noisy": {}}
         px = _FOV_MM / size
+        radius, angle = _polar(size)
+        hu_per_unit = _HU_WINDOW[1] - _HU_WINDOW[0]
+        rows = [np.interp(radius, w["artifact_radius"], p) * hu_per_unit for p in w["artifact_profile"]]
         for cid in ids:
             clean = _phantom(rng, size)
-            stored = np.clip(
-                np.rint(clean + rng.normal(0, noise, clean.shape)) + 1024, 0, 4095
-            ).astype(np.uint16)
+            scan = clean.copy()
+            for z in range(clean.shape[-1]):
+                drift = sum(
+                    uniform(rng, _SWEEP) * np.cos(k * angle - rng.uniform(0, 2 * np.pi))
+                    for k in range(1, _HARMONICS + 1)
+                )
+                gain = uniform(rng, _GAIN) * (1 + drift)
+                scan[..., z] += gain * rows[z] + _ct_noise(rng, size, noise)
+            stored = np.clip(np.rint(scan) + 1024, 0, 4095).astype(np.uint16)
             affine = np.diag([-px, -px, 5.0, 1.0])
             affine[:3, 3] = [_FOV_MM / 2, _FOV_MM / 2, float(rng.uniform(-200, 200))]
             files[f"data/images/{cid}.nii.gz"] = nifti_bytes(
