@@ -191,11 +191,54 @@ def _ring_profile(img: np.ndarray, bins: np.ndarray, baseline_px: float, median_
 _RING_BIN_PX = 0.5
 
 
+def _ring_centre(hu: np.ndarray, reach_px: float = 12.0) -> tuple[float, float]:
+    """Where the rings of a stack are centred: (row, column) offset from the image centre, px.
+
+    The rings are circles about the scanner's isocentre, which need not be the image
+    centre. For a candidate centre, the high-passed soft-tissue pixels away from edges
+    (image minus a Gaussian blur of 2 px; gradient of the image blurred by 1.5 px below
+    15 HU per pixel) are averaged per 0.5 px radius bin; the centre that such a
+    radial function explains best (sum over bins of count x mean^2, over all slices)
+    wins: a grid of 1.5 px steps within ``reach_px``, refined at 0.5 and 0.25 px.
+    """
+    hgt, wid = hu.shape[:2]
+    rr, cc = np.mgrid[:hgt, :wid] + 0.5
+    slices = []
+    for k in range(hu.shape[-1]):
+        img = np.asarray(hu[..., k], dtype=np.float64)
+        # Soft tissue away from organ edges: edges are circles too, about the body's centre.
+        gy, gx = np.gradient(gaussian_blur(img, 1.5))
+        soft = (img > -200) & (img < 300) & (np.hypot(gy, gx) < 15.0)
+        slices.append(((img - gaussian_blur(img, 2.0))[soft], soft))
+
+    def explained(off):
+        rad = np.hypot(rr - hgt / 2 - off[0], cc - wid / 2 - off[1])
+        total = 0.0
+        for hp, soft in slices:
+            b = np.floor(rad[soft] / _RING_BIN_PX).astype(int)
+            n = np.bincount(b)
+            sums = np.bincount(b, weights=hp)
+            total += float(np.sum(sums[n > 0] ** 2 / n[n > 0]))
+        return total
+
+    grid = np.arange(-reach_px, reach_px + 1e-9, 1.5)
+    best = max(((a, b) for a in grid for b in grid if np.hypot(a, b) <= reach_px), key=explained)
+    for step in (0.5, 0.25):
+        near = (-2 * step, -step, 0.0, step, 2 * step)
+        best = max(((best[0] + a, best[1] + b) for a in near for b in near), key=explained)
+    return best
+
+
 def _remove_rings(
-    img: np.ndarray, baseline_px: float = 20.0, median_base: bool = True, sectors: int = 1
+    img: np.ndarray,
+    baseline_px: float = 20.0,
+    median_base: bool = True,
+    sectors: int = 1,
+    centre: tuple[float, float] = (0.0, 0.0),
 ) -> np.ndarray:
     """Image-domain ring correction centred on the image centre (the usual isocentre).
 
+    ``centre`` is the rings' offset from the image centre (pixels, :func:`_ring_centre`).
     Per radius bin (0.5 px) and angular sector, the median of the soft-tissue-range
     pixels (-200 to 300 HU); the ring profile is that minus its baseline over radius
     (a running median over ``baseline_px`` pixels, or a Gaussian of sigma
@@ -206,8 +249,9 @@ def _remove_rings(
     """
     hgt, wid = img.shape
     rr, cc = np.mgrid[:hgt, :wid] + 0.5
-    bins = np.floor(np.hypot(rr - hgt / 2, cc - wid / 2) / _RING_BIN_PX).astype(int)
-    angle = np.arctan2(rr - hgt / 2, cc - wid / 2)
+    rr, cc = rr - hgt / 2 - centre[0], cc - wid / 2 - centre[1]
+    bins = np.floor(np.hypot(rr, cc) / _RING_BIN_PX).astype(int)
+    angle = np.arctan2(rr, cc)
     sector = np.floor((angle + np.pi) / (2 * np.pi) * sectors).astype(int) % sectors
     out = img.copy()
     for s in range(sectors):
@@ -225,15 +269,20 @@ def ring_removal_tv(
     median_base: bool = True,
     sectors: int = 1,
     weight_hu: float = 40.0,
+    find_centre: bool = False,
 ) -> dict:
-    """Each slice: image-domain ring removal (:func:`_remove_rings`), then total variation."""
-    return _run(
-        workspace,
-        ids,
-        _per_slice(
-            lambda img: _tv2d(_remove_rings(img, baseline_px, median_base, sectors), weight_hu)
-        ),
-    )
+    """Each slice: image-domain ring removal (:func:`_remove_rings`), then total variation.
+
+    With ``find_centre`` the rings' centre is searched per stack (:func:`_ring_centre`);
+    otherwise it is the image centre.
+    """
+
+    def run(hu: np.ndarray) -> np.ndarray:
+        centre = _ring_centre(hu) if find_centre else (0.0, 0.0)
+        fix = lambda img: _remove_rings(img, baseline_px, median_base, sectors, centre)  # noqa: E731
+        return _per_slice(lambda img: _tv2d(fix(img), weight_hu))(hu)
+
+    return _run(workspace, ids, run)
 
 
 HEURISTICS = {
@@ -255,4 +304,19 @@ HEURISTICS = {
     "rings_median20_tv": ring_removal_tv,
     "rings_gauss10_tv": lambda ws, ids: ring_removal_tv(ws, ids, 10.0, False),
     "rings_gauss10_quadrants_tv": lambda ws, ids: ring_removal_tv(ws, ids, 10.0, False, 4),
+    # The same with the rings' centre searched per stack (it is the isocentre, not
+    # necessarily the image centre).
+    "rings_centred_median20_tv": lambda ws, ids: ring_removal_tv(ws, ids, find_centre=True),
+    "rings_centred_gauss10_tv": lambda ws, ids: ring_removal_tv(
+        ws, ids, 10.0, False, find_centre=True
+    ),
+    "rings_centred_gauss10_quadrants_tv": lambda ws, ids: ring_removal_tv(
+        ws, ids, 10.0, False, 4, find_centre=True
+    ),
+    "rings_centred_median20_quadrants_tv": lambda ws, ids: ring_removal_tv(
+        ws, ids, 20.0, True, 4, find_centre=True
+    ),
+    "rings_centred_median20_octants_tv": lambda ws, ids: ring_removal_tv(
+        ws, ids, 20.0, True, 8, find_centre=True
+    ),
 }
