@@ -21,19 +21,19 @@ def test_the_model_finds_the_isocentre_of_every_stack(bench):
         assert np.hypot(*np.subtract(found, draw.answers["isocentre"][cid])) < 0.5, cid
 
 
-def test_removing_the_artifact_brings_the_slice_close_to_clean_plus_noise(bench):
+def test_removing_the_artifact_leaves_about_the_noise(bench):
     draw, cid, hu = next(_stacks(bench, 1_000_000, "heldout"))
     w = draw.weights
     x = model.to_unit(hu, w)
     offset = model.find_isocentre(x, w)
     clean = draw.answers["clean"][cid]
-    body = clean > -500
     for k in range(hu.shape[-1]):
+        soft = (clean[..., k] > -200) & (clean[..., k] < 300)
         fixed = model.from_unit(model.remove_artifact(x[..., k], k, w, offset)[0], w)
-        # What is left is the noise (at most 20 HU std on held-out tasks), not the rings.
-        before = np.std((hu[..., k] - clean[..., k])[body[..., k]])
-        after = np.std((fixed - clean[..., k])[body[..., k]])
-        assert after < 25 and after < 0.8 * before, (k, before, after)
+        before = np.std((hu[..., k] - clean[..., k])[soft])
+        after = np.std((fixed - clean[..., k])[soft])
+        # What is left is mostly the noise, not the rings and bands.
+        assert after < 2 * draw.params["noise_hu"] and after < 0.6 * before, (k, before, after)
 
 
 def test_given_hu_the_model_returns_its_input(bench):

@@ -165,7 +165,8 @@ def remove_artifact(
     image (each minus a Gaussian blur of ``fit_highpass_px`` pixels) over pixels away
     from edges (gradient of the lightly blurred image below ``edge_grad`` per pixel):
     anatomy edges would otherwise bias it. ``g0`` is clipped to ``gain_range`` and each
-    harmonic's swing ``hypot(a_k, b_k) / g0`` to ``max_sweep``.
+    harmonic's swing ``hypot(a_k, b_k) / g0`` to ``max_sweep``. ``fit_passes`` passes:
+    each takes the edge mask of the image minus the previous pass's artifact.
 
     Args:
         img: normalized 2D slice.
@@ -178,19 +179,24 @@ def remove_artifact(
     """
     basis = _artifact(img.shape, row, weights, offset)
     sigma = float(weights["fit_highpass_px"])
-    x_hp, flat = _fit_inputs(img, weights)
-    if flat.sum() < 3 * len(basis):
-        return img.copy(), 0.0
-    a_hp = np.stack([(b - _gaussian(b, sigma))[flat] for b in basis], axis=1)
-    g, *_ = np.linalg.lstsq(a_hp, x_hp[flat], rcond=None)
+    hp_basis = np.stack([b - _gaussian(b, sigma) for b in basis])
+    x_hp = img - _gaussian(img, sigma)
     lo, hi = (float(v) for v in weights["gain_range"])
-    g0 = float(np.clip(g[0], lo, hi))
-    swing = g[1:].reshape(-1, 2)
-    size = np.hypot(swing[:, 0], swing[:, 1])[:, None]
-    limit = float(weights["max_sweep"]) * g0
-    swing = swing * np.minimum(1.0, limit / np.maximum(size, 1e-12))
-    gains = np.concatenate([[g0], swing.ravel()])
-    return img - np.tensordot(gains, basis, axes=1), g0
+    fitted = np.zeros_like(img)
+    g0 = 0.0
+    for _ in range(int(weights["fit_passes"])):
+        # Strong rings look like edges too: the mask is taken after removing the last fit.
+        _, flat = _fit_inputs(img - fitted, weights)
+        if flat.sum() < 3 * len(basis):
+            return img.copy(), 0.0
+        g, *_ = np.linalg.lstsq(hp_basis[:, flat].T, x_hp[flat], rcond=None)
+        g0 = float(np.clip(g[0], lo, hi))
+        swing = g[1:].reshape(-1, 2)
+        size = np.hypot(swing[:, 0], swing[:, 1])[:, None]
+        limit = float(weights["max_sweep"]) * g0
+        swing = swing * np.minimum(1.0, limit / np.maximum(size, 1e-12))
+        fitted = np.tensordot(np.concatenate([[g0], swing.ravel()]), basis, axes=1)
+    return img - fitted, g0
 
 
 def _grad(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

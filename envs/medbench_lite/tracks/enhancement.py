@@ -12,7 +12,8 @@ returns HU). Two degradations are on every slice:
   the model's weights ``artifact_profile``). In a case the isocentre sits up to
   ``_ISO_OFFSET_MM`` from the image centre (the patient, not the isocentre, is centred)
   and the profile is scaled per slice by a drift gain (``_GAIN``) that also swings
-  around the circle (``_HARMONICS`` harmonics of the angle, ``_SWEEP`` each): rings fade,
+  around the circle (``_HARMONICS`` harmonics of the angle, each swinging by the task's
+  ``sweep`` times 0.8-1): rings fade,
   vanish and change sign along their arcs. A generic denoiser leaves the rings and bands
   (coherent structure, not noise); an image-domain ring correction has to estimate the
   centre and a profile per radius from the noisy image, the bands cannot be told from
@@ -25,8 +26,8 @@ window [-1000, 1000] to [0, 1]: its flat-region mask, gain range and total-varia
 weight are in those units. Given HU, no pixel passes the mask (no artifact is removed)
 and the regularization is 2000x too weak: it returns its input unchanged. A pilot that
 measures the noise before and after (and that the mean HU is preserved) catches it.
-Tiers: the easy tier draws the noise from the lower half of the split's range, the hard
-tier from the upper half.
+Tiers: the easy tier draws the noise and the gain's swing from the lower half of the
+split's ranges, the hard tier from the upper half.
 Metric: per case, ``(s - s_in) / (1 - s_in)`` clipped to [0, 1], where ``s`` is the SSIM
 of the output to the clean slices and ``s_in`` that of the noisy input (both in the
 soft-tissue window [-160, 240] HU, over the body: :func:`_ssim`): the share of the
@@ -67,8 +68,7 @@ _KERNEL_CUTOFF = 0.3
 _GAIN = (0.7, 1.3)
 """Per-slice drift gain of the calibrated artifact profile (1 = as calibrated)."""
 _HARMONICS = 5
-_SWEEP = (0.25, 0.4)
-"""Relative swing of each of the gain's ``_HARMONICS`` harmonics of the angle about the centre."""
+"""Harmonics of the angle about the isocentre in the gain's swing around the circle."""
 _ISO_OFFSET_MM = 30.0
 """Largest offset of the isocentre from the image centre, per axis, mm (patient centring)."""
 _RADIUS_GRID = np.linspace(0.0, 1.5, 601)
@@ -217,8 +217,8 @@ class Enhancement(TrackBase):
     description = "Restore low-dose CT slices (NIfTI): remove artifacts and noise, return HU."
     index = 3
     ranges = {
-        "train": {"noise_hu": (5.0, 9.5), "image_px": (88.0, 96.0)},
-        "heldout": {"noise_hu": (10.0, 20.0), "image_px": (104.0, 112.0)},
+        "train": {"noise_hu": (4.0, 7.5), "image_px": (88.0, 96.0), "sweep": (0.15, 0.29)},
+        "heldout": {"noise_hu": (8.0, 16.0), "image_px": (104.0, 112.0), "sweep": (0.3, 0.5)},
     }
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -232,6 +232,7 @@ class Enhancement(TrackBase):
             "max_sweep": np.array(0.6),
             "max_offset": np.array(0.25),
             "fit_highpass_px": np.array(2.0),
+            "fit_passes": np.array(2),
             "edge_grad": np.array(15.0 / (_HU_WINDOW[1] - _HU_WINDOW[0])),
             "tv_weight": np.array(40.0 / (_HU_WINDOW[1] - _HU_WINDOW[0])),
             "tv_iters": np.array(80),
@@ -243,6 +244,8 @@ class Enhancement(TrackBase):
         tier = difficulty(seed)
         # Easy tier: the lighter half of the split's dose reductions, hard the heavier.
         noise = uniform(rng, tier_bounds(rg["noise_hu"], tier))
+        # The gain's swing around the circle (per harmonic, relative): larger when harder.
+        sweep = uniform(rng, tier_bounds(rg["sweep"], tier))
         size = int(rng.integers(int(rg["image_px"][0]), int(rg["image_px"][1]) + 1))
         n = int(rng.integers(3, 5))
         ids = case_ids(rng, "ldct", n)
@@ -258,10 +261,13 @@ class Enhancement(TrackBase):
             off_r, off_c = rng.uniform(-1, 1, 2) * _ISO_OFFSET_MM / px
             radius, angle = _polar(size, (off_r, off_c))
             answers["isocentre"][cid] = (float(off_r), float(off_c))
-            rows = [np.interp(radius, w["artifact_radius"], p) * hu_per_unit for p in w["artifact_profile"]]
+            rows = [
+                np.interp(radius, w["artifact_radius"], p) * hu_per_unit
+                for p in w["artifact_profile"]
+            ]
             for z in range(clean.shape[-1]):
                 drift = sum(
-                    uniform(rng, _SWEEP) * np.cos(k * angle - rng.uniform(0, 2 * np.pi))
+                    sweep * rng.uniform(0.8, 1.0) * np.cos(k * angle - rng.uniform(0, 2 * np.pi))
                     for k in range(1, _HARMONICS + 1)
                 )
                 gain = uniform(rng, _GAIN) * (1 + drift)
@@ -295,7 +301,13 @@ class Enhancement(TrackBase):
         }
         return Draw(
             case_ids=ids,
-            params={"difficulty": tier, "cases": n, "noise_hu": noise, "image_px": size},
+            params={
+                "difficulty": tier,
+                "cases": n,
+                "noise_hu": noise,
+                "image_px": size,
+                "sweep": sweep,
+            },
             files=files,
             weights=w,
             model_card=MODEL_CARD,
