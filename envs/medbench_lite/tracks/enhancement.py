@@ -13,8 +13,7 @@ returns HU). Two degradations are on every slice:
   ``_ISO_OFFSET_MM`` from the image centre (the patient, not the isocentre, is centred)
   and the profile is scaled per slice by a drift gain (``_GAIN``) that also swings
   around the circle (``_HARMONICS`` harmonics of the angle, each swinging by the task's
-  ``sweep`` times 0.8-1): rings fade,
-  vanish and change sign along their arcs. A generic denoiser leaves the rings and bands
+  ``sweep`` times 0.8-1): rings fade, vanish and change sign along their arcs. A generic denoiser leaves the rings and bands
   (coherent structure, not noise); an image-domain ring correction has to estimate the
   centre and a profile per radius from the noisy image, the bands cannot be told from
   anatomy and the swing defeats an angular average. The model locates the isocentre by
@@ -135,7 +134,8 @@ def _scanner_profile() -> np.ndarray:
         ``_RADIUS_GRID``. Twenty rings per row (Gaussian profiles of sigma 3-12 mm, signed
         amplitudes 10-30 HU) over three broad shading bands (sigma 25-50 mm, 12-25 HU),
         shifted to zero mean over the disc of radius 0.8 (area-weighted) so that the
-        artifact leaves the mean HU of the body unchanged. The same for every task.
+        artifact moves the mean HU of the body little (a few HU; the pilot allows 10).
+        The same for every task.
     """
     rng = np.random.default_rng(_SCANNER_SEED)
     half_mm = _FOV_MM / 2
