@@ -286,9 +286,10 @@ def ring_removal_tv(
 
 
 HEURISTICS = {
-    # The model's own window in HU units, and a wider one that does better on heavy noise.
+    # The former model's window in HU units, a wider one, and a narrower range kernel.
     "bilateral_5x5": lambda ws, ids: bilateral(ws, ids, 2, 1.5),
     "bilateral_7x7": bilateral,
+    "bilateral_7x7_40hu": lambda ws, ids: bilateral(ws, ids, 3, 2.0, 40.0),
     "gaussian_0.7": lambda ws, ids: gaussian(ws, ids, 0.7),
     "gaussian_1.0": lambda ws, ids: gaussian(ws, ids, 1.0),
     "gaussian_1.5": lambda ws, ids: gaussian(ws, ids, 1.5),
@@ -297,8 +298,13 @@ HEURISTICS = {
     "tv_20": lambda ws, ids: total_variation(ws, ids, 20.0),
     "tv_40": total_variation,
     "tv_80": lambda ws, ids: total_variation(ws, ids, 80.0),
-    "nlm_0.8": lambda ws, ids: nonlocal_means(ws, ids, 0.8),
-    "nlm_1.2": lambda ws, ids: nonlocal_means(ws, ids, 1.2),
+    # The measured noise (from pixel differences) underestimates the blob-like noise, so
+    # the NLM grid reaches well above 1.
+    "nlm_1.5": lambda ws, ids: nonlocal_means(ws, ids, 1.5),
+    "nlm_3": lambda ws, ids: nonlocal_means(ws, ids, 3.0),
+    "nlm_4.5": lambda ws, ids: nonlocal_means(ws, ids, 4.5),
+    "nlm_6": lambda ws, ids: nonlocal_means(ws, ids, 6.0),
+    "nlm_9": lambda ws, ids: nonlocal_means(ws, ids, 9.0),
     # Ring removal: the textbook running-median baseline, a Gaussian baseline (the best
     # width of a small grid), and the same per quadrant (rings that fade around the circle).
     "rings_median20_tv": ring_removal_tv,
