@@ -6,7 +6,8 @@ Manduchi, 1998), total-variation denoising (Chambolle's projection, 2004), non-l
 means (Buades, Coll and Morel, 2005) with its filtering parameter tied to the measured
 noise, and image-domain ring removal (the rings' radial profile estimated from the
 image itself: the angular median per radius minus its running median over radius, as
-in polar-coordinate ring correction) followed by total variation.
+in polar-coordinate ring correction, optionally per angular sector, about a searched
+centre, or fitted as a radial profile times an angular gain) followed by total variation.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "median",
     "nonlocal_means",
     "ring_removal_tv",
+    "separable_rings_tv",
     "total_variation",
 ]
 
@@ -262,6 +264,74 @@ def _remove_rings(
     return out
 
 
+def _separable_rings(
+    img: np.ndarray,
+    centre: tuple[float, float],
+    baseline_px: float = 20.0,
+    sectors: int = 32,
+    harmonics: int = 12,
+) -> np.ndarray:
+    """Ring correction assuming the artifact is a radial profile times an angular gain.
+
+    Polar cells (0.5 px of radius x ``sectors`` angles about ``centre``, the rings'
+    offset from the image centre): the median of the soft-tissue pixels (-200 to 300 HU)
+    per cell, minus each sector's running median over ``baseline_px`` of radius, is
+    fitted by ``p(r) g(angle)`` (alternating least squares; ``g`` a Fourier series of
+    ``harmonics`` terms, so the rings may fade and change sign around the circle), and
+    that product is subtracted from every pixel.
+    """
+    hgt, wid = img.shape
+    rr, cc = np.mgrid[:hgt, :wid] + 0.5
+    rr, cc = rr - hgt / 2 - centre[0], cc - wid / 2 - centre[1]
+    rbin = np.floor(np.hypot(rr, cc) / _RING_BIN_PX).astype(int)
+    angle = np.arctan2(rr, cc)
+    abin = np.floor((angle + np.pi) / (2 * np.pi) * sectors).astype(int) % sectors
+    soft = (img > -200) & (img < 300)
+    n = int(rbin.max()) + 1
+    k = max(1, int(round(baseline_px / _RING_BIN_PX))) // 2
+    cells = np.full((n, sectors), np.nan)
+    for a in range(sectors):
+        sel = (abin == a) & soft
+        col = np.full(n, np.nan)
+        for i in np.unique(rbin[sel]):
+            col[i] = np.median(img[sel & (rbin == i)])
+        ok = np.isfinite(col)
+        if ok.sum() < 10:
+            continue
+        idx = np.arange(n)
+        padded = np.pad(np.interp(idx, idx[ok], col[ok]), k, mode="edge")
+        base = np.array([np.median(padded[i : i + 2 * k + 1]) for i in range(n)])
+        cells[:, a] = col - base
+    seen = np.isfinite(cells)
+    res = np.where(seen, cells, 0.0)
+
+    def fourier(theta):
+        waves = [f(j * theta) for j in range(1, harmonics + 1) for f in (np.cos, np.sin)]
+        return np.stack([np.ones_like(theta), *waves], axis=-1)
+
+    basis = fourier((np.arange(sectors) + 0.5) / sectors * 2 * np.pi - np.pi)
+    coef = np.zeros(basis.shape[1])
+    coef[0] = 1.0
+    for _ in range(20):
+        g = basis @ coef
+        p = (res * g).sum(1) / np.maximum((seen * g * g).sum(1), 1e-9)
+        design = (seen * p[:, None])[:, :, None] * basis[None]  # (r, sector, term)
+        coef = np.linalg.lstsq(design[seen], res[seen], rcond=None)[0]
+    g_pix = fourier(angle) @ coef
+    p_pix = np.interp(np.hypot(rr, cc) / _RING_BIN_PX - 0.5, np.arange(n), p)
+    return img - p_pix * g_pix
+
+
+def separable_rings_tv(workspace: Path, ids: Sequence[str], weight_hu: float = 40.0) -> dict:
+    """Each stack: rings' centre searched, separable ring fit removed per slice, then TV."""
+
+    def run(hu: np.ndarray) -> np.ndarray:
+        centre = _ring_centre(hu)
+        return _per_slice(lambda img: _tv2d(_separable_rings(img, centre), weight_hu))(hu)
+
+    return _run(workspace, ids, run)
+
+
 def ring_removal_tv(
     workspace: Path,
     ids: Sequence[str],
@@ -325,4 +395,6 @@ HEURISTICS = {
     "rings_centred_median20_octants_tv": lambda ws, ids: ring_removal_tv(
         ws, ids, 20.0, True, 8, find_centre=True
     ),
+    # Rings as a radial profile times a gain around the circle, fitted jointly.
+    "rings_separable_tv": separable_rings_tv,
 }
