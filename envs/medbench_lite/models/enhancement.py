@@ -59,6 +59,21 @@ def _radial(shape: tuple[int, int], centre: tuple[float, float]):
     return rr - centre[0], cc - centre[1]
 
 
+def _calibrated(weights: dict, row: int, radius: np.ndarray, angle: np.ndarray) -> np.ndarray:
+    """Detector ``row``'s calibrated artifact at gain 1, normalized units, per pixel.
+
+    The mean profile ``artifact_profile`` at ``radius`` (image half-widths) plus the
+    rings' segment pattern: for each k of ``segment_harmonics``, the radial factors
+    ``segment_cos`` and ``segment_sin`` times ``cos`` and ``sin`` of k ``angle`` (rad).
+    """
+    grid = weights["artifact_radius"]
+    out = np.interp(radius, grid, weights["artifact_profile"][row])
+    for j, k in enumerate(weights["segment_harmonics"]):
+        out = out + np.interp(radius, grid, weights["segment_cos"][row, j]) * np.cos(k * angle)
+        out = out + np.interp(radius, grid, weights["segment_sin"][row, j]) * np.sin(k * angle)
+    return out
+
+
 def _artifact(
     shape: tuple[int, int], row: int, weights: dict, offset: tuple[float, float] = (0.0, 0.0)
 ) -> np.ndarray:
@@ -71,7 +86,7 @@ def _artifact(
         offset: the isocentre's (row, column) offset from the image centre, pixels.
 
     Returns:
-        Array ``(1 + 2 * sweep_harmonics, H, W)``: the profile, then the profile times
+        Array ``(1 + 2 * sweep_harmonics, H, W)``: the artifact (:func:`_calibrated`), then it times
         the cosine and the sine of k times the pixel's angle about the isocentre, for
         k = 1 .. ``sweep_harmonics`` (the basis of a gain that drifts around the circle).
     """
@@ -79,8 +94,8 @@ def _artifact(
     rr, cc = _radial(shape, (h / 2 + offset[0], w / 2 + offset[1]))
     # The scan field of view fills the image: radius in units of the half-width.
     radius = np.hypot(rr, cc) / (min(h, w) / 2)
-    art = np.interp(radius, weights["artifact_radius"], weights["artifact_profile"][row])
     angle = np.arctan2(rr, cc)
+    art = _calibrated(weights, row, radius, angle)
     harmonics = range(1, int(weights["sweep_harmonics"]) + 1)
     return np.stack([art] + [art * f(k * angle) for k in harmonics for f in (np.cos, np.sin)])
 
@@ -119,10 +134,8 @@ def find_isocentre(x: np.ndarray, weights: dict) -> tuple[float, float]:
     for k in range(n):
         # The profile on the canvas, radius still in units of the image's half-width.
         rr, cc = _radial(big, (h, w))
-        prof = np.interp(
-            np.hypot(rr, cc) / (min(h, w) / 2),
-            weights["artifact_radius"],
-            weights["artifact_profile"][k % rows],
+        prof = _calibrated(
+            weights, k % rows, np.hypot(rr, cc) / (min(h, w) / 2), np.arctan2(rr, cc)
         )
         hp_t = prof - _gaussian(prof, sigma)
         hx, flat = inputs[k]

@@ -8,17 +8,20 @@ returns HU). Two degradations are on every slice:
   up to ``_KERNEL_CUTOFF`` cycles/px): blob-like, not white;
 * the scanner's radial artifact: concentric rings (detector channels whose gain drifted
   since calibration) over broad radial shading bands, centred on the isocentre. Its
-  radial profile per detector row is the scanner's calibration (:func:`_scanner_profile`,
-  the model's weights ``artifact_profile``). In a case the isocentre sits up to
-  ``_ISO_OFFSET_MM`` from the image centre (the patient, not the isocentre, is centred)
-  and the profile is scaled per slice by a drift gain (``_GAIN``) that also swings
-  around the circle (``_HARMONICS`` harmonics of the angle, each swinging by the task's
-  ``sweep`` times 0.8-1): rings fade, vanish and change sign along their arcs. A generic denoiser leaves the rings and bands
-  (coherent structure, not noise); an image-domain ring correction has to estimate the
-  centre and a profile per radius from the noisy image, the bands cannot be told from
-  anatomy and the swing defeats an angular average. The model locates the isocentre by
-  matching the calibrated profile, fits the gain's few coefficients over the whole
-  slice and subtracts the artifact.
+  radial profile per detector row is the scanner's calibration
+  (:func:`_scanner_profile`, the model's weights ``artifact_profile``); the rings are
+  segmented (detector modules drift unequally), each ring's amplitude along its arc
+  following its own fixed harmonic of order 8-24 (weights ``segment_*``), which one
+  image cannot reveal. In a case the isocentre sits up to ``_ISO_OFFSET_MM`` from the
+  image centre (the patient, not the isocentre, is centred) and the profile is scaled
+  per slice by a drift gain (``_GAIN``) that also swings around the circle
+  (``_HARMONICS`` harmonics of the angle, each swinging by the task's ``sweep`` times
+  0.8-1): rings fade, vanish and change sign along their arcs. A generic denoiser leaves
+  the rings and bands (coherent structure, not noise); an image-domain ring correction
+  has to estimate the centre and a profile per radius from the noisy image, the bands
+  cannot be told from anatomy and the swing defeats an angular average. The model
+  locates the isocentre by matching the calibrated profile, fits the gain's few
+  coefficients over the whole slice and subtracts the artifact.
 
 TRAP (intensity convention): the model works on intensities normalized from the HU
 window [-1000, 1000] to [0, 1]: its flat-region mask, gain range and total-variation
@@ -74,6 +77,8 @@ _RADIUS_GRID = np.linspace(0.0, 1.5, 601)
 """Radius grid of the calibration profile, in units of the image half-width."""
 _SCANNER_SEED = 20_190_401
 """Seed of the scanner's calibration (:func:`_scanner_profile`), fixed: one scanner."""
+_SEGMENT_HARMONICS = np.arange(8, 25)
+"""Harmonics of the angle in the rings' segment pattern (detector modules), fixed per ring."""
 
 MODEL_CARD = """# Model card: ldct-calibrated v2.0
 
@@ -83,7 +88,9 @@ Parameters: model/weights.npz. Code: model/infer_lib.py (numpy only).
 
 ## Method
 1. Artifact: the scanner's calibrated radial profile per detector row (weights
-   `artifact_profile` on `artifact_radius`, in image half-widths), centred on the
+   `artifact_profile` on `artifact_radius`, in image half-widths) plus the rings'
+   segment pattern (radial factors `segment_cos`, `segment_sin` of the angular
+   harmonics `segment_harmonics`), centred on the
    isocentre: within `max_offset` of the image centre, found per stack by matching
    the profile. Per slice a gain varying around the circle (mean and
    `sweep_harmonics` harmonics of the angle; channel gains drift during the
@@ -125,34 +132,69 @@ that the output closes: (SSIM(output) - SSIM(input)) / (1 - SSIM(input)), clippe
 """
 
 
-def _scanner_profile() -> np.ndarray:
-    """The scanner's radial artifact profile per detector row, normalized units.
+def _scanner_profile() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scanner's artifact calibration per detector row, normalized units.
 
     Returns:
-        Array ``(3, len(_RADIUS_GRID))``: for each of the three detector rows, the
-        artifact (HU / 2000, the model's normalized scale) at each radius of
-        ``_RADIUS_GRID``. Twenty rings per row (Gaussian profiles of sigma 3-12 mm, signed
-        amplitudes 10-30 HU) over three broad shading bands (sigma 25-50 mm, 12-25 HU),
-        shifted to zero mean over the disc of radius 0.8 (area-weighted) so that the
-        artifact moves the mean HU of the body little (a few HU; the pilot allows 10).
-        The same for every task.
+        ``(profile, segment_cos, segment_sin)``. ``profile`` ``(3, len(_RADIUS_GRID))``: for
+        each of the three detector rows, the artifact's mean over the angle (HU / 2000,
+        the model's normalized scale) at each radius of ``_RADIUS_GRID``. Twenty rings
+        per row (Gaussian profiles of sigma 3-12 mm, signed amplitudes 10-30 HU) over
+        three broad shading bands (sigma 25-50 mm, 12-25 HU), shifted to zero mean over
+        the disc of radius 0.8 (area-weighted) so that the artifact moves the mean HU of
+        the body little (a few HU; the pilot allows 10). ``segment_cos`` and ``segment_sin``
+        ``(3, len(_SEGMENT_HARMONICS), len(_RADIUS_GRID))``: the rings are segmented (each
+        spans detector modules of unequal drift), each ring's amplitude along its arc
+        is ``1 + a cos(k angle + phi)`` with ``k`` in ``_SEGMENT_HARMONICS``, ``a`` 0.9-1.4
+        (segments of opposite drift: the ring changes sign) and ``phi`` fixed per ring: the radial factors of ``cos(k angle)`` and
+        ``sin(k angle)`` for each ``k``. The same for every task.
     """
     rng = np.random.default_rng(_SCANNER_SEED)
+    # A separate stream for the segments, so the mean profile is the one calibrated before.
+    seg_rng = np.random.default_rng(_SCANNER_SEED + 1)
     half_mm = _FOV_MM / 2
     r = _RADIUS_GRID
-    rows = []
+    rows, fine_c, fine_s = [], [], []
+    scale = _HU_WINDOW[1] - _HU_WINDOW[0]
     for _ in range(3):
         prof = np.zeros_like(r)
+        fc = np.zeros((len(_SEGMENT_HARMONICS), len(r)))
+        fs = np.zeros_like(fc)
         for _ring in range(20):
             r0, w = rng.uniform(5, 170) / half_mm, rng.uniform(3, 12) / half_mm
-            prof += rng.choice([-1, 1]) * rng.uniform(10, 30) * np.exp(-0.5 * ((r - r0) / w) ** 2)
+            ring = rng.choice([-1, 1]) * rng.uniform(10, 30) * np.exp(-0.5 * ((r - r0) / w) ** 2)
+            prof += ring
+            j = int(seg_rng.integers(len(_SEGMENT_HARMONICS)))
+            amp, phase = seg_rng.uniform(0.9, 1.4), seg_rng.uniform(0, 2 * np.pi)
+            # a cos(k t + phi) = a cos(phi) cos(k t) - a sin(phi) sin(k t)
+            fc[j] += amp * np.cos(phase) * ring
+            fs[j] -= amp * np.sin(phase) * ring
         for _band in range(3):
             r0, w = rng.uniform(0, 120) / half_mm, rng.uniform(25, 50) / half_mm
             prof += rng.choice([-1, 1]) * rng.uniform(12, 25) * np.exp(-0.5 * ((r - r0) / w) ** 2)
         disc = r <= 0.8
         prof -= np.sum(prof[disc] * r[disc]) / np.sum(r[disc])
-        rows.append(prof / (_HU_WINDOW[1] - _HU_WINDOW[0]))
-    return np.stack(rows)
+        rows.append(prof / scale)
+        fine_c.append(fc / scale)
+        fine_s.append(fs / scale)
+    return np.stack(rows), np.stack(fine_c), np.stack(fine_s)
+
+
+def _calibrated_artifact(
+    weights: Mapping[str, np.ndarray], row: int, radius: np.ndarray, angle: np.ndarray
+) -> np.ndarray:
+    """Detector ``row``'s calibrated artifact (gain 1), normalized units, per pixel.
+
+    ``radius`` in image half-widths and ``angle`` in radians about the isocentre, any
+    shape: the mean profile plus each segment harmonic's radial factors times
+    ``cos``/``sin`` of ``k angle``.
+    """
+    grid = weights["artifact_radius"]
+    out = np.interp(radius, grid, weights["artifact_profile"][row])
+    for j, k in enumerate(weights["segment_harmonics"]):
+        out = out + np.interp(radius, grid, weights["segment_cos"][row, j]) * np.cos(k * angle)
+        out = out + np.interp(radius, grid, weights["segment_sin"][row, j]) * np.sin(k * angle)
+    return out
 
 
 def _polar(size: int, offset: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
@@ -223,10 +265,14 @@ class Enhancement(TrackBase):
 
     def weights(self) -> dict[str, np.ndarray]:
         """The model's parameters (the same for every task): the scanner's calibration."""
+        profile, seg_cos, seg_sin = _scanner_profile()
         return {
             "hu_window": np.array(_HU_WINDOW),
             "artifact_radius": _RADIUS_GRID.copy(),
-            "artifact_profile": _scanner_profile(),
+            "artifact_profile": profile,
+            "segment_harmonics": _SEGMENT_HARMONICS.copy(),
+            "segment_cos": seg_cos,
+            "segment_sin": seg_sin,
             "gain_range": np.array([0.5, 1.5]),
             "sweep_harmonics": np.array(_HARMONICS),
             "max_sweep": np.array(0.6),
@@ -262,8 +308,8 @@ class Enhancement(TrackBase):
             radius, angle = _polar(size, (off_r, off_c))
             answers["isocentre"][cid] = (float(off_r), float(off_c))
             rows = [
-                np.interp(radius, w["artifact_radius"], p) * hu_per_unit
-                for p in w["artifact_profile"]
+                _calibrated_artifact(w, z, radius, angle) * hu_per_unit
+                for z in range(len(w["artifact_profile"]))
             ]
             for z in range(clean.shape[-1]):
                 drift = sum(
