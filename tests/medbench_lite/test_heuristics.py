@@ -52,18 +52,9 @@ _THRESHOLD = (
     "open: threshold + connected components still finds the liver and high-contrast "
     "lesions; the easy tier needs distractors only the model tells apart"
 )
-_SEPARABLE_RINGS = (
-    "open: the scanner's rings are a radial profile times a gain around the circle, and a "
-    "model-free fit of exactly that form (heuristic rings_separable_tv: centre searched, "
-    "polar median cells fitted as profile x angular Fourier series, then TV) scores about "
-    "0.45 against the teacher's 0.82-0.84 on five held-out seeds per tier; the generic "
-    "denoisers stay at or below 0.25 and the other ring corrections at or below 0.39"
-)
 OPEN = {
     ("segmentation", "easy"): _THRESHOLD,
     ("segmentation", "hard"): _THRESHOLD,
-    ("enhancement", "easy"): _SEPARABLE_RINGS,
-    ("enhancement", "hard"): _SEPARABLE_RINGS,
 }
 """(track, tier) cells where a heuristic is known to beat the bound, with the reason."""
 
