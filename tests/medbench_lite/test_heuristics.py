@@ -48,25 +48,10 @@ SWEEP = {
     },
 }
 
-_BILATERAL = (
-    "open: the model is a textbook bilateral filter, which a reader writes from scratch "
-    "(heuristic bilateral_5x5 scores what the teacher scores) and a Gaussian blur closes "
-    "about 0.5 of the SSIM gap; the degradation carries nothing only the model knows"
-)
-OPEN = {
-    ("enhancement", "easy"): _BILATERAL,
-    ("enhancement", "hard"): _BILATERAL,
-}
+OPEN: dict[tuple[str, str], str] = {}
 """(track, tier) cells where a heuristic is known to beat the bound, with the reason."""
 
-_WIDER_BILATERAL = (
-    "open: a wider textbook bilateral filter (7 x 7, heuristic bilateral_7x7) beats the "
-    "provided model on held-out noise"
-)
-BEATEN = {
-    ("enhancement", "easy"): _WIDER_BILATERAL,
-    ("enhancement", "hard"): _WIDER_BILATERAL,
-}
+BEATEN: dict[tuple[str, str], str] = {}
 """(track, tier) cells where a heuristic is known to beat the teacher itself."""
 
 

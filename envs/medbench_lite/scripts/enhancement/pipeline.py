@@ -13,8 +13,8 @@ FIELDS = ["id", "output_file"]
 
 
 def denoise_hu(hu):
-    """Denoised slices, in HU."""
-    # The range kernel is tuned for the normalized window, not for HU.
+    """Restored slices (artifact and noise removed), in HU."""
+    # The edge mask, artifact fit and TV weight are tuned for the normalized window, not for HU.
     return infer_lib.from_unit(infer_lib.denoise(infer_lib.to_unit(hu, W), W), W)
 
 
