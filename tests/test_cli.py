@@ -11,7 +11,7 @@ def test_envs_lists_ids_and_benchmarks():
     result = runner.invoke(app, ["envs"])
     assert result.exit_code == 0
     assert "bat/Validate-v0" in result.output
-    assert "medbench_lite 2.1 (default)" in result.output and "toy_pipeline 2.0" in result.output
+    assert "medbench_lite 2.2 (default)" in result.output and "toy_pipeline 2.0" in result.output
 
 
 def test_demo_runs_the_teacher_end_to_end(monkeypatch):
