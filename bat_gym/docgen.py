@@ -242,8 +242,7 @@ def contracts_page() -> str:
         "own files (in the start workspace, which the agent cannot change) take these.\n\n"
         + "\n".join(model_section(m, 3) for m in (JsonList, ColumnRef))
         + "\nChecks on the calls of a benchmark's own tools (`tool_called`) test each "
-        "recorded argument with this.\n\n"
-        + model_section(ArgumentTest, 3)
+        "recorded argument with this.\n\n" + model_section(ArgumentTest, 3)
     )
 
 

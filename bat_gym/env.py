@@ -203,9 +203,7 @@ class StageEnv(gym.Env[str, str]):
         options = dict(options or {})
         unknown = sorted(set(options) - set(_RESET_OPTIONS))
         if unknown:
-            raise ConfigError(
-                f"unknown reset option(s) {unknown}; allowed: {list(_RESET_OPTIONS)}"
-            )
+            raise ConfigError(f"unknown reset option(s) {unknown}; allowed: {list(_RESET_OPTIONS)}")
         if options.get("state_id") is not None:
             state = self.states.get(options["state_id"])
         else:
@@ -414,7 +412,9 @@ class StageEnv(gym.Env[str, str]):
         if built.status != "ok":
             self.tool_calls += 1
             self._record_use(tool, args, index, "not_run", built.duration_s, "")
-            why = built.text if built.status == "error" else "the tool failed with an internal error"
+            why = (
+                built.text if built.status == "error" else "the tool failed with an internal error"
+            )
             return f"[{tool.name}: not run: {why}]"
         program = json.loads(built.text)
         before = len(self.record.calls)
@@ -456,8 +456,7 @@ class StageEnv(gym.Env[str, str]):
                 duration_s=max(0.0, duration_s),
                 output=text[:cap],
                 output_chars=len(text) if chars is None else chars,
-                result_sha256=sha256
-                or hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
+                result_sha256=sha256 or hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
                 call=call,
             )
         )

@@ -237,9 +237,7 @@ def build_round(rows: Sequence[StageState], spec: RoundSpec) -> list[list[RLRow]
         {a.state_id for a, b in zip(ordered, ordered[1:], strict=False) if a.state_id == b.state_id}
     )
     if dupes:
-        raise CurriculumError(
-            f"state_id(s) {dupes[:5]} occur more than once; pass each state once"
-        )
+        raise CurriculumError(f"state_id(s) {dupes[:5]} occur more than once; pass each state once")
     focuses = sorted({r.focus for r in ordered})
     if spec.target not in focuses:
         raise CurriculumError(

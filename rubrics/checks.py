@@ -94,7 +94,9 @@ def _args_model(name: str, fn: CheckFn) -> type[BaseModel]:
     fields: dict[str, Any] = {}
     for p in params[1:]:
         if p.kind is not p.KEYWORD_ONLY:
-            raise PluginError(f"check {name!r}: parameter {p.name!r} must be keyword-only (after *)")
+            raise PluginError(
+                f"check {name!r}: parameter {p.name!r} must be keyword-only (after *)"
+            )
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (hints.get(p.name, Any), default)
     return create_model(

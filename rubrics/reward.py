@@ -133,9 +133,7 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
             workspace=workspace,
             start=FrozenWorkspace.load(base.states.store, state.snapshot),
             record=record,
-            task=None
-            if task is None
-            else task_oracle(base.benchmark, task, backend=base.backend),
+            task=None if task is None else task_oracle(base.benchmark, task, backend=base.backend),
             spec=base.benchmark.spec,
         )
         return verify(contract, ctx, library=library)

@@ -122,7 +122,9 @@ def test_a_third_party_sandbox_backend_is_made_by_name(third_party):
 
 
 def test_gym_make_plays_in_a_third_party_sandbox(third_party, toy_bank):
-    env = gym.make("bat/Validate-v0", benchmark="toy_pipeline", backend="mysandbox", states=toy_bank)
+    env = gym.make(
+        "bat/Validate-v0", benchmark="toy_pipeline", backend="mysandbox", states=toy_bank
+    )
     try:
         env.reset(seed=0)
         assert type(env.unwrapped.sandbox).__name__ == "MySandbox"

@@ -114,7 +114,9 @@ class Admission:
 
         threading.Thread(target=build, name="bat-heldout-index", daemon=True).start()
 
-    def check(self, row: StageState, episode: PlayedEpisode | None = None) -> tuple[str, str] | None:
+    def check(
+        self, row: StageState, episode: PlayedEpisode | None = None
+    ) -> tuple[str, str] | None:
         """The first gate ``row`` fails, as ``(gate, what)``; None when it passes all.
 
         Args:

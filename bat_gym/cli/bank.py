@@ -238,9 +238,7 @@ def show(path: Annotated[Path, typer.Argument(help="A bank directory.")]) -> Non
     from bat_gym.bank import StageBank
 
     bank = StageBank(path)
-    typer.echo(
-        f"{path}: {len(bank)} states of {bank.info.benchmark} {bank.info.version}"
-    )
+    typer.echo(f"{path}: {len(bank)} states of {bank.info.benchmark} {bank.info.version}")
     counts = Counter((s.focus, s.track, s.outcome) for s in bank)
     for (focus, track, outcome), n in sorted(counts.items()):
         typer.echo(f"  {focus:4} {track:20} {outcome:9} {n}")

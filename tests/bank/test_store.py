@@ -24,7 +24,9 @@ def test_select_filters_by_focus_track_and_outcome(toy_bank):
     for outcome in outcomes:
         ids = toy_bank.select(focus="E2E", outcome=outcome)
         assert ids == sorted(ids) and ids
-        assert all(toy_bank.get(i).outcome == outcome and toy_bank.get(i).focus == "E2E" for i in ids)
+        assert all(
+            toy_bank.get(i).outcome == outcome and toy_bank.get(i).focus == "E2E" for i in ids
+        )
     assert toy_bank.select(outcome="no-such-outcome") == []
 
 

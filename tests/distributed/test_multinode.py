@@ -142,6 +142,7 @@ def test_a_node_killed_mid_episode_costs_retries_not_scores(cluster, toy, tmp_pa
     assert len(cells) == 2 * 4 and all(r.valid for r in cells)
     # The four episodes on the killed node were played again, the others once.
     assert sorted(r.attempts for r in cells) == [1] * 4 + [2] * 4
+
     # Played again from the start on a survivor: scored exactly as without the fault.
     def scores(rep):
         return {r.cell.key: (r.reward, r.stages, r.failures) for r in rep.cells}

@@ -391,7 +391,9 @@ def test_check_ready_passes_on_a_serving_server_and_names_what_is_wrong_otherwis
 
     make().check_ready()
     server.models = ["other-model"]
-    with pytest.raises(PolicyError, match="does not serve model 'tiny-qwen'; it serves other-model"):
+    with pytest.raises(
+        PolicyError, match="does not serve model 'tiny-qwen'; it serves other-model"
+    ):
         make().check_ready()
     down = OpenAIPolicy(_closed_port_url(), "tiny-qwen", api_key="", backoff_s=0.01)
     t0 = time.monotonic()

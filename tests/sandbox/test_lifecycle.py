@@ -182,9 +182,7 @@ def test_crashed_supervisor_is_reported_and_replaced(runtime: Path) -> None:
         assert kept == "kept"
         # A new sandbox: a new init. (The kernel may give the new pid namespace the freed
         # one's inode number, so the namespace id alone does not tell them apart.)
-        new_init = next(
-            pid for pid, *_, ns in processes() if ns == new_ns and inner_pid(pid) == 1
-        )
+        new_init = next(pid for pid, *_, ns in processes() if ns == new_ns and inner_pid(pid) == 1)
         assert new_init != init
         assert sb.execute_code("python", "print(1 + 1)").output == "2\n"
 
