@@ -30,7 +30,7 @@ from bat_gym.errors import BatGymError
 
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
-    from bat_gym.policies.base import Policy
+    from bat_gym.policies.base import Policy, SeedKey
     from bat_gym.spec import StageState
 
 __all__ = [
@@ -216,21 +216,36 @@ def run_episode(
 
 
 def policy_actor(
-    policy: Policy, benchmark: Benchmark, state: StageState
+    policy: Policy,
+    benchmark: Benchmark,
+    state: StageState,
+    *,
+    seed_key: SeedKey | None = None,
 ) -> Callable[[dict[str, Any]], Completion]:
     """An actor asking ``policy`` for each turn, with the episode's privileged context.
 
     Scripted policies read the context (the benchmark and the start state) to
     regenerate the task; learned policies ignore it. A
     :class:`~bat_gym.policies.PolicyError` from the backend propagates.
+
+    Args:
+        policy: who answers each turn.
+        benchmark: the benchmark being played (the context's).
+        state: the start state of the episode (the context's).
+        seed_key: names the episode within the run; turn ``t``'s request then carries
+            ``(*seed_key, t)``, so a seeded policy samples this episode the same way
+            whatever else runs beside it (see
+            :attr:`~bat_gym.policies.PolicyRequest.seed_key`). None: no key.
     """
     from bat_gym.policies.base import EpisodeContext, PolicyRequest
 
     def act(info: dict[str, Any]) -> Completion:
+        turn = info["turns"]
         request = PolicyRequest(
             messages=info["messages"],
             tools=info["tools"],
-            context=EpisodeContext(benchmark=benchmark, state=state, turn=info["turns"]),
+            context=EpisodeContext(benchmark=benchmark, state=state, turn=turn),
+            seed_key=None if seed_key is None else (*seed_key, turn),
         )
         return policy.act(request).action()
 

@@ -58,7 +58,12 @@ def evaluate(
         float | None,
         typer.Option("--temperature", min=0.0, help="Sampling temperature (hf, vllm, openai)."),
     ] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed (hf, vllm).")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            "--seed", help="Sampling seed (hf, vllm, openai): each cell draws from its own."
+        ),
+    ] = None,
     chat_template_kwargs: ChatTemplateKwargs = None,
     ray: Annotated[
         str | None,

@@ -45,6 +45,15 @@ class Cell(BaseModel):
         """A stable file-name-safe key, e.g. ``segmentation-1000007-r0``."""
         return f"{self.track}-{self.seed}-r{self.repeat}"
 
+    @property
+    def seed_key(self) -> tuple[str | int, ...]:
+        """Names the cell's episode to a seeded policy (:func:`bat_gym.policies.keyed_seed`).
+
+        The cell's turns then sample the same tokens however the workers interleave
+        and whether or not the run was resumed.
+        """
+        return ("cell", self.track, self.seed, self.repeat)
+
 
 class CellResult(BaseModel):
     """The outcome of one cell's episode (evaluation side only)."""

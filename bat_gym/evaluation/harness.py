@@ -7,7 +7,9 @@ finishes or a budget runs out, and keeps the verdict's scores.
 
 Runs are concurrent (one env per worker thread: tool calls and model calls release the
 GIL) and resumable: each finished cell is written to ``OUT/cells/<key>.json`` at once,
-and a rerun skips every cell already there. Each scored cell's episode (conversation,
+and a rerun skips every cell already there. Each cell's requests carry its
+:attr:`~bat_gym.evaluation.cells.Cell.seed_key`, so a seeded policy samples a cell the
+same way with one worker or many, and in a resumed run as in an uninterrupted one. Each scored cell's episode (conversation,
 execution record, verdict, the files it wrote) goes to ``OUT/episodes/<key>.json``
 (:mod:`bat_gym.evaluation.episodes`) for ``bat-gym view``. An infrastructure failure (a sandbox that
 crashed, a policy backend that raised :class:`~bat_gym.policies.PolicyError`, an env
@@ -35,7 +37,7 @@ from bat_gym.errors import ConfigError
 from bat_gym.evaluation.cells import Cell, CellResult, FailureCategory
 from bat_gym.evaluation.episodes import write_episode
 from bat_gym.files import write_atomic
-from bat_gym.policies.base import Policy, PolicyError
+from bat_gym.policies.base import Policy, PolicyError, SeedKey
 from bat_gym.rollout import SandboxRestarted, policy_actor, run_episode
 from bat_gym.spec import Budgets, StageState
 
@@ -113,9 +115,23 @@ class _Infrastructure(Exception):
 
 
 def play_episode(
-    env: Any, policy: Policy, state: StageState, bench: Benchmark
+    env: Any,
+    policy: Policy,
+    state: StageState,
+    bench: Benchmark,
+    *,
+    seed_key: SeedKey | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Play one episode from ``state`` to its end (:func:`bat_gym.rollout.run_episode`).
+
+    Args:
+        env: the E2E env to play in (rubric-wrapped, so the last ``info`` has a verdict).
+        policy: who plays.
+        state: the start state.
+        bench: the benchmark ``state`` belongs to (the scripted policies' context).
+        seed_key: names the episode within the run, so a seeded policy samples it the
+            same way however many episodes run beside it (see
+            :func:`bat_gym.rollout.policy_actor`).
 
     Returns:
         The final step's ``info`` and whether the policy finished (``terminated``).
@@ -123,7 +139,7 @@ def play_episode(
     Raises:
         _Infrastructure: the policy backend failed or the sandbox crashed mid-episode.
     """
-    ask = policy_actor(policy, bench, state)
+    ask = policy_actor(policy, bench, state, seed_key=seed_key)
 
     def act(info: dict[str, Any]) -> Any:
         try:
@@ -321,7 +337,9 @@ def run_cells(
             for attempt in range(1, cfg.max_attempts + 1):
                 start = time.perf_counter()
                 try:
-                    info, finished = play_episode(env_of_thread(), policy, state, bench)
+                    info, finished = play_episode(
+                        env_of_thread(), policy, state, bench, seed_key=cell.seed_key
+                    )
                     scored = _score(info, finished, bench, budgets)
                     result = CellResult(
                         cell=cell,

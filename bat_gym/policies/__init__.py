@@ -25,6 +25,8 @@ from bat_gym.policies.base import (
     PolicyKind,
     PolicyOutput,
     PolicyRequest,
+    SeedKey,
+    keyed_seed,
 )
 from bat_gym.policies.scripted import ScriptedPolicy
 
@@ -37,6 +39,8 @@ __all__ = [
     "PolicyOutput",
     "PolicyRequest",
     "ScriptedPolicy",
+    "SeedKey",
+    "keyed_seed",
     "kind_table",
     "make_policy",
     "policy_kind",

@@ -12,6 +12,9 @@ context; learned policies must ignore it, since it names the task.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +34,13 @@ __all__ = [
     "PolicyKind",
     "PolicyOutput",
     "PolicyRequest",
+    "SeedKey",
+    "keyed_seed",
 ]
+
+#: Names one request within a run, whatever order requests arrive in: e.g.
+#: ``("cell", "segmentation", 1042, 0, 3)`` for turn 3 of an evaluation cell.
+SeedKey = tuple[str | int, ...]
 
 
 class PolicyError(BatGymError, RuntimeError):
@@ -65,11 +74,32 @@ class PolicyRequest:
         messages: the conversation so far, OpenAI chat format (``info["messages"]``).
         tools: the OpenAI tool schemas the env accepts (``info["tools"]``).
         context: privileged episode facts; learned policies must not read them.
+        seed_key: names this request within the run (the episode and the turn), so a
+            seeded policy samples it with :func:`keyed_seed` of its seed and this key:
+            concurrent episodes then draw the same tokens however their requests
+            interleave. None: a seeded policy gives the n-th request to arrive the n-th
+            seed of its sequence.
     """
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     context: EpisodeContext | None = None
+    seed_key: SeedKey | None = None
+
+
+def keyed_seed(base_seed: int, key: SeedKey) -> int:
+    """The sampling seed of the request named ``key`` under a policy seeded ``base_seed``.
+
+    A hash (SHA-256) of both, so nearby keys (turn 2 and turn 3) get unrelated seeds.
+
+    Returns:
+        An integer in ``[0, 2**63)``.
+    """
+    # operator.index takes numpy integers too, and refuses floats and other strays.
+    parts = [k if isinstance(k, str) else operator.index(k) for k in key]
+    text = json.dumps([operator.index(base_seed), parts], separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 @dataclass

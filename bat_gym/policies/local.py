@@ -2,7 +2,8 @@
 
 A :class:`LocalModelPolicy` renders each conversation with the model's own chat
 template (:meth:`~LocalModelPolicy.prompt_token_ids`), samples it at the token level,
-gives the n-th request the n-th seed of its base seed (:func:`request_seed`), gathers
+seeds each request by its :attr:`~bat_gym.policies.PolicyRequest.seed_key` (or, without
+one, gives the n-th request the n-th seed of its base seed: :func:`request_seed`), gathers
 concurrent :meth:`~LocalModelPolicy.act` calls into one batch, and names its weights by
 a digest of the checkpoint files. A backend implements only :meth:`_sample` (and its
 token-level ``generate_tokens``).
@@ -18,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest
+from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest, keyed_seed
 from bat_gym.policies.batching import MicroBatcher
 
 __all__ = [
@@ -154,10 +155,14 @@ class LocalModelPolicy(Policy):
         )
 
     @abstractmethod
-    def _sample(self, prompts: Sequence[Sequence[int]]) -> list[tuple[TokenGeneration, str]]:
+    def _sample(
+        self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None
+    ) -> list[tuple[TokenGeneration, str]]:
         """One generation per prompt at the policy's settings, with its reply text.
 
-        The text leaves out the stop token and special tokens.
+        ``seeds`` gives one sampling seed per prompt; None: the policy's per-request
+        sequence (or fresh randomness if it has no seed). The text leaves out the stop
+        token and special tokens.
         """
 
     def act(self, request: PolicyRequest) -> PolicyOutput:
@@ -171,6 +176,7 @@ class LocalModelPolicy(Policy):
             PolicyError: generation failed (out of memory, a device or engine error).
         """
         prompts = [self.prompt_token_ids(r) for r in requests]
+        seeds = self._seeds_of(requests)
         return [
             PolicyOutput(
                 text=text,
@@ -180,7 +186,7 @@ class LocalModelPolicy(Policy):
                 finish_reason=gen.finish_reason,
                 usage={"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids)},
             )
-            for prompt, (gen, text) in zip(prompts, self._sample(prompts), strict=True)
+            for prompt, (gen, text) in zip(prompts, self._sample(prompts, seeds=seeds), strict=True)
         ]
 
     def prompt_token_ids(self, request: PolicyRequest) -> list[int]:
@@ -219,6 +225,20 @@ class LocalModelPolicy(Policy):
             first = self._requests_seeded
             self._requests_seeded += n
         return [request_seed(self.seed, first + i) for i in range(n)]
+
+    def _seeds_of(self, requests: Sequence[PolicyRequest]) -> list[int] | None:
+        """Each request's sampling seed: keyed by its ``seed_key``, else the next in sequence.
+
+        Only requests without a key advance the sequence, so keyed and unkeyed callers
+        of one policy do not shift each other's seeds. None if the policy is unseeded.
+        """
+        if self.seed is None:
+            return None
+        base = self.seed
+        unkeyed = iter(self._request_seeds(sum(r.seed_key is None for r in requests)) or ())
+        return [
+            next(unkeyed) if r.seed_key is None else keyed_seed(base, r.seed_key) for r in requests
+        ]
 
     def _template_identity(self) -> dict[str, Any]:
         """``chat_template_kwargs`` for :meth:`identity`, when set (they change the prompts)."""

@@ -29,7 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bat_gym.errors import ConfigError
-from bat_gym.policies.base import Policy, PolicyError, PolicyOutput, PolicyRequest
+from bat_gym.policies.base import (
+    Policy,
+    PolicyError,
+    PolicyOutput,
+    PolicyRequest,
+    keyed_seed,
+)
 from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
 
 __all__ = ["OpenAIPolicy", "openai_messages", "render_tool_calls"]
@@ -177,7 +183,9 @@ class OpenAIPolicy(Policy):
         temperature: sampling temperature; None leaves it to the server.
         top_p: nucleus mass; None leaves it to the server.
         max_tokens: the most tokens one reply may have; None leaves it to the server.
-        seed: passed to servers that support seeded sampling; None sends none.
+        seed: passed to servers that support seeded sampling; None sends none. A
+            request with a ``seed_key`` is sent :func:`~bat_gym.policies.keyed_seed` of
+            this seed and its key instead.
         timeout_s: seconds one attempt may wait on the socket (connect, each read).
         max_retries: attempts after the first for retryable failures (>= 0).
         backoff_s: the first retry's delay; it doubles with each retry, times a random
@@ -331,12 +339,22 @@ class OpenAIPolicy(Policy):
             ("temperature", self.temperature),
             ("top_p", self.top_p),
             ("max_tokens", self.max_tokens),
-            ("seed", self.seed),
+            ("seed", self._seed_of(request)),
         ):
             if value is not None:
                 body[key] = value
         body.update(self.extra_body)
         return body
+
+    def _seed_of(self, request: PolicyRequest) -> int | None:
+        """The seed sent with ``request``: keyed by its ``seed_key`` when it has one.
+
+        Sending one seed with every request would make a seeded server sample identical
+        replies to identical prompts (every rollout of a group alike).
+        """
+        if self.seed is None or request.seed_key is None:
+            return self.seed
+        return keyed_seed(self.seed, request.seed_key)
 
     def _complete(self, request: PolicyRequest) -> PolicyOutput:
         data = json.dumps(self.payload(request), ensure_ascii=False).encode()

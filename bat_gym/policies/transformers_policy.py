@@ -152,9 +152,11 @@ class TransformersPolicy(LocalModelPolicy):
 
     # -- Policy protocol -----------------------------------------------------------
 
-    def _sample(self, prompts: Sequence[Sequence[int]]) -> list[tuple[TokenGeneration, str]]:
+    def _sample(
+        self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None
+    ) -> list[tuple[TokenGeneration, str]]:
         out = []
-        for gen in self.generate_tokens(prompts):
+        for gen in self.generate_tokens(prompts, seeds=seeds):
             shown = gen.token_ids[:-1] if gen.finish_reason == "stop" else gen.token_ids
             out.append((gen, self.tokenizer.decode(shown, skip_special_tokens=True)))
         return out

@@ -175,6 +175,34 @@ def test_eval_with_a_tiny_local_hf_model(toy, tiny_model, tmp_path):
     assert manifest["settings"]["budgets"]["max_turns"] == 2
 
 
+def test_a_seeded_model_samples_each_cell_alike_with_one_worker_or_many(toy, tiny_model, tmp_path):
+    """Concurrency changes the order requests arrive in, not the tokens a cell draws."""
+    from bat_gym.evaluation import EvalConfig, evaluate
+    from bat_gym.policies import make_policy
+    from bat_gym.spec import Budgets
+
+    def replies(workers: int) -> dict[str, list]:
+        out = tmp_path / f"workers-{workers}"
+        policy = make_policy(f"hf:{tiny_model}", temperature=1.0, max_new_tokens=12, seed=3)
+        cfg = EvalConfig(repeats=2, workers=workers, budgets=Budgets(max_turns=2), progress=False)
+        try:
+            evaluate(toy, policy, out, cfg)
+        finally:
+            policy.close()
+        return {
+            path.name: [
+                m for m in json.loads(path.read_text())["messages"] if m["role"] == "assistant"
+            ]
+            for path in sorted((out / "episodes").glob("*.json"))
+        }
+
+    alone, together = replies(1), replies(4)
+    assert len(alone) == 2 * len(toy.spec.tracks) and alone.keys() == together.keys()
+    assert alone == together
+    # Each cell and turn has a seed of its own: the replies are not all one sample.
+    assert len({m["content"] for ms in alone.values() for m in ms}) > len(alone)
+
+
 def test_eval_of_a_local_hf_model_renders_with_the_chat_template_kwargs(toy, tiny_model, tmp_path):
     result = CliRunner().invoke(
         app,

@@ -413,3 +413,16 @@ def test_an_evaluation_against_a_server_that_is_down_fails_once_up_front(tmp_pat
     assert time.monotonic() - t0 < 5.0
     assert not list((tmp_path / "run").glob("cells/*"))
     down.close()
+
+
+def test_a_keyed_request_sends_its_own_seed():
+    from dataclasses import replace
+
+    from bat_gym.policies import keyed_seed
+
+    pol = OpenAIPolicy("http://127.0.0.1:9/v1", "m", seed=11)
+    plain, keyed = req(), replace(req(), seed_key=("cell", "t", 5, 0, 2))
+    assert pol.payload(plain)["seed"] == 11
+    assert pol.payload(keyed)["seed"] == keyed_seed(11, ("cell", "t", 5, 0, 2)) != 11
+    # An unseeded policy sends no seed, key or not.
+    assert "seed" not in OpenAIPolicy("http://127.0.0.1:9/v1", "m").payload(keyed)

@@ -2,6 +2,7 @@
 
 import shutil
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -146,6 +147,41 @@ def test_a_seed_makes_sampling_reproducible_and_independent_of_batching(model_di
     outs = pol.act_batch([REQUESTS[0]] * 4)
     pol.close()
     assert len({tuple(o.token_ids) for o in outs}) > 1
+
+
+def test_a_keyed_request_samples_the_same_whatever_arrives_with_it(model_dir):
+    keyed = [replace(r, seed_key=("episode", i, 0)) for i, r in enumerate(REQUESTS)]
+    pol = TransformersPolicy(model_dir, temperature=1.0, max_new_tokens=8, seed=123)
+    try:
+        first = [o.token_ids for o in pol.act_batch(keyed)]
+        # Reversed, one at a time, and after unkeyed requests that advance the sequence:
+        pol.act_batch(REQUESTS)
+        backwards = [pol.act_batch([r])[0].token_ids for r in reversed(keyed)][::-1]
+        mixed = pol.act_batch([REQUESTS[0], keyed[1], REQUESTS[2], keyed[0]])
+        same_prompt = pol.act_batch(
+            [replace(keyed[0], seed_key=("episode", i, 0)) for i in range(4)]
+        )
+    finally:
+        pol.close()
+    assert backwards == first
+    assert [mixed[1].token_ids, mixed[3].token_ids] == [first[1], first[0]]
+    # Another key is another seed, even for the same prompt.
+    assert len({tuple(o.token_ids) for o in same_prompt}) > 1
+    # Keyed requests leave the sequence alone: unkeyed ones draw as if they were not there.
+    assert pol.sampling_state() == {"requests_seeded": len(REQUESTS) + 2}
+
+
+def test_keyed_seeds_are_stable_spread_and_refuse_strays():
+    from bat_gym.policies import keyed_seed
+
+    np = pytest.importorskip("numpy")
+    seed = keyed_seed(7, ("cell", "segmentation", 1042, 0, 3))
+    assert seed == keyed_seed(7, ("cell", "segmentation", np.int64(1042), 0, 3))
+    assert 0 <= seed < 2**63
+    near = {keyed_seed(7, ("cell", "t", 1, 0, turn)) for turn in range(1000)}
+    assert len(near) == 1000 and keyed_seed(8, ("cell", "t", 1, 0, 0)) not in near
+    with pytest.raises(TypeError):
+        keyed_seed(7, ("cell", 1.5))
 
 
 def test_concurrent_act_calls_are_batched_and_match_sequential_results(policy, monkeypatch):
