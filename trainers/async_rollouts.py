@@ -40,8 +40,9 @@ Hugging Face model, or into a vLLM engine through
 Resume: samples in flight (drawn, playing or queued) are not saved. A checkpoint stores
 the state sampler as it stood before the first batch the trainer had not consumed
 (:meth:`AsyncRollouts.resume_state`), so a resumed run draws those states again and
-plays them with the checkpoint's weights; the generator's seed counter continues past
-the seeds the lost samples used.
+plays them with the checkpoint's weights. With a ``seed_key``, an episode's draws are
+named by its step, rank and place in the batch, so the replayed ones draw what the lost
+ones had (unkeyed, the generator's seed counter continues past the lost samples' seeds).
 """
 
 from __future__ import annotations
@@ -56,8 +57,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from bat_gym.integrations.episode import EpisodeResult
+from bat_gym.policies.base import SeedKey
 from bat_gym.policies.local import TokenGeneration
-from bat_gym.trainers.rollout import RolloutWorkers
+from bat_gym.trainers.rollout import (
+    GenerateBatch,
+    GenerationRequest,
+    RolloutWorkers,
+    call_generate,
+    cut,
+    turn_key,
+)
 
 __all__ = [
     "AsyncBatch",
@@ -70,10 +79,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: Continues each prompt (token ids) with one assistant turn of at most ``max_new_tokens``.
-GenerateBatch = Callable[[list[list[int]], int], Sequence[TokenGeneration]]
-
 
 # ============================================================================ samples
 
@@ -194,15 +199,18 @@ class VersionedGenerator:
             self._pending = (version, weights)
 
     def __call__(
-        self, prompts: list[list[int]], max_new_tokens: int
+        self, prompts: list[list[int]], max_new_tokens: int, **kwargs: Any
     ) -> tuple[list[TokenGeneration], int]:
-        """Sample one turn per prompt with the newest published weights; also their version."""
+        """Sample one turn per prompt with the newest published weights; also their version.
+
+        ``kwargs`` (``seed_keys``) go to ``generate`` as they are.
+        """
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
             self._load(pending[1])
             self.version, self.loads = pending[0], self.loads + 1
-        return list(self._generate(prompts, max_new_tokens)), self.version
+        return list(self._generate(prompts, max_new_tokens, **kwargs)), self.version
 
 
 class VersionedWorkers(RolloutWorkers):
@@ -221,25 +229,20 @@ class VersionedWorkers(RolloutWorkers):
         **kwargs: Any,
     ) -> None:
         self.generator = generator
-        super().__init__(make_env, lambda p, n: generator(p, n)[0], tokenizer, **kwargs)
+        super().__init__(make_env, lambda p, n, **kw: generator(p, n, **kw)[0], tokenizer, **kwargs)
 
-    def _generate(self, requests: list[tuple[list[int], int]]) -> list[tuple[TokenGeneration, int]]:  # type: ignore[override]
+    def _generate(self, requests: list[GenerationRequest]) -> list[tuple[TokenGeneration, int]]:  # type: ignore[override]
         """As the base class's (one call at the largest cap, each cut to its own), plus the version."""
-        cap = max(n for _, n in requests)
-        gens, version = self.generator([context for context, _ in requests], cap)
-        out = []
-        for gen, (_, n) in zip(gens, requests, strict=True):
-            if len(gen.token_ids) > n:
-                gen = TokenGeneration(gen.token_ids[:n], gen.logprobs[:n], "length")
-            out.append((gen, version))
-        return out
+        gens, version = call_generate(self.generator, requests)
+        return [(cut(gen, n), version) for gen, (_, n, _) in zip(gens, requests, strict=True)]
 
-    def _play(self, episode: Any) -> VersionedRollout:  # type: ignore[override]
+    def _play(self, episode: Any, seed_key: SeedKey | None = None) -> VersionedRollout:  # type: ignore[override]
         """As the base class's, with each token stamped with the version that sampled it."""
         starts: list[tuple[int, int]] = []
         while not episode.done:
             cap = episode.max_new_tokens or self.max_new_tokens
-            sample, version = self.batcher((episode.context_ids, cap))  # type: ignore[misc]
+            key = turn_key(seed_key, len(starts))
+            sample, version = self.batcher((episode.context_ids, cap, key))  # type: ignore[misc]
             starts.append((len(episode.response_ids), version))
             episode.advance(sample.token_ids, sample.logprobs)
         result = episode.result()
@@ -295,6 +298,9 @@ class AsyncRollouts:
         max_staleness: K >= 0, the most versions a trained token may lag the trainer.
         version: the trainer's version when the run (or resume) starts.
         rank, world: this process's share of each batch's states (``[rank::world]``).
+        seed_key: the prefix of every episode's seed key; episode ``i`` of batch ``j``
+            on this rank is keyed ``(*seed_key, version + j, rank, i)``, the key the
+            synchronous trainer gives episode ``i`` of that step. None: unkeyed.
 
     Use :meth:`start` once, then per step :meth:`next_batch` and, after the update,
     :meth:`publish`; :meth:`close` at the end.
@@ -311,6 +317,7 @@ class AsyncRollouts:
         version: int,
         rank: int = 0,
         world: int = 1,
+        seed_key: SeedKey | None = None,
     ) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
@@ -322,6 +329,7 @@ class AsyncRollouts:
         self.max_staleness = max_staleness
         self.first_version = version
         self.rank, self.world = rank, world
+        self.seed_key = seed_key
         self.dropped_total = 0
         """Groups dropped as too stale since the start (a metric)."""
         self._version = version
@@ -443,7 +451,10 @@ class AsyncRollouts:
                         self._idle_since = None
                     self._busy += 1
                 state_id, pool = batch.episodes[pos]
-                played = self.workers.play_one(state_id)
+                key = None
+                if self.seed_key is not None:
+                    key = (*self.seed_key, self.first_version + batch.index, self.rank, pos)
+                played = self.workers.play_one(state_id, key)
                 with self._cond:
                     batch.results[pos] = VersionedRollout(
                         played.rollout, played.token_versions, pool

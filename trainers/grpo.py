@@ -764,14 +764,17 @@ def _chunks(n: int, size: int) -> Iterator[slice]:
 
 # ============================================================================ async
 
+# Every rollout's seed key starts with this: episode ``i`` of a step on a rank is keyed
+# (*_SEED_KEY, step, rank, i), so its draws do not depend on which episode's turn reaches
+# the sampler first, and a resumed run draws what the uninterrupted one would have.
+_SEED_KEY = ("grpo",)
+
 # Staleness bounds from which ``train`` plays its rollouts in the background
 # (:mod:`bat_gym.trainers.async_rollouts`); below it, the synchronous loop.
 _ASYNC_FROM = 1
 
 
-def _versioned(
-    generate: Callable[[list[list[int]], int], Any], policy: Any, cfg: GRPOConfig
-) -> VersionedGenerator:
+def _versioned(generate: Callable[..., Any], policy: Any, cfg: GRPOConfig) -> VersionedGenerator:
     """The generator of asynchronous rollouts: ``generate``, with published weights loaded between calls.
 
     The transformers sampler holds its own copy of the model (``policy.model``) and
@@ -954,8 +957,8 @@ def train(
         def rollout_env() -> Any:
             return ActorEnv(pool, next(handles))
 
-    def generate(prompts: list[list[int]], n: int) -> Any:
-        return policy.generate_tokens(prompts, max_new_tokens=n)
+    def generate(prompts: list[list[int]], n: int, **seeding: Any) -> Any:
+        return policy.generate_tokens(prompts, max_new_tokens=n, **seeding)
 
     workers = (VersionedWorkers if asynchronous else RolloutWorkers)(
         rollout_env,
@@ -980,8 +983,8 @@ def train(
         sched.load_state_dict(saved["scheduler"])
         sampler.load_state_dict(saved["sampler"])
         set_rng_state(saved["rng"])
-        # The sampler's per-request seeds continue where the saved run's had come to,
-        # so a resumed run samples as the uninterrupted one would have.
+        # Rollouts draw by their seed keys (_SEED_KEY), so the redone steps sample as the
+        # uninterrupted run's did; any unkeyed request continues the saved seed sequence.
         policy.load_sampling_state(saved.get("sampling", {}))
         step, history = saved["step"], saved["history"]
     source = None
@@ -994,6 +997,9 @@ def train(
             group_size=cfg.group_size,
             max_staleness=cfg.max_staleness,
             version=step,
+            rank=dist.rank,
+            world=dist.world,
+            seed_key=_SEED_KEY,
         )
         source.start()
 
@@ -1014,7 +1020,10 @@ def train(
                 pools = [d.pool for d in episodes]
                 model.eval()
                 with gathered(model, dist) if cfg.generator == "transformers" else nullcontext():
-                    rollouts = workers.play([d.state_id for d in episodes])
+                    rollouts = workers.play(
+                        [d.state_id for d in episodes],
+                        [(*_SEED_KEY, step, dist.rank, i) for i in range(len(episodes))],
+                    )
             else:
                 # ---- rollouts: the producer's next batch, at most K versions old ---
                 rollouts, pools, versions, async_stats = _async_batch(source, step)

@@ -7,6 +7,11 @@ with mask 0 (token in, token out; the same bookkeeping every trainer adapter use
 Episodes run in threads, each on its own env from a pool; their generation requests
 meet in a :class:`~bat_gym.policies.batching.MicroBatcher`, so the model decodes them
 in batches while a slow tool call holds up only its own episode.
+
+An episode played with a *seed key* (``play(ids, seed_keys=...)``) asks for turn ``t``
+with the key ``(*seed_key, t)``, and a seeded policy samples it from
+:func:`~bat_gym.policies.keyed_seed` of its seed and that key: the episode draws the same
+tokens whatever else is in its batch and whichever episode's turn arrives first.
 """
 
 from __future__ import annotations
@@ -25,10 +30,19 @@ from bat_gym.integrations.episode import (
     TokenEpisode,
     default_stop_token_ids,
 )
+from bat_gym.policies.base import SeedKey
 from bat_gym.policies.batching import MicroBatcher
 from bat_gym.policies.local import TokenGeneration
 
-__all__ = ["LOST_ENV_ATTEMPTS", "RolloutWorkers", "GenerateBatch"]
+__all__ = [
+    "LOST_ENV_ATTEMPTS",
+    "GenerateBatch",
+    "GenerationRequest",
+    "RolloutWorkers",
+    "call_generate",
+    "cut",
+    "turn_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +51,12 @@ log = logging.getLogger(__name__)
 LOST_ENV_ATTEMPTS = 3
 
 #: Continues each prompt (token ids) with one assistant turn of at most ``max_new_tokens``.
-GenerateBatch = Callable[[list[list[int]], int], Sequence[TokenGeneration]]
+#: Episodes played with seed keys call it with a third, keyword argument ``seed_keys``:
+#: one key per prompt (None for an unkeyed one), as ``policy.generate_tokens`` takes it.
+GenerateBatch = Callable[..., Sequence[TokenGeneration]]
+
+#: One generation request: the episode's context ids, its token cap and its turn's key.
+GenerationRequest = tuple[list[int], int, SeedKey | None]
 
 
 class RolloutWorkers:
@@ -46,7 +65,8 @@ class RolloutWorkers:
     Args:
         make_env: builds one env (called lazily, at most ``num_envs`` times).
         generate_batch: continues a batch of token sequences, e.g.
-            ``lambda p, n: policy.generate_tokens(p, max_new_tokens=n)``.
+            ``lambda p, n, **kw: policy.generate_tokens(p, max_new_tokens=n, **kw)``;
+            it is passed ``seed_keys=`` only for batches with a keyed episode in them.
         tokenizer: the policy's tokenizer (its chat template renders prompts and replies).
         max_new_tokens: tokens per assistant turn.
         num_envs: episodes played at once (one env, one sandbox each).
@@ -98,7 +118,7 @@ class RolloutWorkers:
         self.cut_turn: CutTurn = cut_turn
         self.rerendering: Rerendering = rerendering
         self._generate_batch = generate_batch
-        self.batcher: MicroBatcher[tuple[list[int], int], TokenGeneration] = MicroBatcher(
+        self.batcher: MicroBatcher[GenerationRequest, TokenGeneration] = MicroBatcher(
             self._generate,
             max_batch_size=max_batch_size,
             wait_s=wait_s,
@@ -108,20 +128,18 @@ class RolloutWorkers:
         self._all: list[Any] = []
         self._lock = threading.Lock()
 
-    def _generate(self, requests: list[tuple[list[int], int]]) -> list[TokenGeneration]:
+    def _generate(self, requests: list[GenerationRequest]) -> list[TokenGeneration]:
         """One call for the batch at its largest cap; each turn is then cut to its own.
 
         The first ``k`` tokens of a sample are a sample with limit ``k`` (decoding is
         autoregressive), so one call serves episodes with less room left.
         """
-        cap = max(n for _, n in requests)
-        gens = list(self._generate_batch([context for context, _ in requests], cap))
-        out = []
-        for gen, (_, n) in zip(gens, requests, strict=True):
-            if len(gen.token_ids) > n:
-                gen = TokenGeneration(gen.token_ids[:n], gen.logprobs[:n], "length")
-            out.append(gen)
-        return out
+        return [
+            cut(gen, n)
+            for gen, (_, n, _) in zip(
+                call_generate(self._generate_batch, requests), requests, strict=True
+            )
+        ]
 
     def _acquire(self) -> Any:
         with self._lock:
@@ -149,12 +167,18 @@ class RolloutWorkers:
             rerendering=self.rerendering,
         )
 
-    def play_one(self, state_id: str) -> EpisodeResult:
+    def play_one(self, state_id: str, seed_key: SeedKey | None = None) -> EpisodeResult:
         """One episode from ``state_id`` on a pooled env.
 
         An episode whose env is lost (:class:`~bat_gym.errors.EnvLost`: a Ray actor or
         its node died) is played again from the start, up to ``LOST_ENV_ATTEMPTS``
-        times in all; it is never scored as the policy's failure.
+        times in all (with the same ``seed_key``, so the same draws); it is never
+        scored as the policy's failure.
+
+        Args:
+            state_id: the start state.
+            seed_key: names the episode to a seeded policy (see the module doc); None:
+                the policy's own sequence.
         """
         env = self._acquire()
         try:
@@ -162,7 +186,7 @@ class RolloutWorkers:
                 try:
                     episode = self.episode(env)
                     episode.reset(state_id)
-                    return self._play(episode)
+                    return self._play(episode, seed_key)
                 except EnvLost:
                     if attempt == LOST_ENV_ATTEMPTS:
                         raise
@@ -171,18 +195,31 @@ class RolloutWorkers:
         finally:
             self._release(env)
 
-    def _play(self, episode: TokenEpisode) -> EpisodeResult:
+    def _play(self, episode: TokenEpisode, seed_key: SeedKey | None = None) -> EpisodeResult:
         """Sample turns into a reset ``episode`` until it is done; its result."""
+        turn = 0
         while not episode.done:
-            cap = episode.max_new_tokens
-            sample = self.batcher((episode.context_ids, cap or self.max_new_tokens))
+            cap = episode.max_new_tokens or self.max_new_tokens
+            sample = self.batcher((episode.context_ids, cap, turn_key(seed_key, turn)))
             episode.advance(sample.token_ids, sample.logprobs)
+            turn += 1
         return episode.result()
 
-    def play(self, state_ids: Sequence[str]) -> list[EpisodeResult]:
-        """One episode per state id (repeat an id for a GRPO group); results in order."""
+    def play(
+        self, state_ids: Sequence[str], seed_keys: Sequence[SeedKey] | None = None
+    ) -> list[EpisodeResult]:
+        """One episode per state id (repeat an id for a GRPO group); results in order.
+
+        Args:
+            state_ids: the start states.
+            seed_keys: one key per episode (see the module doc), e.g.
+                ``("grpo", step, rank, i)``; None: the policy's own sequence.
+        """
+        keys = [None] * len(state_ids) if seed_keys is None else list(seed_keys)
+        if len(keys) != len(state_ids):
+            raise ValueError(f"got {len(keys)} seed keys for {len(state_ids)} episodes")
         with ThreadPoolExecutor(self.num_envs, thread_name_prefix="bat-rollout") as pool:
-            return list(pool.map(self.play_one, state_ids))
+            return list(pool.map(self.play_one, state_ids, keys))
 
     def close(self) -> None:
         """Stop generation and close every env."""
@@ -191,3 +228,29 @@ class RolloutWorkers:
             env.close()
         self._all.clear()
         self._free.clear()
+
+
+def turn_key(seed_key: SeedKey | None, turn: int) -> SeedKey | None:
+    """The key of an episode's ``turn``-th generation (0-based); None for an unkeyed one."""
+    return None if seed_key is None else (*seed_key, turn)
+
+
+def call_generate(generate_batch: GenerateBatch, requests: Sequence[GenerationRequest]) -> Any:
+    """One ``generate_batch`` call for ``requests``, at their largest cap.
+
+    ``seed_keys`` goes along only when a request has a key, so a generate function of
+    the plain ``(prompts, max_new_tokens)`` form serves unkeyed episodes.
+    """
+    prompts = [context for context, _, _ in requests]
+    cap = max(n for _, n, _ in requests)
+    keys = [key for _, _, key in requests]
+    if any(key is not None for key in keys):
+        return generate_batch(prompts, cap, seed_keys=keys)
+    return generate_batch(prompts, cap)
+
+
+def cut(gen: TokenGeneration, n: int) -> TokenGeneration:
+    """``gen`` cut to its first ``n`` tokens (ended by ``"length"`` if that cut it)."""
+    if len(gen.token_ids) > n:
+        return TokenGeneration(gen.token_ids[:n], gen.logprobs[:n], "length")
+    return gen

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest, keyed_seed
+from bat_gym.errors import ConfigError
+from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest, SeedKey, keyed_seed
 from bat_gym.policies.batching import MicroBatcher
 
 __all__ = [
@@ -176,7 +177,7 @@ class LocalModelPolicy(Policy):
             PolicyError: generation failed (out of memory, a device or engine error).
         """
         prompts = [self.prompt_token_ids(r) for r in requests]
-        seeds = self._seeds_of(requests)
+        seeds = self._seeds_of([r.seed_key for r in requests])
         return [
             PolicyOutput(
                 text=text,
@@ -226,8 +227,8 @@ class LocalModelPolicy(Policy):
             self._requests_seeded += n
         return [request_seed(self.seed, first + i) for i in range(n)]
 
-    def _seeds_of(self, requests: Sequence[PolicyRequest]) -> list[int] | None:
-        """Each request's sampling seed: keyed by its ``seed_key``, else the next in sequence.
+    def _seeds_of(self, keys: Sequence[SeedKey | None]) -> list[int] | None:
+        """One sampling seed per request: :func:`keyed_seed` of its key, else the next in sequence.
 
         Only requests without a key advance the sequence, so keyed and unkeyed callers
         of one policy do not shift each other's seeds. None if the policy is unseeded.
@@ -235,10 +236,21 @@ class LocalModelPolicy(Policy):
         if self.seed is None:
             return None
         base = self.seed
-        unkeyed = iter(self._request_seeds(sum(r.seed_key is None for r in requests)) or ())
-        return [
-            next(unkeyed) if r.seed_key is None else keyed_seed(base, r.seed_key) for r in requests
-        ]
+        unkeyed = iter(self._request_seeds(sum(k is None for k in keys)) or ())
+        return [next(unkeyed) if k is None else keyed_seed(base, k) for k in keys]
+
+    def _check_seeding(
+        self,
+        n: int,
+        seeds: Sequence[int] | None,
+        seed_keys: Sequence[SeedKey | None] | None,
+    ) -> None:
+        """Refuse ``generate_tokens`` seeding arguments that do not fit ``n`` prompts."""
+        if seeds is not None and seed_keys is not None:
+            raise ConfigError("give seeds or seed_keys, not both")
+        for name, given in (("seeds", seeds), ("seed_keys", seed_keys)):
+            if given is not None and len(given) != n:
+                raise ConfigError(f"got {len(given)} {name} for {n} prompts")
 
     def _template_identity(self) -> dict[str, Any]:
         """``chat_template_kwargs`` for :meth:`identity`, when set (they change the prompts)."""

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import ConfigError, ModelNotFound
-from bat_gym.policies.base import PolicyError
+from bat_gym.policies.base import PolicyError, SeedKey
 from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
 
 if TYPE_CHECKING:
@@ -190,6 +190,7 @@ class TransformersPolicy(LocalModelPolicy):
         temperature: float | None = None,
         top_p: float | None = None,
         seeds: Sequence[int] | None = None,
+        seed_keys: Sequence[SeedKey | None] | None = None,
     ) -> list[TokenGeneration]:
         """Sample a continuation of each prompt, given as token ids (no re-tokenising).
 
@@ -201,13 +202,18 @@ class TransformersPolicy(LocalModelPolicy):
             top_p: per-call override.
             seeds: one sampling seed per prompt; default: the policy's per-request
                 seeds (:func:`request_seed`), or fresh random ones if it has no seed.
+            seed_keys: instead of ``seeds``, one key per prompt (None for none): a
+                keyed prompt samples with :func:`~bat_gym.policies.keyed_seed` of the
+                policy's seed and its key, whatever else is in the batch (see
+                :attr:`~bat_gym.policies.PolicyRequest.seed_key`).
 
         Returns:
             One :class:`TokenGeneration` per prompt, in order.
 
         Raises:
             PolicyError: generation failed (out of memory, a device error).
-            ValueError: a prompt is empty, or ``seeds`` does not match ``prompts``.
+            ValueError: a prompt is empty, ``seeds`` or ``seed_keys`` does not match
+                ``prompts``, or both are given.
         """
         max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         temp = self.temperature if temperature is None else temperature
@@ -216,10 +222,9 @@ class TransformersPolicy(LocalModelPolicy):
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new}")
         if any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
+        self._check_seeding(len(prompts), seeds, seed_keys)
         if seeds is None:
-            seeds = self._next_seeds(len(prompts))
-        elif len(seeds) != len(prompts):
-            raise ConfigError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+            seeds = self._next_seeds(seed_keys or [None] * len(prompts))
         out: list[TokenGeneration] = []
         for start in range(0, len(prompts), self.max_batch_size):
             chunk = slice(start, start + self.max_batch_size)
@@ -240,11 +245,11 @@ class TransformersPolicy(LocalModelPolicy):
         finally:
             self.model.train(was_training)
 
-    def _next_seeds(self, n: int) -> list[int]:
-        seeds = self._request_seeds(n)
+    def _next_seeds(self, keys: Sequence[SeedKey | None]) -> list[int]:
+        seeds = self._seeds_of(keys)
         if seeds is None:
             rng = random.SystemRandom()
-            return [rng.getrandbits(63) for _ in range(n)]
+            return [rng.getrandbits(63) for _ in keys]
         return seeds
 
     def _stop_ids(self, stop_tokens: Sequence[str]) -> frozenset[int]:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import ConfigError
-from bat_gym.policies.base import PolicyError
+from bat_gym.policies.base import PolicyError, SeedKey
 from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
 
 if TYPE_CHECKING:
@@ -334,12 +334,16 @@ class VLLMPolicy(LocalModelPolicy):
         temperature: float | None = None,
         top_p: float | None = None,
         seeds: Sequence[int] | None = None,
+        seed_keys: Sequence[SeedKey | None] | None = None,
     ) -> list[TokenGeneration]:
         """Sample a continuation of each prompt given as token ids (no re-tokenising).
 
         The same signature and result as
         :meth:`~bat_gym.policies.transformers_policy.TransformersPolicy.generate_tokens`.
         """
+        self._check_seeding(len(prompts), seeds, seed_keys)
+        if seeds is None and seed_keys is not None:
+            seeds = self._seeds_of(seed_keys)  # None for an unseeded policy: the engine's
         gens = self._sample(
             prompts,
             max_new_tokens=max_new_tokens,
@@ -358,8 +362,7 @@ class VLLMPolicy(LocalModelPolicy):
         top_p: float | None = None,
         seeds: Sequence[int] | None = None,
     ) -> list[tuple[TokenGeneration, str]]:
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ConfigError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        self._check_seeding(len(prompts), seeds, None)
         if seeds is None:
             seeds = self._next_seeds(len(prompts))
         params = [
@@ -388,7 +391,7 @@ class VLLMPolicy(LocalModelPolicy):
         return out
 
     def _next_seeds(self, n: int) -> list[int | None]:
-        seeds = self._request_seeds(n)
+        seeds = self._seeds_of([None] * n)
         return [None] * n if seeds is None else list(seeds)  # None: the engine's randomness
 
     def _stop_ids(self, stop_tokens: Sequence[str]) -> frozenset[int]:

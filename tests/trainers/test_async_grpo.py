@@ -228,10 +228,11 @@ def final_weights(out):
 def test_k0_through_the_async_machinery_equals_the_synchronous_trainer(
     tiny, toy_bank, tmp_path, monkeypatch
 ):
-    # One env: requests reach the sampler in one order, so both runs get the same seeds.
+    # Two envs: the episodes' turns reach the sampler in either order, and their seed keys
+    # (step, rank, place in the batch) give both runs the same draws all the same.
     # An untrained model earns no reward (zero advantages), so weight decay moves the
     # weights (5% a step): a generator a version behind would sample other tokens.
-    kw = dict(steps=3, num_envs=1, max_turns=2, lr=0.05, weight_decay=1.0)
+    kw = dict(steps=3, num_envs=2, max_turns=2, lr=0.05, weight_decay=1.0)
     sync = train(config(tiny, toy_bank, tmp_path / "sync", **kw))["history"]
     monkeypatch.setattr(grpo, "_ASYNC_FROM", 0)  # the producer slots and weight copy, lockstep
     lockstep = train(config(tiny, toy_bank, tmp_path / "async", max_staleness=0, **kw))["history"]

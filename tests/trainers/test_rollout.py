@@ -222,7 +222,7 @@ def test_a_batch_is_sampled_at_its_largest_cap_and_each_turn_cut_to_its_own(toke
 
     workers = RolloutWorkers(lambda: None, batch, tokenizer, max_new_tokens=16)
     try:
-        out = workers._generate([([1, 2], 3), ([1], 10)])
+        out = workers._generate([([1, 2], 3, None), ([1], 10, None)])
     finally:
         workers.close()
     assert calls == [10]
@@ -287,3 +287,38 @@ def test_an_env_lost_on_every_attempt_fails_the_rollouts(toy, toy_bank, tokenize
             workers.play([state_id])
     finally:
         workers.close()
+
+
+def test_keyed_episodes_draw_the_same_tokens_however_their_turns_interleave(toy, toy_bank, tiny):
+    from bat_gym.policies.transformers_policy import TransformersPolicy
+    from bat_gym.spec import Budgets
+
+    state_id = toy_bank.select(focus="S1")[0]
+    keys = [("test", i) for i in range(4)]
+
+    def play(num_envs, seed_keys):
+        pol = TransformersPolicy(tiny, temperature=1.0, max_new_tokens=6, seed=5)
+        workers = RolloutWorkers(
+            lambda: RubricReward(
+                StageEnv("E2E", benchmark=toy, states=toy_bank, budgets=Budgets(max_turns=3))
+            ),
+            lambda p, n, **kw: pol.generate_tokens(p, max_new_tokens=n, **kw),
+            pol.tokenizer,
+            max_new_tokens=6,
+            num_envs=num_envs,
+            stop_token_ids=sorted(pol.stop_token_ids),
+            cut_turn="act",  # three turns each: episodes interleave turn by turn
+        )
+        try:
+            return [r.response_ids for r in workers.play([state_id] * 4, seed_keys)]
+        finally:
+            workers.close()
+            pol.close()
+
+    one_at_a_time = play(1, keys)
+    assert play(4, keys) == one_at_a_time
+    assert len({tuple(ids) for ids in one_at_a_time}) == 4  # a seed per episode and turn
+    # The keys are what holds it: the policy's arrival-order sequence gives other draws.
+    assert play(4, None) != one_at_a_time
+    with pytest.raises(ValueError, match="3 seed keys for 4 episodes"):
+        play(1, keys[:3])
