@@ -32,9 +32,15 @@ def bat_gym(*args: str) -> str:
 
 def test_sft_then_grpo_then_the_loop_on_medbench_lite(tmp_path):
     bench = get_benchmark("medbench_lite")
-    bank = build_bank(bench, tmp_path / "bank", tasks_per_track=1).root
+    built = build_bank(bench, tmp_path / "bank", tasks_per_track=1)
+    bank = built.root
+    # The tokenizer learns from the states' own conversations, with a vocabulary that can
+    # hold their words, as a real one has seen code: one of 500 tokens learned from the
+    # skill texts alone spends a token on every character or two of a script, and the
+    # longest prompts (10k tokens) would not fit the model's 8,192 positions.
     texts = [bench.spec.description, *(s.skill for s in bench.spec.stages)]
-    model = build_tiny_model(tmp_path / "tiny", texts * 20, vocab_size=500)
+    texts += [m.get("content") or "" for i in built.select() for m in built.get(i).messages]
+    model = build_tiny_model(tmp_path / "tiny", texts, vocab_size=4000)
     small = ["--benchmark", "medbench_lite", "--bank", bank, "--device", "cpu"]
 
     out = bat_gym("train", "sft", "--model", model, "--out", tmp_path / "sft", *small,
