@@ -9,7 +9,8 @@ import types
 
 import pytest
 
-from bat_gym.policies import PolicyError, PolicyRequest, make_policy
+from bat_gym.errors import ConfigError
+from bat_gym.policies import PolicyError, PolicyRequest, keyed_seed, make_policy
 from bat_gym.policies.local import TokenGeneration, request_seed
 from bat_gym.policies.vllm_policy import (
     INSTALL_HINT,
@@ -253,6 +254,16 @@ def test_act_batch_sends_chat_template_tokens_with_per_request_seeds(fake_vllm, 
     _, params = fake_vllm.engine.calls[-1]
     assert params[0]["max_tokens"] == 2 and params[0]["temperature"] == 0 and params[0]["seed"] == 4
     assert gen.finish_reason == "length" and len(gen.token_ids) == 2
+    # A keyed request gets its keyed seed; an unkeyed one beside it the next in sequence.
+    keyed = dataclasses.replace(req("Sandbox."), seed_key=("cell", "t", 1, 0, 0))
+    pol.act_batch([req("List the files."), keyed])
+    _, params = fake_vllm.engine.calls[-1]
+    assert [p["seed"] for p in params] == [request_seed(11, 2), keyed_seed(11, keyed.seed_key)]
+    pol.generate_tokens([[1, 2], [3]], seed_keys=[None, ("k", 1)])
+    _, params = fake_vllm.engine.calls[-1]
+    assert [p["seed"] for p in params] == [request_seed(11, 3), keyed_seed(11, ("k", 1))]
+    with pytest.raises(ConfigError, match="not both"):
+        pol.generate_tokens([[1]], seeds=[1], seed_keys=[("k",)])
     pol.close()
 
 
