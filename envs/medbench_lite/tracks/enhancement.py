@@ -46,6 +46,7 @@ import numpy as np
 
 from bat_gym.envs.medbench_lite import metrics
 from bat_gym.envs.medbench_lite.formats import nifti_bytes
+from bat_gym.envs.medbench_lite.models import enhancement as model
 from bat_gym.envs.medbench_lite.scripts import recipe_scripts
 from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks.base import (
@@ -180,23 +181,6 @@ def _scanner_profile() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.stack(rows), np.stack(fine_c), np.stack(fine_s)
 
 
-def _calibrated_artifact(
-    weights: Mapping[str, np.ndarray], row: int, radius: np.ndarray, angle: np.ndarray
-) -> np.ndarray:
-    """Detector ``row``'s calibrated artifact (gain 1), normalized units, per pixel.
-
-    ``radius`` in image half-widths and ``angle`` in radians about the isocentre, any
-    shape: the mean profile plus each segment harmonic's radial factors times
-    ``cos``/``sin`` of ``k angle``.
-    """
-    grid = weights["artifact_radius"]
-    out = np.interp(radius, grid, weights["artifact_profile"][row])
-    for j, k in enumerate(weights["segment_harmonics"]):
-        out = out + np.interp(radius, grid, weights["segment_cos"][row, j]) * np.cos(k * angle)
-        out = out + np.interp(radius, grid, weights["segment_sin"][row, j]) * np.sin(k * angle)
-    return out
-
-
 def _polar(size: int, offset: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
     """Per pixel centre: distance (image half-widths) and angle (rad) about the isocentre.
 
@@ -307,8 +291,10 @@ class Enhancement(TrackBase):
             off_r, off_c = rng.uniform(-1, 1, 2) * _ISO_OFFSET_MM / px
             radius, angle = _polar(size, (off_r, off_c))
             answers["isocentre"][cid] = (float(off_r), float(off_c))
+            # The provided model's own calibration draws the artifact: its weights
+            # describe this scanner exactly.
             rows = [
-                _calibrated_artifact(w, z, radius, angle) * hu_per_unit
+                model._calibrated(w, z, radius, angle) * hu_per_unit
                 for z in range(len(w["artifact_profile"]))
             ]
             for z in range(clean.shape[-1]):
