@@ -27,10 +27,11 @@ as a :class:`~bat_gym.rubrics.context.TaskOracle`.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import logging
+import multiprocessing.util
+import os
 import shutil
 import tempfile
 import threading
@@ -202,11 +203,31 @@ _REPRO_MAX = 4  # reproductions kept (each with its blobs in a temporary directo
 _REPRO: dict[tuple[str, str, tuple[str, ...]], tuple[FrozenWorkspace | None, str]] = {}
 
 
-@atexit.register
+_CLEANS_UP: set[int] = set()  # the processes whose exit deletes their reproductions
+
+
 def _forget_reproductions() -> None:
+    """Delete this process's reproductions and their directories."""
     for _, tmp in _REPRO.values():
         shutil.rmtree(tmp, ignore_errors=True)
     _REPRO.clear()
+
+
+def _scratch_dir() -> str:
+    """A new directory for one reproduction, deleted when this process exits.
+
+    Through multiprocessing's exit finalizers, not only atexit: a pool worker or an
+    env's subprocess leaves through ``os._exit``, which skips atexit. A multiprocessing
+    child drops the finalizers it inherits, so each process registers its own.
+    """
+    if os.getpid() not in _CLEANS_UP:
+        _CLEANS_UP.add(os.getpid())
+        multiprocessing.util.Finalize(None, _forget_reproductions, exitpriority=0)
+    return tempfile.mkdtemp(prefix="bat-gym-reproduce-")
+
+
+# A forked child inherits the table, but the directories are its parent's to delete.
+os.register_at_fork(after_in_child=_REPRO.clear)
 
 
 def _pristine_digest(benchmark: Benchmark, task: Task) -> str:
@@ -276,7 +297,7 @@ def reproduce(
     with _LOCK:
         if memo in _REPRO:
             return _REPRO[memo][0]
-    tmp = tempfile.mkdtemp(prefix="bat-gym-reproduce-")
+    tmp = _scratch_dir()
     store = BlobStore(tmp)
     # The pristine files were stored once, with the task's reference: copy, not regenerate.
     known = _store(benchmark)

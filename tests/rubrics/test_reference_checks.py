@@ -245,3 +245,40 @@ def test_a_cell_naming_a_file_outside_the_workspace_or_a_directory_disagrees(ctx
     mine = f"id,mask,volume_ml\ncase001,{cell},12.5\n"
     ctx = ctx_for({"outputs/with_files.csv": mine})
     assert run_check("matches_reference", ctx, rows("outputs/with_files.csv")).passed is False
+
+
+# -- the reproductions' scratch directories --------------------------------------------------
+
+
+def _reproduce_in_child(queue):
+    from bat_gym.rubrics import reference
+
+    # What reproduce() keeps per reproduction: its result and its blob directory.
+    tmp = reference._scratch_dir()
+    reference._REPRO[("task", "start", ("outputs/x",))] = (None, tmp)
+    queue.put((tmp, sorted(t for _, t in reference._REPRO.values())))
+
+
+def test_a_multiprocessing_child_deletes_its_reproductions_and_not_its_parents(tmp_path):
+    import multiprocessing
+    import os
+
+    from bat_gym.rubrics import reference
+
+    # A pool worker or an env subprocess leaves through os._exit, which skips atexit.
+    parents = tmp_path / "parents-reproduction"
+    parents.mkdir()
+    reference._REPRO[("parent", "start", ())] = (None, str(parents))
+    try:
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_reproduce_in_child, args=(queue,))
+        child.start()
+        made, seen = queue.get(timeout=60)
+        child.join(60)
+        assert child.exitcode == 0
+        assert seen == [made]  # the parent's table is not the child's
+        assert not os.path.exists(made)
+        assert parents.is_dir()
+    finally:
+        reference._REPRO.pop(("parent", "start", ()), None)
