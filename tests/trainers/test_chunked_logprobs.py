@@ -306,3 +306,27 @@ def test_the_optimizer_is_fused_adamw_and_steps_as_the_for_loop_one(tiny):
             opt.step()
     for (name, a), b in zip(fused_model.named_parameters(), loop_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_an_update_raises_the_rewarded_rollouts_and_lowers_the_others(tiny):
+    # The sign of the whole path (batch tensors, chunked head, checkpointing, tiling,
+    # fused AdamW): after a few steps on one batch, every rollout with A > 0 is likelier
+    # under the policy and every one with A < 0 less likely.
+    from transformers import AutoTokenizer
+
+    model, rs = load(tiny), rollouts(4)
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    cfg = config(tiny, lr=1e-3, gradient_checkpointing=True, mlp_chunk_size=8, logprob_chunk_size=5)
+
+    def sequence_logprobs():
+        with torch.no_grad():
+            b = _batch_tensors(rs, 0, CPU, None)
+            logp, _ = _logprobs(model, b, cfg.temperature, OFF, chunk_size=None)
+            return (logp * b["loss_mask"]).sum(-1)
+
+    before = sequence_logprobs()
+    opt = grpo._make_optimizer(model, cfg, CPU)
+    for _ in range(3):
+        _update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
+    change = sequence_logprobs() - before
+    assert (change[adv > 0] > 0).all() and (change[adv < 0] < 0).all(), change
