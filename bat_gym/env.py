@@ -67,14 +67,21 @@ def _clip(text: str, limit: int) -> str:
     return text[:head] + marker.format(len(text) - head - tail) + (text[-tail:] if tail else "")
 
 
-def format_result(res: ExecResult, limit: int) -> str:
-    """The tool result as the agent sees it: a status line, then clipped output."""
+def format_result(res: ExecResult, limit: int, timeout_s: float | None = None) -> str:
+    """The tool result as the agent sees it: a status line, then clipped output.
+
+    The status names no wall-clock time (the record keeps ``duration_s``): the same
+    call from the same state reads the same whatever the host's load, so replayed
+    states, bank rows built twice and seeded rollouts agree token for token. A timeout
+    names the limit it hit, ``timeout_s``, when given.
+    """
     if res.restarted:
         status = "[the sandbox crashed and was restarted; nothing was reported for this call]"
     elif res.timed_out:
-        status = f"[timed out after {res.duration_s:.1f} s; every process was killed]"
+        at = f" at the {timeout_s:g} s limit" if timeout_s is not None else ""
+        status = f"[timed out{at}; every process was killed]"
     else:
-        status = f"[exit code {res.exit_code} in {res.duration_s:.2f} s]"
+        status = f"[exit code {res.exit_code}]"
     # Long output arrives with its head and tail kept and the cut marked by the sandbox.
     return _clip(f"{status}\n{res.output}".rstrip("\n"), limit)
 
@@ -373,12 +380,13 @@ class StageEnv(gym.Env[str, str]):
             return self._use_sandbox_tool(tool, args, ctx)
         outcome = run_host_tool(tool, args, ctx)
         self.tool_calls += 1
+        # No wall-clock time in what the agent sees (see format_result); the record has it.
         if outcome.status == "ok":
-            status = f"[{tool.name}: ok in {outcome.duration_s:.2f} s]"
+            status = f"[{tool.name}: ok]"
         elif outcome.status == "error":
-            status = f"[{tool.name}: error in {outcome.duration_s:.2f} s]"
+            status = f"[{tool.name}: error]"
         elif outcome.status == "timed_out":
-            status = f"[{tool.name}: timed out after {outcome.duration_s:.1f} s]"
+            status = f"[{tool.name}: timed out at the {self.budgets.tool_timeout_s:g} s limit]"
         else:
             status = (
                 f"[{tool.name}: the tool failed with an internal error ({outcome.text}); "
@@ -501,7 +509,9 @@ class StageEnv(gym.Env[str, str]):
             )
         )
         self.tool_calls += 1
-        text = format_result(res, self.budgets.max_observation_chars)
+        text = format_result(
+            res, self.budgets.max_observation_chars, timeout_s=self.budgets.tool_timeout_s
+        )
         if self.rejection is not None:
             text += (
                 f"\n[the episode ends here: {self.rejection}. "

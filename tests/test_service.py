@@ -276,7 +276,7 @@ def test_a_tool_write_past_the_limits_is_an_error_the_agent_sees(bench, store):
         obs, *_ = env.step(say("kv_put", key="one", value="x" * 10))
         assert obs.endswith("\nstored")
         obs, _, terminated, truncated, info = env.step(say("kv_put", key="two", value="x"))
-        assert obs.startswith("[kv_put: error in ") and "ServiceLimits.max_blobs" in obs
+        assert obs.startswith("[kv_put: error]\n") and "ServiceLimits.max_blobs" in obs
         assert not (terminated or truncated) and info["record"].tool_uses[-1].status == "error"
         assert set(env.service.data) == {"cases", "one"}
     finally:

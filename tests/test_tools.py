@@ -85,7 +85,7 @@ def test_a_host_tool_runs_through_every_protocol(bench, states, protocol):
         case = first_case(bench, env)
         obs, _, terminated, truncated, info = env.step(say("lookup_case", protocol, case_id=case))
         assert not (terminated or truncated)
-        assert obs.startswith("[lookup_case: ok in ") and f'"id": "{case}"' in obs
+        assert obs.startswith("[lookup_case: ok]\n") and f'"id": "{case}"' in obs
         (use,) = info["record"].tool_uses
         assert (use.name, use.arguments, use.status, use.index, use.turn) == (
             "lookup_case",
@@ -130,7 +130,7 @@ def test_bad_arguments_are_a_tool_call_error_that_names_the_field(env):
 
 def test_a_tool_error_is_shown_and_a_crash_hides_its_text(env, caplog):
     obs, *_ = env.step(say("lookup_case", case_id="case000"))
-    assert obs.startswith("[lookup_case: error in ") and "no case case000" in obs
+    assert obs.startswith("[lookup_case: error]\n") and "no case case000" in obs
     with caplog.at_level(logging.ERROR, logger="bat_gym.tools"):
         obs, _, terminated, truncated, info = env.step(say("boom"))
     assert "internal error (RuntimeError)" in obs and SECRET not in obs
@@ -149,10 +149,10 @@ def test_a_slow_handler_times_out_and_the_episode_goes_on(bench, states):
         t0 = time.monotonic()
         obs, _, terminated, truncated, info = env.step(say("slow", seconds=3))
         assert time.monotonic() - t0 < 2.0
-        assert obs.startswith("[slow: timed out after ") and not (terminated or truncated)
+        assert obs.startswith("[slow: timed out at the ") and not (terminated or truncated)
         assert info["record"].tool_uses[-1].status == "timed_out"
         obs, *_ = env.step(say("slow", seconds=0))
-        assert obs.startswith("[slow: ok in ")
+        assert obs.startswith("[slow: ok]")
     finally:
         env.close()
 
@@ -394,7 +394,7 @@ def test_a_handler_that_hangs_is_killed_with_what_it_started_and_the_env_goes_on
         t0 = time.monotonic()
         obs, _, terminated, truncated, info = env.step(say("hang", path=str(pids)))
         assert time.monotonic() - t0 < 5.0  # 0.5 s, and a loaded machine's slack
-        assert obs.startswith("[hang: timed out after ") and not (terminated or truncated)
+        assert obs.startswith("[hang: timed out at the ") and not (terminated or truncated)
         use = info["record"].tool_uses[-1]
         assert (use.status, use.output, use.arguments) == ("timed_out", "", {"path": str(pids)})
         worker, grandchild = (int(p) for p in pids.read_text().split())
@@ -406,7 +406,7 @@ def test_a_handler_that_hangs_is_killed_with_what_it_started_and_the_env_goes_on
         # The very next call, right after the kill, runs as ever.
         case = first_case(HostileBench(), env)
         obs, *_, info = env.step(say("lookup_case", case_id=case))
-        assert obs.startswith("[lookup_case: ok in ")
+        assert obs.startswith("[lookup_case: ok]\n")
         obs, *_, info = env.step(say("execute_code", language="bash", code="echo fine"))
         assert "fine" in obs and info["record"].calls[-1].succeeded
     finally:
@@ -483,9 +483,9 @@ def test_a_timeout_in_one_env_does_not_stall_another_thread(states, tmp_path):
         t.start()
         obs, *_ = calm.step(say("chatty", size=10))
         # The calm env's call ended while the other's hung call still waits on its timeout.
-        assert obs.startswith("[chatty: ok in ") and t.is_alive()
+        assert obs.startswith("[chatty: ok]") and t.is_alive()
         t.join(10)
-        assert done["hang"].startswith("[hang: timed out after ")
+        assert done["hang"].startswith("[hang: timed out at the ")
     finally:
         hostile.close()
         calm.close()

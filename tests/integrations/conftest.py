@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from bat_gym.policies import EpisodeContext, PolicyRequest, ScriptedPolicy
 from bat_gym.protocol import ToolCall, get_protocol
-
-_DURATION = re.compile(r"in \d+\.\d+ s\]")
-
-
-def normalize(text: str) -> str:
-    """Tool results with their run time masked: the only part that differs between runs."""
-    return _DURATION.sub("in _ s]", text)
 
 
 def _corpus(bench, bank) -> list[str]:
@@ -266,7 +257,6 @@ def make_verl_loop(cls, real, trainer_config, server, tokenizer, **kwargs):
 class Helpers:
     """The helpers above, handed to tests as the ``helpers`` fixture."""
 
-    normalize = staticmethod(normalize)
     script = staticmethod(script)
     teacher_actions = staticmethod(teacher_actions)
     ScriptedTokens = ScriptedTokens

@@ -3,8 +3,7 @@
 For each case the native run (``reset(options={"state_id": ...})`` then ``step`` per
 action) is the reference. Each adapter must show the model the same prompt, return the
 same tool results, give the same reward, and mask exactly the env's tokens: sampled
-turns 1, env replies 0. Tool results carry their run time (``[exit code 0 in 0.01 s]``),
-the only part allowed to differ between runs, so texts are compared with it masked.
+turns 1, env replies 0. Tool results name no run time, so the texts must agree exactly.
 """
 
 import asyncio
@@ -50,18 +49,16 @@ def native(toy, toy_bank, state, actions, tok, helpers):
             )
             head = head[: head.rindex(tok.eos_token) + len(tok.eos_token)]
             assert full.startswith(head)
-            replies.append(helpers.normalize(full[len(head) :]))
+            replies.append(full[len(head) :])
         assert terminated or truncated
         return {
             "prompt_messages": prompt_messages,
             "prompt_ids": render_ids(tok, prompt_messages, tools, add_generation_prompt=True),
-            "observations": [helpers.normalize(o) for o in observations],
+            "observations": list(observations),
             "replies": replies,
             "reward": float(reward),
             "verdict_reward": info["verdict"].reward,
-            "messages": [
-                {**m, "content": helpers.normalize(str(m.get("content")))} for m in info["messages"]
-            ],
+            "messages": [{**m, "content": str(m.get("content"))} for m in info["messages"]],
         }
     finally:
         env.close()
@@ -79,7 +76,7 @@ def token_view(tok, prompt_ids, response_ids, response_mask, helpers):
     return {
         "prompt_ids": list(prompt_ids),
         "sampled": [ids for v, ids in runs if v == 1],
-        "replies": [helpers.normalize(tok.decode(ids)) for v, ids in runs if v == 0],
+        "replies": [tok.decode(ids) for v, ids in runs if v == 0],
     }
 
 
@@ -114,11 +111,9 @@ def test_the_shared_token_episode(case, toy, toy_bank, tiny_tokenizer, helpers):
         tiny_tokenizer, result.prompt_ids, result.response_ids, result.response_mask, helpers
     )
     check_tokens(view, ref, gen)
-    assert [helpers.normalize(o) for o in result.observations] == ref["observations"]
+    assert list(result.observations) == ref["observations"]
     assert result.reward == ref["reward"] and result.verdict.reward == ref["verdict_reward"]
-    assert [
-        {**m, "content": helpers.normalize(str(m.get("content")))} for m in result.messages
-    ] == ref["messages"]
+    assert [{**m, "content": str(m.get("content"))} for m in result.messages] == ref["messages"]
 
 
 def test_trl_rollout(case, toy, toy_bank, tiny_tokenizer, helpers):
@@ -148,7 +143,7 @@ def test_trl_rollout(case, toy, toy_bank, tiny_tokenizer, helpers):
             helpers,
         )
         check_tokens(view, ref, gen)
-        assert [helpers.normalize(o) for o in results[i].observations] == ref["observations"]
+        assert list(results[i].observations) == ref["observations"]
         assert rewards[i] == ref["reward"]
 
 
@@ -199,10 +194,8 @@ def test_skyrl_text_env(case, tiny_tokenizer, toy_bank, helpers):
     finally:
         env.close()
     assert messages == ref["prompt_messages"]
-    seen = [helpers.normalize(m["content"]) for o in outs[:-1] for m in o["observations"]]
-    assert (
-        seen + [helpers.normalize(outs[-1]["metadata"]["final_observation"])] == ref["observations"]
-    )
+    seen = [m["content"] for o in outs[:-1] for m in o["observations"]]
+    assert seen + [outs[-1]["metadata"]["final_observation"]] == ref["observations"]
     assert outs[-1]["done"] and not any(o["done"] for o in outs[:-1])
     assert outs[-1]["reward"] == ref["reward"]
 

@@ -61,7 +61,7 @@ def test_the_teacher_script_plays_token_in_token_out(helpers, env, toy, toy_bank
     assert len(replies) == len(actions) - 1
     for reply, obs in zip(replies, result.observations, strict=False):
         assert reply.startswith("\n<|im_start|>user\n<tool_response>\n")
-        assert helpers.normalize(obs) in helpers.normalize(reply)
+        assert obs in reply
         assert reply.endswith("<|im_end|>\n<|im_start|>assistant\n")
     # Each turn was conditioned on everything before it, and nothing else.
     assert gen.contexts[0] == prompt

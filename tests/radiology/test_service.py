@@ -61,7 +61,7 @@ def test_records_past_the_cap_are_refused_before_they_are_written(env):
         obs, *_ = _mark(env, series)
         assert json.loads(obs.split("\n", 1)[1]) == {"stored": True, "annotations_on_series": n}
     obs, _, terminated, truncated, info = _mark(env, series)
-    assert obs.startswith("[store_annotation: error in ")
+    assert obs.startswith("[store_annotation: error]\n")
     assert "OrthancService.max_records" in obs and "OrthancService(max_records=...)" in obs
     assert not (terminated or truncated) and info["record"].tool_uses[-1].status == "error"
     assert len(env.service.read_records("series", series)) == 2

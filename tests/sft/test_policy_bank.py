@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 from bat_gym.bank import build_bank, load_trajectory
 from bat_gym.policies import Policy, PolicyOutput, PolicyRequest, ScriptedPolicy
-from bat_gym.sft import SFTRow, sft_rows
+from bat_gym.sft import sft_rows
 from bat_gym.spec import E2E
 
 
@@ -35,21 +33,6 @@ class Stumbles(Policy):
         return out
 
 
-def timeless(rows: Sequence[SFTRow]) -> list[dict[str, Any]]:
-    """The rows as dicts, tool run times blanked (``[exit code 0 in 0.01 s]``)."""
-    out = []
-    for row in rows:
-        d = row.model_dump()
-        d["context"] = [
-            {**m, "content": re.sub(r" in [0-9.]+ s\]", " in _ s]", m["content"])}
-            if m["role"] == "tool"
-            else m
-            for m in d["context"]
-        ]
-        out.append(d)
-    return out
-
-
 @pytest.fixture(scope="module")
 def default_rows(toy, toy_bank):
     """The default-teacher bank's rows of the first training seed (a policy bank's tasks)."""
@@ -69,7 +52,7 @@ def test_the_scripted_teacher_as_a_policy_gives_the_default_rows(
     # Rows come from the stored trajectories: the benchmark's script is never asked.
     monkeypatch.setattr(toy, "teacher_turns", no_script)
     rows = sft_rows(bank, toy)
-    assert rows and timeless(rows) == timeless(default_rows)
+    assert rows and rows == default_rows
 
 
 def test_a_refused_recorded_turn_is_replayed_but_not_a_target(toy, default_rows, tmp_path):
@@ -82,8 +65,8 @@ def test_a_refused_recorded_turn_is_replayed_but_not_a_target(toy, default_rows,
     assert [(r.stage, r.target) for r in rows] == [(r.stage, r.target) for r in want]
     # Each context is the script's, with the stumble and its error after the prompt
     # (tool call ids count on from the same place: the refused turn ran no call).
-    for got, ref in zip(timeless(rows), timeless(want), strict=True):
-        stumble, error = got["context"][2:4]
+    for got, ref in zip(rows, want, strict=True):
+        stumble, error = got.context[2:4]
         assert stumble == {"role": "assistant", "content": "Let me look around first."}
         assert error["role"] == "user" and error["content"].startswith("[tool call error]")
-        assert got["context"][:2] + got["context"][4:] == ref["context"]
+        assert got.context[:2] + got.context[4:] == ref.context
