@@ -118,6 +118,14 @@ def test_a_rerun_is_idempotent_and_another_build_is_refused(toy, tmp_path):
         build_bank(toy, root)
 
 
+def test_a_bank_built_twice_from_the_same_seeds_is_the_same_bank(toy, tmp_path):
+    # Its rows are SFT data and states to replay: a second build (another machine, another
+    # load) must give the same bytes, tool results included.
+    first, second = build_bank(toy, tmp_path / "a"), build_bank(toy, tmp_path / "b")
+    assert first.manifest["rows_sha256"] == second.manifest["rows_sha256"]
+    assert (first.root / "rows.jsonl").read_bytes() == (second.root / "rows.jsonl").read_bytes()
+
+
 def test_verify_passes_a_sound_bank(toy_bank):
     report = toy_bank.verify()
     assert report.ok, report.table()
