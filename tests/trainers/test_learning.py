@@ -47,7 +47,8 @@ TEMPERATURE = 0.7
 SFT_STEPS = 150
 # GRPO on one state: 20 steps of two groups of 8 rollouts at lr 2e-4 (3 warmup steps),
 # the state's mean reward over the same 64 keyed episodes before and after. Measured
-# (seed, steps: gain): 1, 20: +0.39 (0.26 -> 0.65); 0, 10: +0.23; 1, 10: +0.01. With
+# (seed, steps: gain): 0, 20: +0.30 (0.26 -> 0.56, this test's run); 1, 20: +0.39;
+# 0, 10: +0.23; 1, 10: +0.01 (benchmarks/grpo_one_state.py prints them). With
 # overlong="keep" instead of the default mask: 1, 20: +0.20; 0/1/2, 10: +0.17/+0.04/+0.20.
 # Smaller runs do not resolve: 10 steps of 8 rollouts at lr 1e-4 gave +0.08, +0.00 and
 # +0.09 over three seeds, the training reward random-walking.
