@@ -342,8 +342,8 @@ class VLLMPolicy(LocalModelPolicy):
         :meth:`~bat_gym.policies.transformers_policy.TransformersPolicy.generate_tokens`.
         """
         self._check_seeding(len(prompts), seeds, seed_keys)
-        if seeds is None and seed_keys is not None:
-            seeds = self._seeds_of(seed_keys)  # None for an unseeded policy: the engine's
+        if seeds is None:
+            seeds = self._next_seeds(seed_keys or [None] * len(prompts))
         gens = self._sample(
             prompts,
             max_new_tokens=max_new_tokens,
@@ -364,7 +364,7 @@ class VLLMPolicy(LocalModelPolicy):
     ) -> list[tuple[TokenGeneration, str]]:
         self._check_seeding(len(prompts), seeds, None)
         if seeds is None:
-            seeds = self._next_seeds(len(prompts))
+            seeds = self._next_seeds([None] * len(prompts))
         params = [
             self._vllm.SamplingParams(
                 **sampling_kwargs(
@@ -390,9 +390,9 @@ class VLLMPolicy(LocalModelPolicy):
             out.append((token_generation(completion), completion.text))
         return out
 
-    def _next_seeds(self, n: int) -> list[int | None]:
-        seeds = self._seeds_of([None] * n)
-        return [None] * n if seeds is None else list(seeds)  # None: the engine's randomness
+    def _next_seeds(self, keys: Sequence[SeedKey | None]) -> list[int | None]:
+        seeds = self._seeds_of(keys)
+        return [None] * len(keys) if seeds is None else list(seeds)  # None: the engine's own
 
     def _stop_ids(self, stop_tokens: Sequence[str]) -> frozenset[int]:
         ids = set()
