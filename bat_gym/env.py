@@ -386,7 +386,7 @@ class StageEnv(gym.Env[str, str]):
         elif outcome.status == "error":
             status = f"[{tool.name}: error]"
         elif outcome.status == "timed_out":
-            status = f"[{tool.name}: timed out at the {self.budgets.tool_timeout_s:g} s limit]"
+            status = f"[{tool.name}: timed out at the {ctx.timeout_s:g} s limit]"
         else:
             status = (
                 f"[{tool.name}: the tool failed with an internal error ({outcome.text}); "
