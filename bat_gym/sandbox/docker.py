@@ -565,6 +565,11 @@ class DockerSandbox(Sandbox):
 
     def _restart(self) -> None:
         """Kill everything in the container and start it again; the workspace stays."""
+        self._stop_container()
+        self._start_again()
+
+    def _stop_container(self) -> None:
+        """Kill everything in the container and wait for it to stop."""
         self._unlink()
         cid = self._box[0] if self._box else None
         if cid is not None:
@@ -572,6 +577,11 @@ class DockerSandbox(Sandbox):
                 self._api.kill(cid)
             with contextlib.suppress(Exception):
                 self._api.wait(cid, timeout=_START_TIMEOUT_S)
+
+    def _start_again(self) -> None:
+        """Start the stopped container, or a new one if it cannot start or is gone."""
+        cid = self._box[0] if self._box else None
+        if cid is not None:
             try:
                 self._start()
                 return
@@ -672,12 +682,18 @@ class DockerSandbox(Sandbox):
     def restore(self, snapshot: Snapshot) -> None:
         """Kill the agent's processes, clear its scratch space, restore the workspace in place.
 
-        Scratch space is ``/tmp``, ``/dev/shm`` and System V IPC objects.
+        Scratch space is ``/tmp``, ``/dev/shm`` and System V IPC objects. A supervisor
+        that does not answer has its container stopped, and started again (no process,
+        empty scratch space) only once the workspace is restored: the container starts
+        in the workspace, which the agent may have locked (``chmod 000 /workspace``).
         """
         self._check_open()
-        if not self._links or not self._links[0].ok("reset"):
-            self._restart()  # a fresh container has no process and empty scratch space
+        reset = bool(self._links) and self._links[0].ok("reset")
+        if not reset:
+            self._stop_container()  # no process of the agent's may write while the host restores
         self.index.restore(snapshot, self.store)
+        if not reset:
+            self._start_again()
 
     def close(self) -> None:
         """Remove the container and delete the slot directory. Safe to call twice."""

@@ -701,11 +701,19 @@ class LocalSandbox(Sandbox):
     def restore(self, snapshot: Snapshot) -> None:
         """Kill the agent's processes, clear its scratch space, restore the workspace in place.
 
-        Scratch space is ``/tmp``, ``/dev/shm`` and System V IPC objects.
+        Scratch space is ``/tmp``, ``/dev/shm`` and System V IPC objects. A supervisor
+        that does not answer is stopped, and a fresh one started only once the
+        workspace is restored: it starts in the workspace, which the agent may have
+        locked (``chmod 000 /workspace``).
         """
-        if not self._link().ok("reset"):
-            self._restart()
+        if self._closed:
+            raise SandboxCrashed("the sandbox is closed")
+        reset = bool(self._proc_box) and self._proc_box[0].link.ok("reset")
+        if not reset:
+            self._kill()  # no process of the agent's may write while the host restores
         self.index.restore(snapshot, self.store)
+        if not reset:
+            self._start()
 
     def close(self) -> None:
         """Kill the sandbox and delete its directory. Safe to call twice."""

@@ -34,6 +34,7 @@ from bat_gym.errors import (
     WorkspaceRejected,
 )
 from bat_gym.sandbox.blobs import DIR_FLAGS, BlobStore, hash_fd
+from bat_gym.sandbox.dir_attrs import DirBaseline, normalize_dir
 from bat_gym.sandbox.snapshot_model import (
     MAX_DEPTH,
     MODE_BITS,
@@ -97,6 +98,20 @@ class WorkspaceIndex:
         self.owner = owner
         self.limits = limits or SnapshotLimits()
         self._seen: dict[str, _Seen] = {}
+        # What the last restore left, the only record a restore trusts to keep a file:
+        # a scan since then has recorded the agent's own edits, metadata included.
+        # None before the first restore, when the scans' record is all there is.
+        self._restored: dict[str, _Seen] | None = None
+        self._baseline: DirBaseline | None = None
+        try:  # read while the root is fresh, before agent code runs in it
+            fd = os.open(self.root, DIR_FLAGS)
+        except OSError:
+            pass  # none yet: read when a restore first makes it
+        else:
+            try:
+                self._baseline = DirBaseline.of_root(fd, owner)
+            finally:
+                os.close(fd)
         self._last: Snapshot | None = None
         self._watch: ChangeWatch | None = None
         if watch:
@@ -334,9 +349,13 @@ class WorkspaceIndex:
     def restore(self, snapshot: Snapshot, store: BlobStore) -> int:
         """Make the workspace equal ``snapshot`` in place; return how many entries changed.
 
-        Entries whose ``lstat`` key is what this index last recorded for the same
-        content are kept; everything else is removed and recreated from blobs. Call it
-        only while no process writes to the workspace.
+        Files and links whose ``lstat`` key is what the last restore left (before the
+        first, what the last scan recorded) for the same content are kept; everything
+        else is removed and recreated from blobs. Every directory kept, and the
+        workspace root itself, gets its mode back and the owner, inode flags and
+        extended attributes of a fresh directory (see :mod:`.dir_attrs`); a root that
+        was replaced is made again. Call it only while no process writes to the
+        workspace.
 
         Raises:
             SnapshotNotFound: a blob the snapshot needs is not in ``store``; nothing in
@@ -347,7 +366,7 @@ class WorkspaceIndex:
         if missing:
             raise SnapshotNotFound(f"blobs for {missing[:5]} are not in the store at {store.root}")
         want = {e.path: e for e in snapshot.entries}
-        root_fd = os.open(self.root, DIR_FLAGS)
+        root_fd = self._open_root()
         fds: dict[str, int] = {"": root_fd}
 
         def dir_fd(path: str) -> int:
@@ -364,8 +383,14 @@ class WorkspaceIndex:
                 if self._watch.overflowed:  # the tree is the snapshot's again: watch it
                     self._watch.reset()
                 self._watch.add(root_fd)
+            if self._baseline is None:
+                self._baseline = DirBaseline.of_root(root_fd, self.owner)
+            baseline = self._baseline
+            # Before anything is made in it: a default ACL would shape what is.
+            normalize_dir(root_fd, os.fstat(root_fd), baseline)
             keep: dict[str, _Seen] = {}
-            changed = self._prune(root_fd, "", want, keep)
+            kept_modes: list[tuple[str, int]] = []
+            changed = self._prune(root_fd, "", want, keep, kept_modes)
             created_dirs: list[Entry] = []
             for e in snapshot.entries:
                 if e.path in keep:
@@ -391,15 +416,20 @@ class WorkspaceIndex:
                 if e.kind != "d":
                     st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
                     keep[e.path] = _Seen(_stat_key(st), e)
-            # Directory modes last, deepest first: a read-only directory must not block
-            # its children.
+            # Directory modes last, deepest first (the root last of all): a read-only
+            # directory must not block its children.
             for e in reversed(created_dirs):
                 os.chmod(dir_fd(e.path), e.mode)
                 keep[e.path] = _Seen(_stat_key(os.fstat(dir_fd(e.path))), e)
+            for path, mode in kept_modes:
+                os.chmod(dir_fd(path), mode)
+            if stat.S_IMODE(os.fstat(root_fd).st_mode) != baseline.root_mode:
+                os.fchmod(root_fd, baseline.root_mode)
         except BaseException:
             if self._watch is not None:
                 self._watch.dirty = True  # half restored: the next scan must walk
             self._last = None
+            self._restored = {}  # trust no file of a half-done restore
             raise
         finally:
             for fd in fds.values():
@@ -407,14 +437,53 @@ class WorkspaceIndex:
         # The keys just recorded let the next scan skip every restored file; the
         # snapshot is what the workspace now holds, so no rescan is needed either.
         self._seen = keep
+        self._restored = dict(keep)
         self._last = snapshot
         if self._watch is not None:
             self._watch.drop_events()  # our own writes
         return changed
 
+    def _open_root(self) -> int:
+        """Open the workspace root for a restore, unlocked, made anew if it was replaced.
+
+        A sandbox's root is a mount point, which agent code can neither rename nor
+        remove; an unisolated one, or a plain directory, may have become a file or a
+        link since.
+        """
+        head, name = os.path.split(os.path.normpath(self.root))
+        parent = os.open(head or ".", DIR_FLAGS)
+        try:
+            try:
+                return open_dir(name, parent)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                remove_tree(parent, name)
+            os.mkdir(name, self._baseline.root_mode if self._baseline else 0o755, dir_fd=parent)
+            fd = open_dir(name, parent)
+            if self.owner:
+                os.fchown(fd, *self.owner)
+            return fd
+        finally:
+            os.close(parent)
+
     def _prune(
-        self, dir_fd: int, prefix: str, want: dict[str, Entry], keep: dict[str, _Seen]
+        self,
+        dir_fd: int,
+        prefix: str,
+        want: dict[str, Entry],
+        keep: dict[str, _Seen],
+        kept_modes: list[tuple[str, int]],
     ) -> int:
+        """Remove what ``snapshot`` does not hold as it is under ``dir_fd``; return how many.
+
+        Directories it holds are kept and normalized; those whose mode must change
+        are appended to ``kept_modes``, children before parents.
+        """
+        assert self._baseline is not None
+        trusted = self._seen if self._restored is None else self._restored
         removed = 0
         with os.scandir(dir_fd) as it:
             children = list(it)
@@ -425,18 +494,20 @@ class WorkspaceIndex:
             except FileNotFoundError:
                 continue
             target = want.get(path)
-            old = self._seen.get(path)
+            old = trusted.get(path)
             if stat.S_ISDIR(st.st_mode) and target is not None and target.kind == "d":
-                if stat.S_IMODE(st.st_mode) != target.mode:
-                    os.chmod(child.name, target.mode, dir_fd=dir_fd, follow_symlinks=False)
                 sub = open_dir(child.name, dir_fd)
-                if self._watch is not None:
-                    # With its path: the kernel gives a directory one watch, and this
-                    # call names it; a restore with no scan after it (an episode with
-                    # no tool call) would otherwise report reads here at the root.
-                    self._watch.add(sub, path)
                 try:
-                    removed += self._prune(sub, path + "/", want, keep)
+                    normalize_dir(sub, st, self._baseline)
+                    if self._watch is not None:
+                        # With its path: the kernel gives a directory one watch, and
+                        # this call names it; a restore with no scan after it (an
+                        # episode with no tool call) would otherwise report reads here
+                        # at the root.
+                        self._watch.add(sub, path)
+                    removed += self._prune(sub, path + "/", want, keep, kept_modes)
+                    if stat.S_IMODE(os.fstat(sub).st_mode) != target.mode:
+                        kept_modes.append((path, target.mode))
                 finally:
                     os.close(sub)
                 keep[path] = _Seen(_stat_key(st), target)
