@@ -423,6 +423,11 @@ SUPERVISOR_STATE = (
 )
 
 
+# The PID namespace and when its init started (clock ticks since boot): the kernel may
+# give a new namespace the inode number of one just freed.
+SANDBOX_IDENTITY = "readlink /proc/self/ns/pid; awk '{print $22}' /proc/1/stat"
+
+
 def tamper_with_pid_1(sb: Sandbox, tamper: str) -> None:
     if "affinity" in tamper and len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: no affinity to narrow")
@@ -438,12 +443,12 @@ def test_a_supervisor_whose_limits_agent_code_changed_is_replaced_at_reset(
     # The change would outlive every reset; the supervisor notices at its next request
     # and stops without a reply, and the host starts a fresh sandbox.
     before = bash(fresh, SUPERVISOR_STATE)
-    ns = bash(fresh, "readlink /proc/self/ns/pid")
+    ns = bash(fresh, SANDBOX_IDENTITY)
     tamper_with_pid_1(fresh, tamper)
     assert bash(fresh, "echo fine") == "fine\n"  # a bash call sends no request
     fresh.restore(fresh.capture())
     assert bash(fresh, SUPERVISOR_STATE) == before
-    assert bash(fresh, "readlink /proc/self/ns/pid") != ns  # a new sandbox, not the old one
+    assert bash(fresh, SANDBOX_IDENTITY) != ns  # a new sandbox, not the old one
     # The host's own nice value: the fresh supervisor's calls run at it again.
     r = fresh.execute_code("python", "import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))")
     assert (r.exit_code, r.output, r.restarted) == (
