@@ -216,7 +216,11 @@ def test_a_reset_restarts_a_dead_supervisor_in_the_restored_workspace(box: Sandb
     snap = box.capture()
     # Lowering the supervisor's priority makes it stop at the next request; the fresh
     # one starts in the workspace, which must be unlocked by then.
-    box.execute_code("bash", "chmod 000 /workspace; renice -n 5 -p 1 >/dev/null")
+    r = box.execute_code(
+        "bash",
+        "chmod 000 /workspace; python3 -c 'import os; os.setpriority(os.PRIO_PROCESS, 1, 5)'",
+    )
+    assert r.exit_code == 0, r.output
 
     box.restore(snap)
 
