@@ -477,10 +477,11 @@ class WorkspaceIndex:
         keep: dict[str, _Seen],
         kept_modes: list[tuple[str, int]],
     ) -> int:
-        """Remove what ``snapshot`` does not hold as it is under ``dir_fd``; return how many.
+        """Remove what ``want`` does not hold as it is under ``dir_fd``; return how many.
 
-        Directories it holds are kept and normalized; those whose mode must change
-        are appended to ``kept_modes``, children before parents.
+        Directories it holds are kept and normalized (see :func:`normalize_dir`); those
+        whose mode must still change are appended to ``kept_modes``, children before
+        parents.
         """
         assert self._baseline is not None
         trusted = self._seen if self._restored is None else self._restored

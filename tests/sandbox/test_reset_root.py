@@ -202,12 +202,15 @@ def test_a_reset_undoes_a_locked_replaced_and_marked_workspace(box: Sandbox):
     box.execute_code("bash", LAYOUT)
     snap = box.capture()
     box.restore(snap)
+    flags = {d: flags_of(box.workspace / d) for d in ("", "outputs")}
     r = box.execute_code("bash", SABOTAGE)
     assert "sabotaged" in r.output, r.output
 
     box.restore(snap)
 
     assert box.scan().digest == snap.digest
+    assert {d: flags_of(box.workspace / d) for d in ("", "outputs")} == flags
+    assert xattrs_of(box.workspace) == xattrs_of(box.workspace / "outputs") == []
     assert_writable(box)
 
 
