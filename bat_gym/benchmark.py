@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from bat_gym.service import ServiceState
     from bat_gym.tools import Tool
 
-__all__ = ["Benchmark", "PlanFact", "TeacherTurn"]
+__all__ = ["Benchmark", "PilotFigure", "PlanFact", "TeacherTurn"]
 
 Split = Literal["train", "heldout"]
 
@@ -48,6 +48,29 @@ class PlanFact(NamedTuple):
 
     name: str
     patterns: tuple[str, ...]
+
+
+class PilotFigure(NamedTuple):
+    """What the task's own S3 check computes on one piloted case, as the verifier recomputes it.
+
+    The agent states the same figure in its S3 receipt (``"check": {"case", "name",
+    "value", "passed"}``, see ``docs/benchmark-authors.md``); the ``pilot_checked``
+    rubric check compares the two.
+
+    Attributes:
+        name: the figure's name, as the receipt must state it (``"value_cm"``).
+        value: the figure: a number (compared within ``tolerance``) or a string
+            (compared exactly, spaces around it left out); None when the check cannot
+            be computed on that case (no stated figure then matches).
+        passed: whether the pilot passes the task's check by this figure.
+        tolerance: how far a stated number may be from ``value`` (absolute, in the
+            figure's unit): room for the rounding a receipt prints with.
+    """
+
+    name: str
+    value: float | str | None
+    passed: bool
+    tolerance: float = 0.0
 
 
 class Benchmark(ABC):
@@ -390,6 +413,40 @@ class Benchmark(ABC):
         The check floors this score itself, so a pilot cannot lower its bar by
         choosing the case the reference does worst on. Default: None (the whole-task
         bar, as without this hook).
+        """
+        return None
+
+    def risky_cases(self, task: Task) -> frozenset[str] | None:
+        """The cases on which the task's planted pitfall shows, for S3's check to count.
+
+        A case is risky when a pipeline that makes the task's planted mistake (the
+        wrong unit, the unnormalized code, the transposed box) gives another output on
+        it than the right pipeline: only a pilot checked there tells the two apart, so
+        only a check on one of these cases earns S3's upper levels (the
+        ``pilot_checked`` rubric check with ``where: risky``). Where the draw plants
+        no mistake that shows (a unit that needs no conversion), return every case.
+        Worked examples a pilot may name (a calibration phantom, a training pair)
+        belong here when the pitfall shows on them. Default: None, every case counts.
+        """
+        return None
+
+    def pilot_figure(
+        self, task: Task, workspace: FrozenWorkspace, pilot_path: str, case: str
+    ) -> PilotFigure | None:
+        """The figure the task's own S3 check computes on the pilot's ``case``, or None.
+
+        S3 pays for validation, not for a lucky pilot: the agent states, in its S3
+        receipt, the case it checked, the figure's name and value, and whether the
+        pilot passed; the verifier recomputes the figure here from the frozen
+        ``workspace`` (the pilot file at ``pilot_path``, the files its rows name, the
+        task's inputs) and the ``pilot_checked`` rubric check confirms the statement.
+        Choose a figure that takes doing the check to know: one computed from the
+        inputs or the pilot's output files (a measurement in the model's unit, the
+        liver's side in mm), not a constant such as 1.0 that a policy could state
+        blindly. Return a :class:`PilotFigure` for every case of the task, with
+        ``value`` None where the check cannot be computed. Default: None (the
+        benchmark declares no check): the ``pilot_checked`` items are null, and S3's
+        levels rest on the pilot's shape, run, receipt and quality as before.
         """
         return None
 

@@ -158,6 +158,12 @@ class TaskOracle:
             task metric on the case(s) the pilot names, in [0, 1], or None
             (:meth:`Benchmark.pilot_reference_score`). Default: none (a relative pilot
             bar rests on the reference's whole-task score).
+        risky_cases: returns the cases where the task's planted pitfall shows, or
+            None (:meth:`Benchmark.risky_cases`). Default: none (every case counts).
+        pilot_figure: ``(workspace, pilot_path, case)`` to the
+            :class:`~bat_gym.benchmark.PilotFigure` the task's own check computes on
+            that case, or None (:meth:`Benchmark.pilot_figure`). Default: none (the
+            ``pilot_checked`` items are null).
     """
 
     def __init__(
@@ -173,6 +179,8 @@ class TaskOracle:
         judge: Callable[[], Any] | None = None,
         pilot_reference: Callable[[FrozenWorkspace, FrozenWorkspace, str], float | None]
         | None = None,
+        risky_cases: Callable[[], frozenset[str] | None] | None = None,
+        pilot_figure: Callable[[FrozenWorkspace, str, str], Any] | None = None,
     ) -> None:
         self._answers = answers
         self._metric = metric
@@ -183,6 +191,8 @@ class TaskOracle:
         self._plan_facts = plan_facts
         self._judge = judge
         self._pilot_reference = pilot_reference
+        self._risky_cases = risky_cases
+        self._pilot_figure = pilot_figure
         self._scores: dict[str, float | None] = {}
         self._pilot_scores: dict[tuple[str, str], float | None] = {}
         self._pilot_reference_scores: dict[tuple[str, str], float | None] = {}
@@ -206,6 +216,20 @@ class TaskOracle:
     def plan_facts(self) -> tuple[Any, ...]:
         """The facts a plan of this task must state (names and patterns)."""
         return () if self._plan_facts is None else tuple(self._plan_facts())
+
+    @cached_property
+    def risky_cases(self) -> frozenset[str] | None:
+        """The cases where the task's planted pitfall shows; None: every case counts."""
+        found = None if self._risky_cases is None else self._risky_cases()
+        return None if found is None else frozenset(found)
+
+    def pilot_figure(self, workspace: FrozenWorkspace, path: str, case: str) -> Any:
+        """The figure the task's own check computes on ``case`` of the pilot at ``path``.
+
+        A :class:`~bat_gym.benchmark.PilotFigure`, or None when the benchmark declares
+        no check (or the oracle has no such hook).
+        """
+        return None if self._pilot_figure is None else self._pilot_figure(workspace, path, case)
 
     def reproduce(self, final: FrozenWorkspace, outputs: tuple[str, ...]) -> FrozenWorkspace | None:
         """The agent's pipeline run again on pristine inputs, or None if there is no way to."""

@@ -2,13 +2,14 @@
 
 ``command_ran``, ``pipeline_ran``, ``written_by_tool`` and ``stage_artifacts_written``
 read the execution record, ``unchanged`` compares the frozen workspace with the start
-snapshot, and ``task_metric_at_least``, ``pilot_quality`` and ``matches_answers``
-consult the task oracle (private answers and metrics) that only the verifier holds.
+snapshot, and ``task_metric_at_least``, ``pilot_quality``, ``pilot_checked`` and
+``matches_answers`` consult the task oracle (private answers and metrics) that only the verifier holds.
 Each is registered under its function's name.
 """
 
 from __future__ import annotations
 
+import math
 import posixpath
 from typing import Annotated, Literal, NoReturn
 
@@ -25,7 +26,7 @@ from bat_gym.rubrics.context import (
 )
 from bat_gym.rubrics.invocation import runs_script
 from bat_gym.rubrics.provenance import observed_run_of
-from bat_gym.rubrics.reading import listing, read_csv, states_answer
+from bat_gym.rubrics.reading import listing, read_csv, read_json, states_answer
 from bat_gym.rubrics.workspace import FrozenWorkspace, path_matches
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "unchanged",
     "task_metric_at_least",
     "pilot_quality",
+    "pilot_checked",
     "matches_answers",
 ]
 
@@ -345,6 +347,111 @@ def _rows_are_the_references(
             elif mine != theirs:
                 return False
     return True
+
+
+@register_check("pilot_checked")
+def pilot_checked(
+    ctx: CheckContext,
+    *,
+    path: str,
+    receipt: str,
+    where: Literal["any", "risky"] = "any",
+) -> CheckResult:
+    """The S3 receipt states a check of the pilot that the verifier's recomputation confirms.
+
+    The receipt at ``receipt`` holds ``"check": {"case", "name", "value", "passed"}``:
+    the piloted case the agent checked, the name and value of the figure the task's own
+    check computes on it, and whether the pilot passed. The benchmark recomputes that
+    figure on the frozen workspace (:meth:`~bat_gym.benchmark.Benchmark.pilot_figure`).
+    It passes when ``case`` is a row of the pilot at ``path``, ``name`` is the
+    benchmark's figure, ``value`` is the recomputed one (a number within the figure's
+    tolerance, a string exactly) and ``passed`` is what the figure says. With ``where:
+    risky`` the case must also be one where the task's planted pitfall shows
+    (:meth:`~bat_gym.benchmark.Benchmark.risky_cases`) and the check must have passed:
+    a pilot checked on an easy case, where a wrong pipeline passes too, validates
+    nothing.
+
+    Running the pipeline on one case and writing a receipt, with no check stated, fails;
+    so does a stated figure the recomputation does not confirm. Null when there is no
+    task oracle or the benchmark declares no check (its ``pilot_figure`` is None). The
+    detail names the stated figure, never the recomputed one.
+    """
+    if ctx.task is None:
+        raise CheckUnscorable("no task oracle: the pilot's check cannot be recomputed")
+    evidence = ctx.artifact(receipt) + ctx.artifact(path)
+    try:
+        header, rows = read_csv(ctx.workspace, path)
+    except CheckFailed as exc:
+        raise CheckFailed(exc.detail, evidence) from None
+    cases = [r[header[0]] for r in rows] if header else []
+    stated = _stated_check(ctx, receipt)
+    case = stated.get("case") if isinstance(stated.get("case"), str) else None
+    # Ask the benchmark about the stated case, or the pilot's first: whether it
+    # declares a check at all does not depend on which.
+    figure = ctx.task.pilot_figure(ctx.workspace, path, case or (cases[0] if cases else ""))
+    if figure is None:
+        raise CheckUnscorable("the benchmark declares no check figure for its pilot")
+    if not stated:
+        raise CheckFailed(f"{receipt} states no check of the pilot", evidence)
+    name, value, passed = stated.get("name"), stated.get("value"), stated.get("passed")
+    if case is None or not isinstance(name, str) or not isinstance(passed, bool):
+        raise CheckFailed(
+            f"{receipt}: check needs a case (string), a name (string), a value and passed (true/false)",
+            evidence,
+        )
+    if case not in cases:
+        raise CheckFailed(f"{receipt}: the checked case {case!r} is not a row of {path}", evidence)
+    said = f"{name} = {value!r} on {case}"
+    if name != figure.name:
+        raise CheckFailed(
+            f"{receipt}: {said} is not the figure the task's check computes", evidence
+        )
+    if not _figure_agrees(value, figure.value, figure.tolerance):
+        raise CheckFailed(
+            f"{receipt}: the stated {said} is not what the task's check computes on the pilot",
+            evidence,
+        )
+    if passed != figure.passed:
+        raise CheckFailed(
+            f"{receipt}: the check of {case} is stated as {'passed' if passed else 'failed'}, "
+            "which its figure does not bear out",
+            evidence,
+        )
+    if where == "risky":
+        risky = ctx.task.risky_cases
+        if risky is not None and case not in risky:
+            raise CheckFailed(
+                f"{receipt}: {case} is not a case where the task's pitfall shows; "
+                "a wrong pipeline passes a check there too",
+                evidence,
+            )
+        if not passed:
+            raise CheckFailed(f"{receipt}: the check of {case} failed", evidence)
+        return CheckResult.ok(f"{receipt}: {said} confirmed on a risky case, passed", evidence)
+    return CheckResult.ok(f"{receipt}: {said} confirmed", evidence)
+
+
+def _stated_check(ctx: CheckContext, receipt: str) -> dict[str, object]:
+    """The receipt's ``check`` object; empty when the receipt is missing or states none."""
+    if not ctx.workspace.exists(receipt):
+        return {}
+    try:
+        body = read_json(ctx.workspace, receipt)
+    except CheckFailed:
+        return {}
+    check = body.get("check") if isinstance(body, dict) else None
+    return check if isinstance(check, dict) else {}
+
+
+def _figure_agrees(stated: object, computed: float | str | None, tolerance: float) -> bool:
+    """Whether a stated figure is the computed one: numbers within ``tolerance``, strings exactly."""
+    if computed is None:
+        return False
+    if isinstance(computed, str):
+        return isinstance(stated, str) and stated.strip() == computed.strip()
+    if isinstance(stated, bool) or not isinstance(stated, (int, float)):
+        return False
+    return math.isfinite(stated) and abs(stated - computed) <= tolerance
 
 
 @register_check("matches_answers")

@@ -335,7 +335,8 @@ def reproduce(
 def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> TaskOracle:
     """What only the verifier may see about ``task`` under ``benchmark``, for the checks.
 
-    Its private answers, ``task_score``, ``pilot_score`` and ``pilot_reference_score``,
+    Its private answers, ``task_score``, ``pilot_score``, ``pilot_reference_score``,
+    ``risky_cases`` and ``pilot_figure``,
     the reference run and the reproduction of this module (on ``backend``),
     ``files_agree``, ``plan_facts`` and the judge; each computed on first use.
     """
@@ -353,5 +354,9 @@ def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> 
         judge=benchmark.judge,
         pilot_reference=lambda ref, workspace, path: benchmark.pilot_reference_score(
             task, ref, workspace, path
+        ),
+        risky_cases=lambda: benchmark.risky_cases(task),
+        pilot_figure=lambda workspace, path, case: benchmark.pilot_figure(
+            task, workspace, path, case
         ),
     )

@@ -7,13 +7,13 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
-from bat_gym.envs.medbench_lite import agreement, teacher
+from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn
+from bat_gym.envs.medbench_lite import agreement, pilot_checks, teacher
 from bat_gym.envs.medbench_lite.formats import npz_bytes
 from bat_gym.envs.medbench_lite.models import model_source
 from bat_gym.envs.medbench_lite.spec import SPEC
 from bat_gym.envs.medbench_lite.tracks import get_track
-from bat_gym.envs.medbench_lite.tracks.base import STAGE_ARTIFACTS, Draw
+from bat_gym.envs.medbench_lite.tracks.base import STAGE_ARTIFACTS, Draw, read_rows
 from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import Task
@@ -275,6 +275,24 @@ class MedBenchLite(Benchmark):
             return get_track(task.track).pilot_reference_score(
                 self._task_draw(task), ref_dir, directory, pilot_path
             )
+
+    def risky_cases(self, task: Task) -> frozenset[str] | None:
+        """The cases where the track's planted mistake shows (see :mod:`.pilot_checks`)."""
+        return pilot_checks.risky_cases(task.track, self._task_draw(task))
+
+    def pilot_figure(
+        self, task: Task, workspace: FrozenWorkspace, pilot_path: str, case: str
+    ) -> PilotFigure | None:
+        """The figure the track's S3 check measures on the pilot's ``case`` (see :mod:`.pilot_checks`).
+
+        None for a track that declares no check.
+        """
+        d = self._task_draw(task)
+        if pilot_checks.pilot_figure(task.track, d, Path("."), None, case) is None:
+            return None
+        with workspace.as_directory() as directory:
+            rows = read_rows(Path(directory) / pilot_path, d.task_json["submission"]["columns"])
+            return pilot_checks.pilot_figure(task.track, d, Path(directory), rows, case)
 
 
 def _task_md(task: Task, d: Draw) -> str:

@@ -215,6 +215,29 @@ def _checks(task: Task, settings: dict[str, Any]) -> list[tuple[bool, str]]:
     return checks
 
 
+def _figure(task: Task, settings: dict[str, Any], passed: bool) -> dict[str, Any]:
+    """The check the receipt states: the pilot case, what the check saw there, whether it passed.
+
+    Sizes: the case's size in cm as the pipeline reads it (``size_cm``); a calibrated
+    task: the scale read off the pilot case (``scale``); codes: the case's code in the
+    model table's scheme (``model_code``, empty when the table lacks it).
+    """
+    case = settings["case"]
+    if task.by_code:
+        code = task.code(case, settings["codes"])
+        return {"case": case, "name": "model_code", "value": code or "", "passed": code is not None}
+    if "calibration" in task.meta:
+        return {
+            "case": case,
+            "name": "scale",
+            "value": round(settings["scale"], 6),
+            "passed": passed,
+        }
+    low, high = task.model["range_cm"]
+    size = task.size_cm(case, settings)
+    return {"case": case, "name": "size_cm", "value": round(size, 4), "passed": low <= size <= high}
+
+
 # -- commands ---------------------------------------------------------------------------
 
 
@@ -284,7 +307,12 @@ def pilot(task: Task, args: argparse.Namespace) -> None:
     _write(SETTINGS, json.dumps(settings, indent=2) + "\n")
     passed = all(ok for ok, _ in checks)
     receipt = _receipt(
-        PILOT, case=case, passed=passed, checks=[m for _, m in checks], settings=SETTINGS
+        PILOT,
+        case=case,
+        passed=passed,
+        checks=[m for _, m in checks],
+        check=_figure(task, settings, passed),
+        settings=SETTINGS,
     )
     print(f"pilot {case}: label {label}")
     for ok, message in checks:

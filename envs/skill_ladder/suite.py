@@ -7,10 +7,17 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
+from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn
 from bat_gym.envs.skill_ladder import teacher
 from bat_gym.envs.skill_ladder.spec import SPEC
-from bat_gym.envs.skill_ladder.tasks import Draw, draw, label_accuracy, public_files, reduce_draw
+from bat_gym.envs.skill_ladder.tasks import (
+    PHANTOM_CM,
+    Draw,
+    draw,
+    label_accuracy,
+    public_files,
+    reduce_draw,
+)
 from bat_gym.protocol import ToolProtocol
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import Task
@@ -23,6 +30,7 @@ __all__ = ["SkillLadder", "SUBMISSION", "PILOT"]
 SUBMISSION = "outputs/submission.csv"
 PILOT = "validation/pilot.csv"
 _TOOL = Path(__file__).with_name("pipe.py")
+_TO_CM = {"mm": 0.1, "cm": 1.0}
 
 
 @cache
@@ -155,6 +163,52 @@ class SkillLadder(Benchmark):
         # The calibration run: off-task unless it names the phantom, rightly labelled.
         named = label_accuracy(workspace, pilot_path, truth, scored=[d.pilot_case])
         return score if named == 1.0 else 0.0
+
+    def risky_cases(self, task: Task) -> frozenset[str]:
+        """The cases whose pilot label the track's mistake changes.
+
+        ``units``: the cases the other unit labels otherwise; ``cases``: the phantom,
+        the only case a calibration can be checked on; ``codes``: the cases labelled
+        1, which an unknown code (any reading but the right fix) labels 0.
+        """
+        d = self._draw(task)
+        if d.track == "cases":
+            return frozenset({d.choice})
+        if d.track == "codes":
+            return frozenset(c for c, y in d.labels.items() if y == 1)
+        other = "cm" if d.choice == "mm" else "mm"
+        threshold = d.model["threshold_cm"]
+        values = {r["id"]: float(r["value"]) for r in d.rows}
+        return frozenset(
+            c for c, y in d.labels.items() if int(values[c] * _TO_CM[other] >= threshold) != y
+        )
+
+    def pilot_figure(
+        self, task: Task, workspace: FrozenWorkspace, pilot_path: str, case: str
+    ) -> PilotFigure:
+        """What ``python pipeline/infer.py validation/pilot.csv`` checks, with the right flag.
+
+        ``units``: ``size_cm``, the case's size in cm (within 1e-3), passing inside
+        the model's range; ``cases``: ``scale``, the case's reading over the phantom's
+        0.2 cm (within 1e-5), passing when the case is the phantom; ``codes``:
+        ``model_code``, the case's code under the right fix, passing when the table
+        holds it. ``value`` is None for a case the task's data lacks.
+        """
+        d = self._draw(task)
+        name = {"units": "size_cm", "cases": "scale", "codes": "model_code"}[d.track]
+        row = next((r for r in d.rows if r["id"] == case), None)
+        if row is None:
+            return PilotFigure(name, None, False)
+        if d.track == "codes":
+            code = (
+                row["code"].lower() if d.choice == "lower" else d.model["legacy"].get(row["code"])
+            )
+            return PilotFigure(name, code, code in d.model["table"])
+        if d.track == "cases":
+            return PilotFigure(name, float(row["value"]) / PHANTOM_CM, case == d.choice, 1e-5)
+        low, high = d.model["range_cm"]
+        size = float(row["value"]) * _TO_CM[d.choice]
+        return PilotFigure(name, size, low <= size <= high, 1e-3)
 
     # -- prompts ----------------------------------------------------------------------
 

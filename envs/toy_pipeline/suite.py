@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
+from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn
 from bat_gym.protocol import ToolCall, bash_call, python_call
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.scripts import fill_slots, without_docstring
@@ -139,6 +139,24 @@ def score_agreement(
     # A NaN or an infinity fails the comparison, so it disagrees.
     right = sum(abs(predicted[case] - truth[case]) <= AGREEMENT for case in scored)
     return right / len(scored)
+
+
+def _pilot_scores(workspace: FrozenWorkspace, path: str) -> dict[str, float]:
+    """The ``id -> score`` of the CSV at ``path``; empty when it is unreadable.
+
+    A score that is not a number reads as NaN, which agrees with nothing.
+    """
+    try:
+        rows = list(csv.DictReader(io.StringIO(workspace.read_text(path))))
+    except (OSError, ValueError, csv.Error):
+        return {}
+    scores: dict[str, float] = {}
+    for row in rows:
+        try:
+            scores[(row.get("id") or "").strip()] = float((row.get("score") or "").strip())
+        except ValueError:
+            scores[(row.get("id") or "").strip()] = math.nan
+    return scores
 
 
 def _csv(rows: list[dict[str, Any]], fields: list[str]) -> str:
@@ -288,6 +306,54 @@ class ToyPipeline(Benchmark):
         """Share of the pilot's rows whose score agrees with the model's for that case."""
         truth = self.private_answers(task)["scores"]
         return score_agreement(workspace, pilot_path, truth, complete=False)
+
+    def risky_cases(self, task: Task) -> frozenset[str]:
+        """The cases whose score the track's trap changes, or every case where it changes none.
+
+        Threshold: a value read as centimetres whatever its unit scores otherwise
+        (beyond :data:`AGREEMENT`); none does when the unit is cm, or where the
+        logistic saturates. Lookup: a code written other than lower-case without
+        spaces, which the table lacks as written.
+        """
+        d = self._draw(task.track, task.seed)
+        if task.track == "threshold":
+            risky = [
+                case
+                for case, value, score in zip(d["ids"], d["values"], d["scores"], strict=True)
+                if abs(logistic_score(value, d["threshold_cm"], d["width_cm"]) - score) > AGREEMENT
+            ]
+        else:
+            risky = [
+                case
+                for case, code in zip(d["ids"], d["codes"], strict=True)
+                if code != code.strip().lower()
+            ]
+        return frozenset(risky or d["ids"])
+
+    def pilot_figure(
+        self, task: Task, workspace: FrozenWorkspace, pilot_path: str, case: str
+    ) -> PilotFigure:
+        """The S3 check's figure on ``case``: the input as the model reads it.
+
+        Threshold: ``value_cm``, the case's value in centimetres (within 1e-4 cm).
+        Lookup: ``model_code``, the case's code normalized as the card says. Either
+        way the check passes when the pilot's score for the case is the card's score
+        of that figure (within :data:`AGREEMENT`). ``value`` is None for a case the
+        task does not have.
+        """
+        d = self._draw(task.track, task.seed)
+        name = "value_cm" if task.track == "threshold" else "model_code"
+        if case not in d["ids"]:
+            return PilotFigure(name, None, False)
+        k = d["ids"].index(case)
+        value: float | str = (
+            d["values"][k] * _UNITS[d["unit"]]
+            if task.track == "threshold"
+            else d["codes"][k].strip().lower()
+        )
+        got = _pilot_scores(workspace, pilot_path).get(case)
+        passed = got is not None and abs(got - d["scores"][k]) <= AGREEMENT
+        return PilotFigure(name, value, passed, tolerance=1e-4)
 
 
 _SCRIPTS = Path(__file__).with_name("scripts")

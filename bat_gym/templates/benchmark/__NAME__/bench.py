@@ -25,6 +25,9 @@ import numpy as np
 
 from bat_gym.benchmark import (
     Benchmark,
+    # [stage Validate]
+    PilotFigure,
+    # [end]
     # [stage Plan]
     PlanFact,
     # [end]
@@ -51,6 +54,7 @@ PLAN = "plan/plan.md"
 # [end]
 # [stage Validate]
 PILOT = "validation/pilot.csv"
+PILOT_RECEIPT = "validation/s3_validation.json"
 # [end]
 # [stage Infer]
 PREDICTIONS = "outputs/predictions.csv"
@@ -95,7 +99,9 @@ SPEC = BenchmarkSpec(
             "Validate",
             id="__S_Validate__",
             skill=f"Run the pipeline on ONE case (`python {PIPELINE} {PILOT} ID`) and check its "
-            "score against the model card; fix the pipeline if it is wrong.",
+            "score against the model card; fix the pipeline if it is wrong. Write the check to "
+            f'{PILOT_RECEIPT}: {{"check": {{"case": ID, "name": "value_cm", "value": the '
+            "case's value in cm, \"passed\": whether the pilot's score is the card's}}.",
             artifacts=(PILOT,),
         ),
         # [end]
@@ -126,6 +132,23 @@ SPEC = BenchmarkSpec(
         heldout_repeats=5,
     ),
 )
+
+# [stage Validate]
+# The teacher's check of its pilot, by hand from the card, written to the receipt.
+CHECK_PILOT = f"""import csv, hashlib, json
+unit = json.load(open("task.json"))["value_unit"]
+model = json.load(open("model/model.json"))
+pilot = next(csv.DictReader(open("{PILOT}")))
+value = float(next(r for r in csv.DictReader(open("data/cases.csv")) if r["id"] == pilot["id"])["value"])
+value_cm = value * {UNITS!r}[unit]
+passed = abs(float(pilot["score"]) - round(model["slope"] * value_cm + model["offset"], 4)) <= 1e-4
+check = {{"case": pilot["id"], "name": "value_cm", "value": round(value_cm, 6), "passed": passed}}
+digest = hashlib.sha256(open("{PILOT}", "rb").read()).hexdigest()
+receipt = {{"stage": "Validate", "artifact": "{PILOT}", "sha256": digest, "check": check}}
+json.dump(receipt, open("{PILOT_RECEIPT}", "w"), indent=2)
+print("CHECK", "OK" if passed else "FAILED", check)
+"""
+# [end]
 
 MODEL_CARD = """# Model card
 
@@ -231,6 +254,25 @@ class __CLASS__(Benchmark):
         truth = self.private_answers(task)["scores"]
         return agreement(workspace, pilot_path, truth, complete=False)
 
+    def risky_cases(self, task: Task) -> frozenset[str]:
+        """Where the unit trap shows (``pilot_checked``): every case, as the unit is never cm."""
+        return frozenset(self._draw(task.track, task.seed)["ids"])
+
+    def pilot_figure(
+        self, task: Task, workspace: FrozenWorkspace, pilot_path: str, case: str
+    ) -> PilotFigure:
+        """The Validate check's figure (``pilot_checked``): the case's value in cm, within 1e-4.
+
+        It passes when the pilot's score for the case is the model's; ``value`` is None
+        for a case the task does not have.
+        """
+        d = self._draw(task.track, task.seed)
+        if case not in d["ids"]:
+            return PilotFigure("value_cm", None, False)
+        value_cm = d["values"][d["ids"].index(case)] * UNITS[d["unit"]]
+        right = agreement(workspace, pilot_path, {case: d["scores"][case]}, complete=True)
+        return PilotFigure("value_cm", value_cm, right == 1.0, tolerance=1e-4)
+
     # [end]
     def reproduction_command(self, task: Task) -> str:
         """How the verifier runs the agent's pipeline again (``pipeline_reproduces``)."""
@@ -283,7 +325,7 @@ class __CLASS__(Benchmark):
                 (
                     bash(
                         f"mkdir -p validation && python {PIPELINE} {PILOT} {d['ids'][0]}\n"
-                        f"cat {PILOT}"
+                        f"cat {PILOT}\npython3 - <<'EOF'\n{CHECK_PILOT}EOF"
                     ),
                 ),
             ),

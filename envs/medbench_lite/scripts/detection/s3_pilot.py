@@ -42,3 +42,5 @@ checks = {
         "value": None if swapped is None else round(swapped, 3), "expect": "below the reading above",
         "ok": top is not None and swapped is not None and swapped < top},
 }
+# The receipt states this check: its figure is what the verifier recomputes.
+figure = ('box_contrast', "top-3 boxes' median contrast over the surrounding ring, read as [y0:y1, x0:x1]")

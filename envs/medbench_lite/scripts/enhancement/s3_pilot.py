@@ -21,3 +21,5 @@ checks = {
     "noise reduction factor (card: 4-8x)": {"value": round(n_in / max(n_out, 1e-6), 2), "expect": ">= 1.5", "ok": n_in / max(n_out, 1e-6) >= 1.5},
     "mean body HU shift": {"value": round(shift, 1), "expect": "|shift| < 10", "ok": abs(shift) < 10},
 }
+# The receipt states this check: its figure is what the verifier recomputes.
+figure = ('noise_reduction', 'noise reduction factor (card: 4-8x)')

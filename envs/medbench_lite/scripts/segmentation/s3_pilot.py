@@ -21,3 +21,5 @@ checks = {
         "value": round(side, 1), "expect": "> 20", "ok": bool(side > 20)},
     "liver volume (L)": {"value": round(litres, 2), "expect": "0.4-1.5", "ok": bool(0.4 <= litres <= 1.5)},
 }
+# The receipt states this check: its figure is what the verifier recomputes.
+figure = ('liver_side_mm', "liver centre minus body centre, world x (mm; RAS +x = patient's right)")

@@ -17,3 +17,5 @@ checks = {
     "Pearson r with the true contrast B in the head": {"value": round(r, 3), "expect": "> 0.8 (card)", "ok": r > 0.8},
     "normalized MAE in the head": {"value": round(nmae, 3), "expect": "< 0.2 (card)", "ok": nmae < 0.2},
 }
+# The receipt states this check: its figure is what the verifier recomputes.
+figure = ('pearson_r', 'Pearson r with the true contrast B in the head')

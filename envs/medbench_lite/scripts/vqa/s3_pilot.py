@@ -14,3 +14,5 @@ checks = {
     "answer matches the worked example": {"value": got, "expect": pick["answer"], "ok": got.strip().lower() == pick["answer"].strip().lower()},
     "answer in the allowed vocabulary": {"value": got, "expect": "yes/no/digit/left/right/none", "ok": got in ("yes", "no", "left", "right", "none") or got.isdigit()},
 }
+# The receipt states this check: its figure is what the verifier recomputes.
+figure = ('answer', 'answer matches the worked example')
