@@ -302,6 +302,44 @@ def reproduce(
     command = benchmark.reproduction_command(task)
     if command is None:
         return None
+    return _reproduce(benchmark, task, final, outputs, command, backend, shortcut=True)
+
+
+def _reference_reads(
+    benchmark: Benchmark,
+    task: Task,
+    ref: FrozenWorkspace,
+    outputs: Sequence[str],
+    backend: str,
+) -> frozenset[str]:
+    """What the reproduction of the reference run's own files reads, kept beside it on disk."""
+    store = _store(benchmark)
+    key = reference_key(benchmark, task, _pristine_digest(benchmark, task), backend)
+    index = (
+        store.root
+        / f"{key}.{hashlib.sha256(json.dumps(list(outputs)).encode()).hexdigest()[:16]}.reads"
+    )
+    try:
+        return frozenset(json.loads(index.read_text()))
+    except (OSError, ValueError):
+        pass
+    command = benchmark.reproduction_command(task) or ""
+    again = _reproduce(benchmark, task, ref, outputs, command, backend, shortcut=False)
+    write_atomic(index, json.dumps(sorted(again.read)))
+    return again.read
+
+
+def _reproduce(
+    benchmark: Benchmark,
+    task: Task,
+    final: FrozenWorkspace,
+    outputs: Sequence[str],
+    command: str,
+    backend: str,
+    *,
+    shortcut: bool,
+) -> Reproduction:
+    """:func:`reproduce` with the command; ``shortcut``: answer the reference's files by it."""
     inputs = benchmark.input_paths
     produced = {o.split("/", 1)[0] for o in outputs if "/" in o}
 
@@ -319,17 +357,21 @@ def reproduce(
     kept_digest = Snapshot.of(kept).digest
     ref = reference_workspace(benchmark, task, backend=backend)
     if (
-        ref is not None
+        shortcut
+        and ref is not None
         and kept_digest == Snapshot.of([e for e in ref.snapshot.entries if is_kept(e.path)]).digest
     ):
         # The very files the reference run shipped, on the same pristine inputs: the
-        # pipeline is deterministic, so running it again would give the reference's.
-        return Reproduction(ref.snapshot, ref.store, kept_files)
+        # pipeline is deterministic, so running it again would give the reference's,
+        # reading what the reference's own reproduction read (run once per task).
+        return Reproduction(
+            ref.snapshot, ref.store, _reference_reads(benchmark, task, ref, outputs, backend)
+        )
     start_key = _pristine_digest(benchmark, task) + kept_digest + backend
     memo = (task.task_id, start_key, tuple(outputs))
     with _LOCK:
         if memo in _REPRO:
-            return _REPRO[memo][0]
+            return _REPRO[memo][0]  # type: ignore[return-value]
     tmp = _scratch_dir()
     store = BlobStore(tmp)
     # The pristine files were stored once, with the task's reference: copy, not regenerate.
