@@ -166,7 +166,7 @@ def unchanged_unless_repaired(
 ) -> CheckResult:
     """Earlier files change only through a recorded, attributed repair that reproduces.
 
-    The frozen set is every start file at or under ``paths``, plus, with
+    The frozen set is every start or final file at or under ``paths``, plus, with
     ``reproduces`` (the output the pipeline writes), the pipeline's file set: every
     file the pipeline read, new or old, in the verifier's reproductions and in the
     episode's observed runs of ``entry``. The stage's own artifacts (``stage``'s in
@@ -179,7 +179,13 @@ def unchanged_unless_repaired(
     Null when nothing is frozen (the start state lacks what the contract expects), or
     a repair cannot be reproduced for want of a task oracle.
     """
-    frozen = {p for p in ctx.start.paths() if any(path_matches(p, pattern) for pattern in paths)}
+    # Start files under the listed paths, and files new there (a module added to the
+    # frozen pipeline folder); compiled caches are Python's, not the agent's.
+    frozen = {
+        p
+        for p in {*ctx.start.paths(), *ctx.workspace.paths()}
+        if any(path_matches(p, pattern) for pattern in paths) and "__pycache__" not in p.split("/")
+    }
     if reproduces is not None:
         frozen |= _pipeline_files(ctx, reproduces, entry)
     frozen -= _own_artifacts(ctx, stage, receipt)
