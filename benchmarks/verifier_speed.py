@@ -176,6 +176,21 @@ def accuracy(ws: FrozenWorkspace) -> float:
     return sum(int(rows[c]) == y for c, y in LABELS.items()) / len(LABELS)
 
 
+# What each stage row starts without: its own artifacts and every later stage's.
+LATER = {
+    "S3": ("validation/pilot.csv", "validation/s3_validation.json"),
+    "S4": ("outputs/predictions.csv", "validation/s4_completion.json"),
+    "S5": ("outputs/submission.csv", "validation/s5_submission.json"),
+}
+
+
+def stage_start(focus: str) -> dict[str, str]:
+    """The FINAL workspace as a ``focus`` stage row would start from it."""
+    stages = list(LATER)
+    dropped = {p for s in stages[stages.index(focus) :] for p in LATER[s]}
+    return {p: c for p, c in FINAL.items() if p not in dropped}
+
+
 def measure(contract: RubricContract, store: BlobStore, start, final, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
@@ -252,7 +267,14 @@ def main() -> None:
         final = FrozenWorkspace.from_files(store, FINAL).snapshot
         print(f"workspace: {len(FINAL)} files; record: {len(CALLS)} calls")
         report("10-item stage contract", measure(TEN_ITEMS, store, start, final, args.repeats))
-        e2e = ContractLibrary.reference().by_id("e2e")
+        library = ContractLibrary.reference()
+        for focus in LATER:  # the stage contracts on stage rows (no reference run here)
+            row_start = FrozenWorkspace.from_files(store, stage_start(focus)).snapshot
+            report(
+                f"reference {focus} contract (stage row)",
+                measure(library.for_focus(focus), store, row_start, final, args.repeats),
+            )
+        e2e = library.by_id("e2e")
         report(
             "reference E2E contract (5 stages, 27 items)",
             measure(e2e, store, start, final, args.repeats),

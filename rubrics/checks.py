@@ -22,8 +22,9 @@ The built-in checks live in :mod:`~bat_gym.rubrics.artifact_checks` (``file_exis
 ``file_nonempty``, ``json_valid``, ``csv_schema``, ``markdown_sections``,
 ``receipt_valid``, ``non_degenerate``) and :mod:`~bat_gym.rubrics.episode_checks`
 (``command_ran``, ``pipeline_ran``, ``written_by_tool``, ``stage_artifacts_written``,
-``unchanged``, ``task_metric_at_least``, ``pilot_quality``, ``matches_answers``) and
-:mod:`~bat_gym.rubrics.tool_checks` (``tool_called``, on a benchmark's own tools); they
+``unchanged``, ``task_metric_at_least``, ``pilot_quality``, ``matches_answers``),
+:mod:`~bat_gym.rubrics.repair_checks` (``unchanged_unless_repaired``,
+``upstream_repaired``, ``stages_linked``) and :mod:`~bat_gym.rubrics.tool_checks` (``tool_called``, on a benchmark's own tools); they
 register the first time the registry is consulted.
 """
 
@@ -65,6 +66,7 @@ BUILTIN_MODULES = (
     "bat_gym.rubrics.artifact_checks",
     "bat_gym.rubrics.episode_checks",
     "bat_gym.rubrics.reference_checks",
+    "bat_gym.rubrics.repair_checks",
     "bat_gym.rubrics.judge",
     "bat_gym.rubrics.tool_checks",
 )

@@ -49,7 +49,14 @@ from bat_gym.spec import Task
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
 
-__all__ = ["reference_workspace", "reference_key", "reproduce", "adopt_reference", "task_oracle"]
+__all__ = [
+    "Reproduction",
+    "reference_workspace",
+    "reference_key",
+    "reproduce",
+    "adopt_reference",
+    "task_oracle",
+]
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +206,30 @@ def _run(
 
 # -- reproduction ---------------------------------------------------------------------
 
+
+class Reproduction(FrozenWorkspace):
+    """What a reproduction left, and which of the files it started from the pipeline read.
+
+    ``read`` is the pipeline's file set as the run itself shows it: every file of the
+    starting workspace other than the task's inputs that the run's processes opened
+    (sources executed or imported, settings and intermediate files read), observed by
+    the sandbox (:attr:`bat_gym.sandbox.base.Provenance.reads`). Where the sandbox
+    cannot observe reads, or the run was answered by the reference run, it is every
+    file the run started from: what cannot be told apart is all counted as pipeline.
+    """
+
+    def __init__(self, snapshot: Snapshot, store: BlobStore, read: frozenset[str]) -> None:
+        super().__init__(snapshot, store)
+        self.read = read
+
+
+def _derived(path: str) -> bool:
+    """A compiled-module cache file: Python writes it, and would run it instead of the source."""
+    return "__pycache__" in path.split("/")
+
+
 _REPRO_MAX = 4  # reproductions kept (each with its blobs in a temporary directory)
-_REPRO: dict[tuple[str, str, tuple[str, ...]], tuple[FrozenWorkspace | None, str]] = {}
+_REPRO: dict[tuple[str, str, tuple[str, ...]], tuple[Reproduction | None, str]] = {}
 
 
 _CLEANS_UP: set[int] = set()  # the processes whose exit deletes their reproductions
@@ -251,16 +280,19 @@ def reproduce(
     outputs: Sequence[str],
     *,
     backend: str = "local",
-) -> FrozenWorkspace | None:
+) -> Reproduction | None:
     """Run the agent's shipped pipeline again, out of band; return what it leaves.
 
     The sandbox (on ``backend``, the episode's) starts from ``final``, the agent's
     frozen workspace, with the task's :attr:`~bat_gym.benchmark.Benchmark.input_paths`
-    put back as they were and the ``outputs`` (with everything under their top
-    directory, ``outputs/``) removed, then runs the benchmark's reproduction command
-    once. None when the benchmark has no such command. A pipeline that fails, times
-    out, or leaves a workspace the host refuses leaves the outputs missing, never an
-    exception.
+    put back as they were, the ``outputs`` (with everything under their top
+    directory, ``outputs/``) removed and compiled-module caches (``__pycache__/``)
+    dropped, so the sources are what runs, then runs the benchmark's reproduction
+    command once. None when the benchmark has no such command. A pipeline that fails,
+    times out, or leaves a workspace the host refuses leaves the outputs missing,
+    never an exception. The result's :attr:`Reproduction.read` is the pipeline's file
+    set: every kept file the run read, wherever it lives (a module that shadows an
+    import at the workspace root is as much pipeline as ``pipeline/infer.py``).
 
     Runs are remembered by the digest of that starting workspace: the pipeline is
     deterministic, so the rollouts of a group that ship the same pipeline (say, on an
@@ -270,6 +302,44 @@ def reproduce(
     command = benchmark.reproduction_command(task)
     if command is None:
         return None
+    return _reproduce(benchmark, task, final, outputs, command, backend, shortcut=True)
+
+
+def _reference_reads(
+    benchmark: Benchmark,
+    task: Task,
+    ref: FrozenWorkspace,
+    outputs: Sequence[str],
+    backend: str,
+) -> frozenset[str]:
+    """What the reproduction of the reference run's own files reads, kept beside it on disk."""
+    store = _store(benchmark)
+    key = reference_key(benchmark, task, _pristine_digest(benchmark, task), backend)
+    index = (
+        store.root
+        / f"{key}.{hashlib.sha256(json.dumps(list(outputs)).encode()).hexdigest()[:16]}.reads"
+    )
+    try:
+        return frozenset(json.loads(index.read_text()))
+    except (OSError, ValueError):
+        pass
+    command = benchmark.reproduction_command(task) or ""
+    again = _reproduce(benchmark, task, ref, outputs, command, backend, shortcut=False)
+    write_atomic(index, json.dumps(sorted(again.read)))
+    return again.read
+
+
+def _reproduce(
+    benchmark: Benchmark,
+    task: Task,
+    final: FrozenWorkspace,
+    outputs: Sequence[str],
+    command: str,
+    backend: str,
+    *,
+    shortcut: bool,
+) -> Reproduction:
+    """:func:`reproduce` with the command; ``shortcut``: answer the reference's files by it."""
     inputs = benchmark.input_paths
     produced = {o.split("/", 1)[0] for o in outputs if "/" in o}
 
@@ -279,24 +349,29 @@ def reproduce(
     def is_output(path: str) -> bool:
         return path in outputs or any(path_matches(path, d) for d in produced)
 
-    kept = [e for e in final.snapshot.entries if not is_input(e.path) and not is_output(e.path)]
+    def is_kept(path: str) -> bool:
+        return not is_input(path) and not is_output(path) and not _derived(path)
+
+    kept = [e for e in final.snapshot.entries if is_kept(e.path)]
+    kept_files = frozenset(e.path for e in kept if e.kind == "f")
     kept_digest = Snapshot.of(kept).digest
     ref = reference_workspace(benchmark, task, backend=backend)
     if (
-        ref is not None
-        and kept_digest
-        == Snapshot.of(
-            [e for e in ref.snapshot.entries if not is_input(e.path) and not is_output(e.path)]
-        ).digest
+        shortcut
+        and ref is not None
+        and kept_digest == Snapshot.of([e for e in ref.snapshot.entries if is_kept(e.path)]).digest
     ):
         # The very files the reference run shipped, on the same pristine inputs: the
-        # pipeline is deterministic, so running it again would give the reference's.
-        return ref
+        # pipeline is deterministic, so running it again would give the reference's,
+        # reading what the reference's own reproduction read (run once per task).
+        return Reproduction(
+            ref.snapshot, ref.store, _reference_reads(benchmark, task, ref, outputs, backend)
+        )
     start_key = _pristine_digest(benchmark, task) + kept_digest + backend
     memo = (task.task_id, start_key, tuple(outputs))
     with _LOCK:
         if memo in _REPRO:
-            return _REPRO[memo][0]
+            return _REPRO[memo][0]  # type: ignore[return-value]
     tmp = _scratch_dir()
     store = BlobStore(tmp)
     # The pristine files were stored once, with the task's reference: copy, not regenerate.
@@ -309,7 +384,7 @@ def reproduce(
             store.put_bytes(source.read_blob(e.digest))
     start = Snapshot.of(kept + inputs_of_task)
     store.put_snapshot(start)
-    result: FrozenWorkspace | None
+    result: Reproduction
     with make_sandbox(
         backend, store=store, requirements=benchmark.sandbox_requirements()
     ) as sandbox:
@@ -317,13 +392,16 @@ def reproduce(
         res = sandbox.execute_code("bash", command)
         if res.exit_code != 0:
             log.info("reproduction of %s exited %s", task.task_id, res.exit_code)
+        reads = res.provenance.reads
+        # Only files the run started from count: what it wrote and read back is its own.
+        read = kept_files if reads is None else kept_files.intersection(reads)
         try:
-            result = FrozenWorkspace(sandbox.capture(), store)
+            result = Reproduction(sandbox.capture(), store, read)
         except WorkspaceRejected as exc:  # the outputs count as missing
             log.info("reproduction of %s left a refused workspace: %s", task.task_id, exc)
             empty = Snapshot.of([])
             store.put_snapshot(empty)
-            result = FrozenWorkspace(empty, store)
+            result = Reproduction(empty, store, read)
     with _LOCK:
         while len(_REPRO) >= _REPRO_MAX:
             _, old_dir = _REPRO.pop(next(iter(_REPRO)))

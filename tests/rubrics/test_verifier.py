@@ -90,7 +90,12 @@ def test_a_complete_e2e_episode_earns_1(e2e):
     v = e2e()
     assert v.reward == 1.0 and v.task_score == 1.0 and v.stage_score == 1.0 and v.eta == 1.0
     assert [s.stage for s in v.stages] == ["S1", "S2", "S3", "S4", "S5"]
-    assert all(s.skipped == ("earlier_unchanged",) for s in v.stages if s.stage != "S1")
+    # Stage-row-only items: the freeze, and the repair of a defective start state.
+    assert all(
+        s.skipped in (("earlier_unchanged",), ("earlier_unchanged", "upstream_repaired"))
+        for s in v.stages
+        if s.stage != "S1"
+    )
     # This hand-built oracle has no reference run, no reproduction and no plan facts:
     # the checks against out-of-band truth are null, and say so; nothing else is.
     assert v.contract == LIB.by_id("e2e").ref
@@ -104,6 +109,10 @@ def test_e2e_reward_is_half_stage_mean_half_task(e2e):
     wrong = "id,label\ncase001,1\ncase002,1\ncase003,0\n"  # 1 of 3 right
     v = e2e(
         {
+            # The submission is the predictions (stages_linked); this oracle has no
+            # reference run, so only the task metric tells they are wrong.
+            "outputs/predictions.csv": wrong,
+            "validation/s4_completion.json": receipt("S4", "outputs/predictions.csv", wrong),
             "outputs/submission.csv": wrong,
             "validation/s5_submission.json": receipt("S5", "outputs/submission.csv", wrong),
         }
