@@ -337,7 +337,7 @@ def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> 
 
     Its private answers, ``task_score``, ``pilot_score`` and ``pilot_reference_score``,
     the reference run and the reproduction of this module (on ``backend``),
-    ``files_agree``, ``plan_facts`` and the judge; each computed on first use.
+    ``files_agree``, ``numeric_tolerance``, ``plan_facts`` and the judge; each computed on first use.
     """
     return TaskOracle(
         lambda: benchmark.private_answers(task),
@@ -350,6 +350,7 @@ def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> 
             benchmark, task, final, outputs, backend=backend
         ),
         plan_facts=lambda: benchmark.plan_facts(task),
+        tolerance=lambda: benchmark.numeric_tolerance(task),
         judge=benchmark.judge,
         pilot_reference=lambda ref, workspace, path: benchmark.pilot_reference_score(
             task, ref, workspace, path
