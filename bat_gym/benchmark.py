@@ -8,7 +8,9 @@ point (see :mod:`bat_gym.registry`). The core never imports a benchmark by name.
 from __future__ import annotations
 
 import hashlib
+import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from bat_gym.service import ServiceState
     from bat_gym.tools import Tool
 
-__all__ = ["Benchmark", "PilotFigure", "PlanFact", "TeacherTurn"]
+__all__ = ["Benchmark", "PilotFigure", "PlanFact", "TeacherTurn", "Tolerance"]
 
 Split = Literal["train", "heldout"]
 
@@ -36,18 +38,146 @@ class TeacherTurn(NamedTuple):
     calls: tuple[ToolCall, ...]
 
 
+class Tolerance(NamedTuple):
+    """How far a number may be from the reference run's and still agree.
+
+    A number ``a`` agrees with the reference's ``b`` when ``|a - b| <= atol + rtol * |b|``
+    (the units are the column's own). Nothing widens it: a value printed more coarsely
+    than the tolerance allows disagrees, and the verdict says so.
+
+    Attributes:
+        rtol: relative tolerance (>= 0).
+        atol: absolute tolerance (>= 0), in the column's unit.
+    """
+
+    rtol: float = 0.0
+    atol: float = 0.0
+
+
 class PlanFact(NamedTuple):
     """Something a plan can state only after reading the task and the model card.
 
+    A fact is *stated* when one of its ``patterns`` matches the plan, and *contradicted*
+    when one of its ``rivals`` does: another count of the same thing, another unit,
+    another value of the convention or flag. The ``plan_states_facts`` check credits a
+    fact only when it is stated and not contradicted, so a plan that lists every
+    candidate value (a blind enumeration) earns nothing for it. All patterns are
+    regular expressions, matched case-insensitively (``(?-i:...)`` scopes a
+    case-sensitive part).
+
+    Facts of one ``kind`` may state each other's values: where a rival's match
+    overlaps a match of another fact of the same kind, it is that fact's value, not a
+    contradiction (a plan converting "mm to cm" states the input unit and the model's
+    unit, both facts of kind ``unit``).
+
+    Build facts with :meth:`count`, :meth:`choice` and :meth:`setting`, which derive
+    the patterns and rivals from a value; use the fields directly for anything else.
+
     Attributes:
         name: what the fact is, in a few words ("the number of cases"); verdicts name
-            a missing fact by it, never by its patterns.
-        patterns: regular expressions, matched case-insensitively against the plan;
-            the fact is stated when any of them matches.
+            a missing or contradicted fact by it, never by its patterns or value.
+        patterns: how the plan may state the fact's value; any match states it.
+        rivals: how a plan states a value that contradicts it; any match (not excused
+            by a fact of the same kind) withholds the fact's credit. Default: none.
+        kind: what sort of value the fact is (``count``, ``unit``, ``convention``,
+            ``flag``, ...); facts of one kind excuse each other's values. Default: ""
+            (a kind of its own).
+        value: the fact's value as a plan states it ("12 cases", "--unit mm"), for
+            teachers, tests and docs: a plan made of the values of a task's facts
+            states them all. Default: "".
+
+    >>> PlanFact.count("the number of cases", 12).value
+    '12 cases'
     """
 
     name: str
     patterns: tuple[str, ...]
+    rivals: tuple[str, ...] = ()
+    kind: str = ""
+    value: str = ""
+
+    @classmethod
+    def count(cls, name: str, n: int, noun: str = "cases") -> PlanFact:
+        """``n`` of something, stated as ``"<n> <noun>"``; any other ``"<m> <noun>"`` rivals it.
+
+        Args:
+            name: the fact's name.
+            n: the count (>= 0).
+            noun: the plural noun the count is stated with ("cases", "patients"). A
+                singular ("1 case") is neither a statement nor a rival.
+        """
+        if n < 0:
+            raise ConfigError(f"a count is at least 0, got {n}")
+        noun = re.escape(noun)
+        return cls(
+            name,
+            (rf"(?<![\w.,]){n}\s+{noun}\b",),
+            (rf"(?<![\w.,])(?!{n}\s)\d+\s+{noun}\b",),
+            kind=f"count of {noun}",
+            value=f"{n} {noun}",
+        )
+
+    @classmethod
+    def choice(
+        cls,
+        name: str,
+        value: str,
+        among: tuple[str, ...],
+        *,
+        kind: str,
+        also: tuple[str, ...] = (),
+    ) -> PlanFact:
+        """One of the values ``among`` (a unit, a convention); the others rival it.
+
+        Each value matches as a whole word, case-insensitively.
+
+        Args:
+            name: the fact's name.
+            value: the right value; one of ``among``.
+            among: every value of its kind a task may call for.
+            kind: what the values are (``unit``, ``orientation``, ...).
+            also: more patterns that state the value (a function that applies it).
+
+        Raises:
+            ConfigError: ``value`` is not one of ``among``.
+        """
+        if value not in among:
+            raise ConfigError(f"{value!r} is not one of {among}")
+        return cls(
+            name,
+            (_word(value), *also),
+            tuple(_word(v) for v in among if v != value),
+            kind=kind,
+            value=value,
+        )
+
+    @classmethod
+    def setting(cls, name: str, flag: str, value: str) -> PlanFact:
+        """A command-line setting ``"<flag> <value>"``; the flag with any other value rivals it.
+
+        Args:
+            name: the fact's name.
+            flag: the option (``--unit``).
+            value: its right value (``mm``).
+        """
+        f, v = re.escape(flag), re.escape(value)
+        return cls(
+            name,
+            (rf"{f}[ =]{v}{_END}",),
+            (rf"{f}[ =](?!{v}{_END})[\w.-]*\w",),
+            kind=f"setting {flag}",
+            value=f"{flag} {value}",
+        )
+
+
+# A value ends where no word, path, contraction or file suffix goes on ("mm." ends a
+# sentence; "mm.csv" and "mm/" go on).
+_END = r"(?![\w/'’-]|\.\w)"
+
+
+def _word(value: str) -> str:
+    """``value`` as a whole word: not inside a longer word, path, number or contraction."""
+    return rf"(?<![\w/.+'’-]){re.escape(value)}{_END}"
 
 
 class PilotFigure(NamedTuple):
@@ -340,9 +470,26 @@ class Benchmark(ABC):
         ``path`` is the agent's file. Default: the same bytes, right for outputs of a
         deterministic model written by the task's own pipeline. Override it where the
         same result has several encodings (a NIfTI header, JSON key order), comparing
-        the decoded values exactly or within a documented tolerance.
+        the decoded values exactly or within a tolerance you declare and document
+        beside it, as :meth:`numeric_tolerance` does for CSV cells. Never widen it by
+        how coarsely a value happens to be printed: that pays a submission rounded
+        past what the task asks for.
         """
         return mine == reference
+
+    def numeric_tolerance(self, task: Task) -> Mapping[str, Tolerance]:
+        """Per CSV column, how far a number may be from the reference run's.
+
+        The ``matches_reference`` and ``pipeline_reproduces`` checks compare the
+        numeric cells of an agent's CSV with the reference run's by the
+        :class:`Tolerance` of their column (``"*"``: every column not named), and
+        by the contract's ``rtol``/``atol`` (exact up to float printing by default)
+        for columns with none. The tolerance is never widened to the printing: a
+        value written with fewer decimals than the tolerance needs fails. Declare
+        the tolerance the task's own metric grants (scores written with four decimals
+        and compared within 1e-4: ``{"score": Tolerance(atol=1e-4)}``). Default: none.
+        """
+        return {}
 
     # -- contracts --------------------------------------------------------------------
 

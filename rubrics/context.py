@@ -154,6 +154,8 @@ class TaskOracle:
             or None. Default: none (reproduction checks are null).
         judge: returns the benchmark's judge policy (:meth:`Benchmark.judge`), or None.
             Default: none (judged checks are null).
+        tolerance: returns the benchmark's per-column numeric tolerance
+            (:meth:`Benchmark.numeric_tolerance`). Default: none (the checks' own).
         pilot_reference: ``(reference, workspace, pilot_path)`` to the reference run's
             task metric on the case(s) the pilot names, in [0, 1], or None
             (:meth:`Benchmark.pilot_reference_score`). Default: none (a relative pilot
@@ -181,6 +183,7 @@ class TaskOracle:
         | None = None,
         risky_cases: Callable[[], frozenset[str] | None] | None = None,
         pilot_figure: Callable[[FrozenWorkspace, str, str], Any] | None = None,
+        tolerance: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self._answers = answers
         self._metric = metric
@@ -193,6 +196,7 @@ class TaskOracle:
         self._pilot_reference = pilot_reference
         self._risky_cases = risky_cases
         self._pilot_figure = pilot_figure
+        self._tolerance = tolerance
         self._scores: dict[str, float | None] = {}
         self._pilot_scores: dict[tuple[str, str], float | None] = {}
         self._pilot_reference_scores: dict[tuple[str, str], float | None] = {}
@@ -211,6 +215,11 @@ class TaskOracle:
     def reference(self) -> FrozenWorkspace | None:
         """What the benchmark's reference script leaves on the pristine task, if anything."""
         return None if self._reference is None else self._reference()
+
+    @cached_property
+    def tolerance(self) -> Mapping[str, Any]:
+        """The benchmark's numeric tolerance per CSV column (``Tolerance`` by name)."""
+        return {} if self._tolerance is None else dict(self._tolerance())
 
     @cached_property
     def plan_facts(self) -> tuple[Any, ...]:

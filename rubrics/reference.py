@@ -414,9 +414,9 @@ def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> 
     """What only the verifier may see about ``task`` under ``benchmark``, for the checks.
 
     Its private answers, ``task_score``, ``pilot_score``, ``pilot_reference_score``,
-    ``risky_cases`` and ``pilot_figure``,
-    the reference run and the reproduction of this module (on ``backend``),
-    ``files_agree``, ``plan_facts`` and the judge; each computed on first use.
+    ``risky_cases`` and ``pilot_figure``, the reference run and the reproduction of this
+    module (on ``backend``), ``files_agree``, ``numeric_tolerance``, ``plan_facts`` and
+    the judge; each computed on first use.
     """
     return TaskOracle(
         lambda: benchmark.private_answers(task),
@@ -429,6 +429,7 @@ def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> 
             benchmark, task, final, outputs, backend=backend
         ),
         plan_facts=lambda: benchmark.plan_facts(task),
+        tolerance=lambda: benchmark.numeric_tolerance(task),
         judge=benchmark.judge,
         pilot_reference=lambda ref, workspace, path: benchmark.pilot_reference_score(
             task, ref, workspace, path

@@ -9,8 +9,9 @@ what that run produced:
 * ``mode: rows``: a CSV whose every row (keyed by its first column) equals the
   reference CSV's row of the same key, cell by cell: a cell that names a file of the
   workspace must name a file that agrees with the one the reference cell names, a
-  number must be within ``rtol`` (relative) or ``atol`` (absolute) of the reference's,
-  anything else must be the same text. ``complete`` also asks for every reference key;
+  number must be within its column's tolerance of the reference's (the benchmark's
+  :meth:`~bat_gym.benchmark.Benchmark.numeric_tolerance`, else the check's ``rtol``
+  relative and ``atol`` absolute), anything else must be the same text. ``complete`` also asks for every reference key;
   ``at_least`` for a minimum number of rows. A pilot is checked against the reference
   predictions this way (``against``), so its rows must be the model's own outputs;
 * ``mode: json``: the values at the dotted ``keys`` of a JSON file equal the
@@ -19,7 +20,10 @@ what that run produced:
 
 Null when there is no task oracle or the benchmark declares no reference script. The
 tolerances default to exact agreement up to float printing (``rtol`` 1e-9): the shipped
-models are deterministic numpy, so anything wider is an attack surface.
+models are deterministic numpy, so anything wider is an attack surface. A tolerance is
+never widened to how a value is printed: a cell written with fewer decimals than its
+tolerance needs (``0.9`` where the scores agree within 1e-4) fails, and the verdict
+says that the printing is too coarse.
 """
 
 from __future__ import annotations
@@ -82,7 +86,13 @@ def _values_agree(mine: Any, ref: Any, rtol: float, atol: float) -> bool:
 
 
 class _Compare:
-    """Cell and file comparison between a workspace and the reference's."""
+    """Cell and file comparison between a workspace and the reference's.
+
+    Numbers agree within their column's tolerance: the benchmark's declared one
+    (``tolerance[column]``, else ``tolerance["*"]``), else ``rtol``/``atol``.
+    :attr:`coarse` collects the columns whose failing cells were printed too coarsely
+    for that tolerance, for the verdict.
+    """
 
     def __init__(
         self,
@@ -93,7 +103,15 @@ class _Compare:
         atol: float,
     ) -> None:
         assert ctx.task is not None
-        self.task, self.ws, self.ref, self.rtol, self.atol = ctx.task, ws, ref, rtol, atol
+        self.task, self.ws, self.ref = ctx.task, ws, ref
+        self.default = (rtol, atol)
+        self.declared = dict(getattr(ctx.task, "tolerance", None) or {})
+        self.coarse: dict[str, str] = {}
+
+    def tolerance(self, column: str) -> tuple[float, float]:
+        """``(rtol, atol)`` of ``column``."""
+        tol = self.declared.get(column, self.declared.get("*"))
+        return self.default if tol is None else (float(tol[0]), float(tol[1]))
 
     def files(self, mine: str, theirs: str) -> bool:
         ws = self.ws
@@ -103,32 +121,34 @@ class _Compare:
             return True
         return bool(self.task.files_agree(mine, ws.read_bytes(mine), self.ref.read_bytes(theirs)))
 
-    def cells(self, mine: str, theirs: str) -> bool:
+    def cells(self, column: str, mine: str, theirs: str) -> bool:
         if theirs and self.ref.sha256(posixpath.normpath(theirs)) is not None:
             # The reference cell names a file: the agent's must name one that agrees.
             return self.files(posixpath.normpath(mine), posixpath.normpath(theirs))
         a, b = _number(mine), _number(theirs)
-        if a is not None and b is not None:
-            return _close(a, b, self.rtol, max(self.atol, _printing(mine, theirs)))
-        return mine == theirs
+        if a is None or b is None:
+            return mine == theirs
+        rtol, atol = self.tolerance(column)
+        if _close(a, b, rtol, atol):
+            return True
+        allowed = atol + rtol * abs(b)
+        step = _printing_step(mine)
+        if step is not None and step / 2 > allowed:
+            self.coarse.setdefault(
+                column,
+                f"{column} printed as {mine!r} (to {step:g}), coarser than its "
+                f"tolerance {allowed:.3g} allows",
+            )
+        return False
 
 
-def _decimals(text: str) -> int | None:
-    """Digits after the decimal point of a plainly printed number, or None."""
-    if "e" in text.lower() or "." not in text:
+def _printing_step(text: str) -> float | None:
+    """The unit of the last digit of a plainly printed number (``0.9`` -> 0.1), or None."""
+    text = text.strip()
+    if not re.fullmatch(r"[+-]?\d+(\.\d*)?", text):
         return None
-    return len(text.split(".", 1)[1])
-
-
-def _printing(mine: str, theirs: str) -> float:
-    """Half a unit in the last digit of the coarser of two printings, 0 for integers.
-
-    The same value printed to 4 or to 17 decimals is the same output: a number the
-    reference wrote as ``0.8731`` agrees with ``0.87310000001`` (and ``0.873``). A cell
-    printed without a decimal point is compared exactly.
-    """
-    d = [x for x in (_decimals(mine), _decimals(theirs)) if x is not None]
-    return 0.5 * 10.0 ** -min(d) if len(d) == 2 and min(d) >= 1 else 0.0
+    decimals = len(text.split(".", 1)[1]) if "." in text else 0
+    return 10.0**-decimals
 
 
 @register_check("matches_reference")
@@ -157,8 +177,9 @@ def matches_reference(
             that may be recorded under either key.
         complete: rows: every key of the reference CSV must be present too.
         at_least: rows: the fewest rows that count.
-        rtol: relative tolerance on numbers, at most 1e-3.
-        atol: absolute tolerance on numbers, at most 1e-3.
+        rtol: relative tolerance on numbers of a column the benchmark declares no
+            tolerance for, at most 1e-3.
+        atol: absolute tolerance on such numbers, at most 1e-3.
     """
     ref = _reference(ctx)
     evidence = ctx.artifact(path)
@@ -266,13 +287,14 @@ def _agree(
     for n, row in enumerate(rows, start=2):
         want = by_key.get(row[key])
         if want is None or any(
-            col in want and not cmp.cells(row[col], want[col]) for col in header[1:]
+            col in want and not cmp.cells(col, row[col], want[col]) for col in header[1:]
         ):
             wrong.append(str(n))
     if wrong:
+        coarse = f"; {'; '.join(cmp.coarse.values())}" if cmp.coarse else ""
         raise CheckFailed(
             f"{path}: {len(wrong)} of {len(rows)} rows are not the provided model's outputs "
-            f"(lines {listing(wrong)})",
+            f"(lines {listing(wrong)}){coarse}",
             evidence,
         )
     got = {r[key] for r in rows}
@@ -332,18 +354,31 @@ def _dig(obj: Any, dotted: str) -> Any:
 
 
 @register_check("plan_states_facts")
-def plan_states_facts(ctx: CheckContext, *, path: str = "plan/plan.md") -> CheckResult:
-    """The plan states every fact the benchmark declares for this task.
+def plan_states_facts(
+    ctx: CheckContext,
+    *,
+    path: str = "plan/plan.md",
+    max_words: Annotated[int, Field(ge=1)] = 400,
+) -> CheckResult:
+    """The plan states every fact the benchmark declares for this task, right and once.
 
     :meth:`~bat_gym.benchmark.Benchmark.plan_facts` names what only reading the task
     and the model card reveals (the number of cases, the input convention, the planted
-    pitfall); each fact is stated when any of its patterns matches the plan
-    (case-insensitive). The detail names missing facts, never their patterns. Null when
-    the benchmark declares none.
+    pitfall). A fact is credited when one of its patterns matches the plan
+    (case-insensitive) and none of its rivals does: a plan that also states another
+    count of the same thing, another unit or another value of the convention
+    contradicts itself, and a blind enumeration of every candidate value states them
+    all. A rival's match is excused where it is the value of another fact of the same
+    kind (a plan converting mm to cm states two units, both facts). A plan longer than
+    ``max_words`` fails whatever it states: the facts are to be stated concisely, so a
+    long plan earns no more than a short one. The detail names missing and
+    contradicted facts, never their patterns or values. Null when the benchmark
+    declares none.
 
     Args:
         ctx: the episode.
         path: the plan.
+        max_words: the longest plan (whitespace-separated words) the stage calls for.
     """
     if ctx.task is None:
         raise CheckUnscorable("no task oracle: the task's facts are unavailable")
@@ -352,9 +387,43 @@ def plan_states_facts(ctx: CheckContext, *, path: str = "plan/plan.md") -> Check
         raise CheckUnscorable("the benchmark declares no plan facts for this task")
     evidence = ctx.artifact(path)
     text = read_text(ctx.workspace, path)
-    missing = [
-        f.name for f in facts if not any(re.search(p, text, re.IGNORECASE) for p in f.patterns)
+    words = len(text.split())
+    if words > max_words:
+        raise CheckFailed(
+            f"{path} has {words} words, more than the {max_words} a plan of this task "
+            "calls for: state each fact once",
+            evidence,
+        )
+    missing = [f.name for f in facts if not _matches(f.patterns, text)]
+    contradicted = [
+        f.name for f in facts if f.name not in missing and _contradicted(f, facts, text)
     ]
-    if missing:
-        raise CheckFailed(f"{path} does not state {'; '.join(missing)}", evidence)
+    problems = [f"does not state {'; '.join(missing)}"] if missing else []
+    if contradicted:
+        problems.append(f"contradicts itself on {'; '.join(contradicted)} (another value too)")
+    if problems:
+        raise CheckFailed(f"{path} {', and '.join(problems)}", evidence)
     return CheckResult.ok(f"{path} states the task's {len(facts)} facts", evidence)
+
+
+def _spans(patterns: tuple[str, ...], text: str) -> list[tuple[int, int]]:
+    return [m.span() for p in patterns for m in re.finditer(p, text, re.IGNORECASE)]
+
+
+def _matches(patterns: tuple[str, ...], text: str) -> bool:
+    return any(re.search(p, text, re.IGNORECASE) for p in patterns)
+
+
+def _contradicted(fact: Any, facts: tuple[Any, ...], text: str) -> bool:
+    """Whether a rival of ``fact`` matches where no fact of its kind is stated.
+
+    A rival's match overlapping a match of another fact of the same (non-empty) kind
+    is that fact's value, not a contradiction.
+    """
+    kind = getattr(fact, "kind", "")
+    siblings = [g for g in facts if kind and g is not fact and getattr(g, "kind", "") == kind]
+    excused = [span for g in siblings for span in _spans(g.patterns, text)]
+    return any(
+        not any(a < e and s < b for s, e in excused)
+        for a, b in _spans(tuple(getattr(fact, "rivals", ())), text)
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from itertools import permutations, product
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,25 @@ SANDBOX_REQUIREMENTS = SandboxRequirements(
 )
 
 
-# The convention each track's model card plants, as a plan that read the card states it.
+# Every orientation code (one letter of each axis pair, in any order) but the model's
+# RAS; upper-case only, so that words such as "air" or "lip" are no codes.
+_OTHER_ORIENTATIONS = tuple(
+    code
+    for axes in permutations(("LR", "AP", "SI"))
+    for code in ("".join(letters) for letters in product(*axes))
+    if code != "RAS"
+)
+
+# The convention each track's model card plants, as a plan that read the card states it,
+# and where the convention has other values, those values as its rivals.
 _PLAN_FACTS: dict[str, tuple[PlanFact, ...]] = {
     "segmentation": (
         PlanFact(
-            "the orientation the model wants", (r"RAS\+?", r"as_closest_canonical", r"reorient")
+            "the orientation the model wants",
+            (r"(?-i:\bRAS\b)\+?", r"as_closest_canonical"),
+            (rf"(?-i:\b(?:{'|'.join(_OTHER_ORIENTATIONS)})\b)",),
+            kind="orientation",
+            value="RAS+",
         ),
     ),
     "classification": (
@@ -49,11 +64,23 @@ _PLAN_FACTS: dict[str, tuple[PlanFact, ...]] = {
     ),
     "detection": (
         PlanFact(
-            "the model's (row, col) box order", (r"\(row, ?col\)", r"row[- ]col", r"x ?= ?col")
+            "the model's (row, col) box order",
+            (r"\(row, ?col\)", r"row[- ]col\b", r"x ?= ?col"),
+            (r"\((?:x, ?y|col, ?row|column, ?row)\)", r"col(?:umn)?[- ]row\b"),
+            kind="box order",
+            value="(row, col)",
         ),
     ),
     "enhancement": (PlanFact("the HU window the model wants", (r"-1000", r"\bwindow\b")),),
-    "synthesis": (PlanFact("the per-scan normalization", (r"95(th)? ?percentile", r"percentile")),),
+    "synthesis": (
+        PlanFact(
+            "the per-scan normalization",
+            (r"\b95(?:th)? ?percentile",),
+            (r"\b(?!95\D)\d+(?:\.\d+)?(?:st|nd|rd|th)? ?percentile", r"min[- ]max", r"z-?score"),
+            kind="normalization",
+            value="95th percentile",
+        ),
+    ),
     "vqa": (PlanFact("the display convention", (r"radiological", r"neurological", r"convention")),),
     "report": (PlanFact("the voxel spacing", (r"spacing", r"zooms", r"anisotrop")),),
 }
@@ -200,8 +227,14 @@ class MedBenchLite(Benchmark):
     # -- reference outputs ------------------------------------------------------------
 
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
-        """The convention the track's model card plants, which a plan must state."""
-        return _PLAN_FACTS.get(task.track, ())
+        """The number of cases, and the convention the track's model card plants.
+
+        Each stated once and right: another count of cases, or another value of the
+        convention where it has others (an orientation code, a box order, a
+        normalization), contradicts the plan.
+        """
+        cases = len(self._task_draw(task).case_ids)
+        return (PlanFact.count("the number of cases", cases), *_PLAN_FACTS.get(task.track, ()))
 
     def reproduction_command(self, task: Task) -> str:
         """The shipped ``pipeline/infer.py`` on every case, as the teacher's S4 runs it.

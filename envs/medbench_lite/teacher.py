@@ -93,16 +93,14 @@ def _write_pipeline(source: str) -> ToolCall:
 def _plan_call(plan: tuple[str, str, str]) -> ToolCall:
     pre, inf, post = (p.strip() for p in plan)
     body = (
-        "# Plan\n\n## Preprocess\n"
-        + pre
-        + "\n\n## Inference\n"
-        + inf
-        + "\n\n## Postprocess\n"
-        + post
-        + "\n"
+        "## Preprocess\n" + pre + "\n\n## Inference\n" + inf + "\n\n## Postprocess\n" + post + "\n"
     )
+    # The number of cases is read from task.json, as an engineer counts them.
+    count = "len(json.load(open('task.json'))['submission']['case_ids'])"
     return bash_call(
-        f"mkdir -p plan\ncat > plan/plan.md <<'PLAN_EOF'\n{body}PLAN_EOF\ngrep '^## ' plan/plan.md"
+        f'mkdir -p plan\nn=$(python3 -c "import json; print({count})")\n'
+        "{ printf '# Plan\\n\\n%s cases, listed in task.json.\\n\\n' \"$n\"\n"
+        f"cat <<'PLAN_EOF'\n{body}PLAN_EOF\n}} > plan/plan.md\ngrep '^## ' plan/plan.md"
     )
 
 

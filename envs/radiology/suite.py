@@ -398,16 +398,20 @@ class Radiology(Benchmark):
         return _agreement(workspace, pilot_path, self._truth(task.track, task.seed), complete=False)
 
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
-        """The number of patients, and what each kind of study needs."""
+        """The number of patients, and what each kind of study needs.
+
+        Another count of patients contradicts the plan.
+        """
         n = len(self._patients(task.track, task.seed))
+        count = PlanFact.count("the number of patients", n, "patients")
         if task.track == "nodule_dx":
             return (
-                PlanFact("the number of patients", (rf"\b{n}\b",)),
+                count,
                 PlanFact("inverting MONOCHROME1 radiographs", (r"MONOCHROME1",)),
                 PlanFact("the spacing at the patient", (r"magnification",)),
             )
         return (
-            PlanFact("the number of patients", (rf"\b{n}\b",)),
+            count,
             PlanFact("the CT rescale to HU", (r"rescale", r"\bHU\b", r"hounsfield")),
             PlanFact("measuring MR on T2 by echo time", (r"echo time", r"\bTE\b")),
         )

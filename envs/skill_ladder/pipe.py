@@ -55,7 +55,7 @@ TARGETS = ("plan", "setup", "check", PILOT, PREDICTIONS, SUBMISSION)
 _PLAN_STEPS = {
     "units": "Take the unit of the values from TASK.md and pass it as --unit.",
     "cases": "Take the calibration phantom's id from TASK.md and pass it as --case.",
-    "codes": "Run the check and pass the --codes fix it names.",
+    "codes": "Run the check and pass the fix it names as --codes.",
 }
 
 

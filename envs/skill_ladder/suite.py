@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -123,11 +122,13 @@ class SkillLadder(Benchmark):
 
         ``tool/pipe.py plan`` works both out from the task's files; a plan written from
         the prompt alone knows neither (the codes fix is in no text the task shows).
+        Another count of cases, or the flag with another value, contradicts the plan.
         """
         d = self._draw(task)
+        flag, value = teacher.right_flag(d).split(" ", 1)
         return (
-            PlanFact("the number of cases", (rf"\b{len(d.case_ids)} cases\b",)),
-            PlanFact("the flag the task needs", (re.escape(teacher.right_flag(d)) + r"\b",)),
+            PlanFact.count("the number of cases", len(d.case_ids)),
+            PlanFact.setting("the flag the task needs", flag, value),
         )
 
     def naive_turns(self, task: Task) -> list[TeacherTurn]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn
+from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn, Tolerance
 from bat_gym.protocol import ToolCall, bash_call, python_call
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.scripts import fill_slots, without_docstring
@@ -281,17 +281,36 @@ class ToyPipeline(Benchmark):
         return _naive_turns(task.track)
 
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
-        """What only reading the task reveals: how many cases, and the track's pitfall."""
+        """What only reading the task reveals: how many cases, and the track's pitfall.
+
+        Each stated once and right: another count of cases, a unit the task does not
+        use, or upper-case codes contradict the plan.
+        """
         d = self._draw(task.track, task.seed)
-        facts = [PlanFact("the number of cases", (rf"\b{len(d['ids'])}\b",))]
+        facts = [PlanFact.count("the number of cases", len(d["ids"]))]
         if task.track == "threshold":
-            facts.append(PlanFact("the unit the values are given in", (rf"\b{d['unit']}\b",)))
-            facts.append(PlanFact("the model's unit", (r"\bcm\b", r"centimet")))
+            units = tuple(_UNITS)
+            facts.append(
+                PlanFact.choice("the unit the values are given in", d["unit"], units, kind="unit")
+            )
+            facts.append(
+                PlanFact.choice("the model's unit", "cm", units, kind="unit", also=(r"\bcentimet",))
+            )
         else:
             facts.append(
-                PlanFact("that codes must be lower-cased", (r"lower[- ]?case", r"\.lower\(\)"))
+                PlanFact(
+                    "that codes must be lower-cased",
+                    (r"lower[- ]?case", r"\.lower\(\)"),
+                    (r"upper[- ]?case", r"\.upper\(\)"),
+                    kind="letter case",
+                    value="lower-case",
+                )
             )
         return tuple(facts)
+
+    def numeric_tolerance(self, task: Task) -> dict[str, Tolerance]:
+        """Scores agree within :data:`AGREEMENT`, as the task metric grants."""
+        return {"score": Tolerance(atol=AGREEMENT)}
 
     def task_score(self, task: Task, workspace: FrozenWorkspace) -> float:
         """Share of cases whose submitted score agrees with the model's.

@@ -33,6 +33,7 @@ from bat_gym.benchmark import (
     # [end]
     Split,
     TeacherTurn,
+    Tolerance,
 )
 from bat_gym.protocol import ToolCall
 from bat_gym.rubrics.contract import ContractLibrary
@@ -274,17 +275,27 @@ class __CLASS__(Benchmark):
         return PilotFigure("value_cm", value_cm, right == 1.0, tolerance=1e-4)
 
     # [end]
+    def numeric_tolerance(self, task: Task) -> dict[str, Tolerance]:
+        """Scores agree with the reference run's within AGREEMENT (the task metric's)."""
+        return {"score": Tolerance(atol=AGREEMENT)}
+
     def reproduction_command(self, task: Task) -> str:
         """How the verifier runs the agent's pipeline again (``pipeline_reproduces``)."""
         return f"mkdir -p outputs && python {PIPELINE} {SUBMISSION}"
 
     # [stage Plan]
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
-        """What only reading the task reveals (``plan_states_facts``): cases and unit."""
+        """What only reading the task reveals (``plan_states_facts``): cases and unit.
+
+        Each fact declares its rivals (another count of cases, the other unit), so a
+        plan that lists every candidate value earns nothing for it.
+        """
         d = self._draw(task.track, task.seed)
         return (
-            PlanFact("the number of cases", (rf"\b{len(d['ids'])} cases\b",)),
-            PlanFact("the unit the values are recorded in", (rf"\bin {d['unit']}\b",)),
+            PlanFact.count("the number of cases", len(d["ids"])),
+            PlanFact.choice(
+                "the unit the values are recorded in", d["unit"], tuple(UNITS), kind="unit"
+            ),
         )
 
     # [end]
