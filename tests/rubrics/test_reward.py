@@ -137,7 +137,8 @@ def test_a_fake_receipt_earns_nothing(toy_bank, make):
     sid = toy_bank.select(focus="S3")[0]
     rewards, info = play(env, [bash(WRONG_RECEIPT % ("0" * 64)), FINISH], sid)
     assert rewards == [0.0, 0.0] and info["verdict"].reward == 0.0
-    # With a real pilot run, the wrong digest still blocks every level above the shape check.
+    # With a real pilot run, the wrong digest still blocks the receipted levels; and a
+    # receipt that states no check of the pilot earns not even the shape level.
     run_pilot = (
         "mkdir -p validation; first=$(sed -n 2p data/cases.csv | cut -d, -f1); "
         "python pipeline/infer.py validation/pilot.csv $first && " + WRONG_RECEIPT % ("ab" * 32)
@@ -146,7 +147,8 @@ def test_a_fake_receipt_earns_nothing(toy_bank, make):
     items = {i.id: i for i in info["verdict"].stages[0].items}
     assert items["pilot_ran"].passed and items["pilot_shape"].passed
     assert items["pilot_receipt"].passed is False and "hashes to" in items["pilot_receipt"].detail
-    assert rewards[-1] == 0.2
+    assert items["pilot_check_confirmed"].passed is False
+    assert rewards[-1] == 0.0
 
 
 def test_fake_reward_and_score_files_earn_nothing(toy_bank, make):
