@@ -35,7 +35,7 @@ class ScriptedPolicy(Policy):
 
     Started from a stage row whose start state carries an earlier stage's mistake (a
     row cut from a ``failure`` trajectory after the mistake, see
-    :doc:`/new-benchmark`), the success teacher plays that stage as a repair exercise:
+    docs/new-benchmark.md), the success teacher plays that stage as a repair exercise:
     the benchmark's ``repair_turns(task, focus, outcome)`` (detect the mistake from
     evidence, repair it in the open, re-run what depends on it, record the repair in
     the stage's receipt), then the success script's later stages. A benchmark without
