@@ -32,6 +32,14 @@ class ScriptedPolicy(Policy):
 
     A script covers a whole E2E episode; started from a later stage's state it resumes
     at that stage's first turn. Past its end it calls ``finish``.
+
+    Started from a stage row whose start state carries an earlier stage's mistake (a
+    row cut from a ``failure`` trajectory after the mistake, see
+    docs/new-benchmark.md), the success teacher plays that stage as a repair exercise:
+    the benchmark's ``repair_turns(task, focus, outcome)`` (detect the mistake from
+    evidence, repair it in the open, re-run what depends on it, record the repair in
+    the stage's receipt), then the success script's later stages. A benchmark without
+    ``repair_turns``, or one that returns no turns for the row, is played as above.
     """
 
     def __init__(
@@ -88,11 +96,27 @@ class ScriptedPolicy(Policy):
             turns = list(bench.naive_turns(task))  # type: ignore[attr-defined]
         else:
             turns = bench.teacher_script(task, self.outcome)
-        if state.focus != "E2E":
-            # A stage state starts at its stage: skip the earlier stages' turns.
-            first = next((i for i, t in enumerate(turns) if t.stage == state.focus), len(turns))
-            turns = turns[first:]
-        return turns
+        if state.focus == "E2E":
+            return turns
+        repair = self._repair_turns(bench, task, state)
+        if repair:
+            # The repair exercise replaces the stage's own turns; later stages follow.
+            last = max((i for i, t in enumerate(turns) if t.stage == state.focus), default=-1)
+            return [*repair, *turns[last + 1 :]]
+        # A stage state starts at its stage: skip the earlier stages' turns.
+        first = next((i for i, t in enumerate(turns) if t.stage == state.focus), len(turns))
+        return turns[first:]
+
+    def _repair_turns(self, bench: Any, task: Any, state: Any) -> list[TeacherTurn]:
+        """The benchmark's repair exercise for this stage row, or [] when it has none.
+
+        Only the success teacher repairs: the other outcomes replay their own
+        trajectory's turns (the naive baseline never validates, so never repairs).
+        """
+        repair = getattr(bench, "repair_turns", None)
+        if self.script != "teacher" or self.outcome != "success" or not callable(repair):
+            return []
+        return list(repair(task, state.focus, state.outcome))
 
     def _one(self, request: PolicyRequest) -> PolicyOutput:
         turns = self._turns(request)

@@ -224,6 +224,13 @@ class MedBenchLite(Benchmark):
         """
         return teacher.teacher_turns(get_track(task.track).recipe(), outcome)
 
+    def repair_turns(self, task: Task, focus: str, outcome: str) -> list[TeacherTurn]:
+        """The teacher's repair exercise from a row that starts with the buggy pipeline.
+
+        ``[]`` for other rows; see :func:`~bat_gym.envs.medbench_lite.teacher.repair_turns`.
+        """
+        return teacher.repair_turns(get_track(task.track).recipe(), focus, outcome)
+
     # -- reference outputs ------------------------------------------------------------
 
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:

@@ -16,6 +16,13 @@ Outcomes: ``success`` writes the correct pipeline in S2 and its pilot passes;
 ``recovery`` writes the pipeline with the track's realistic mistake, the S3 quality
 check fails on it, and the next turn fixes the pipeline and reruns the pilot;
 ``failure`` keeps the mistake and validates with a shape-only check that cannot see it.
+
+Rows cut after the mistake went in (the S3 rows of ``recovery`` and ``failure``, the S4
+and S5 rows of ``failure``) start with the buggy pipeline in place. From such a row
+the teacher plays a repair exercise (:func:`repair_turns`): the track's quality check
+on the riskiest case shows the mistake, the pipeline is fixed in the open, the pilot
+(and inference) run again, and the stage's receipt records each file the repair
+changed (:mod:`bat_gym.policies.repair_record`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.envs.medbench_lite.scripts import fragment, stage_script
+from bat_gym.policies.repair_record import record_call, start_call
 from bat_gym.protocol import ToolCall, bash_call, python_call
 
 __all__ = [
@@ -32,6 +40,8 @@ __all__ = [
     "pilot_script",
     "teacher_turns",
     "naive_turns",
+    "repair_turns",
+    "carries_mistake",
     "python_call",
     "bash_call",
 ]
@@ -169,15 +179,11 @@ def teacher_turns(recipe: Recipe, outcome: str = "success") -> list[TeacherTurn]
                 )
             )
     turns += [
-        TeacherTurn(
-            "S4",
-            "The pilot is validated; running every case.",
-            (python_call(stage_script("s4_infer", receipt=RECEIPT, out_dir=recipe.out_dir)),),
-        ),
+        TeacherTurn("S4", "The pilot is validated; running every case.", (_infer_call(recipe),)),
         TeacherTurn(
             "S5",
             "Writing the submission in the task's schema and checking it.",
-            (python_call(stage_script("s5_submit", receipt=RECEIPT, check=recipe.submit_check)),),
+            (_submit_call(recipe),),
         ),
         TeacherTurn(
             "S5",
@@ -189,6 +195,103 @@ def teacher_turns(recipe: Recipe, outcome: str = "success") -> list[TeacherTurn]
             ),
         ),
     ]
+    return turns
+
+
+def _infer_call(recipe: Recipe) -> ToolCall:
+    return python_call(stage_script("s4_infer", receipt=RECEIPT, out_dir=recipe.out_dir))
+
+
+def _submit_call(recipe: Recipe) -> ToolCall:
+    return python_call(stage_script("s5_submit", receipt=RECEIPT, check=recipe.submit_check))
+
+
+_DISCARD_PILOT = bash_call("rm -rf validation/pilot.csv validation/pilot")
+
+# Each stage's receipt, and its own products: a new file there is the stage's work.
+_RECEIPTS = {
+    "S3": ("validation/s3_validation.json", ("validation/",)),
+    "S4": ("validation/s4_completion.json", ("outputs/", "validation/s4_completion.json")),
+    "S5": (
+        "validation/s5_submission.json",
+        ("outputs/submission.csv", "validation/s5_submission.json"),
+    ),
+}
+
+
+def carries_mistake(focus: str, outcome: str) -> bool:
+    """Whether a row of ``outcome``'s trajectory at ``focus`` starts with the buggy pipeline.
+
+    ``recovery`` and ``failure`` write it in S2; ``recovery`` fixes it in S3, so only
+    its S3 row starts with it; ``failure`` keeps it to the end.
+    """
+    return (focus == "S3" and outcome in ("recovery", "failure")) or (
+        focus in ("S4", "S5") and outcome == "failure"
+    )
+
+
+def repair_turns(recipe: Recipe, focus: str, outcome: str) -> list[TeacherTurn]:
+    """The teacher's turns for stage ``focus`` from a row that starts with the buggy pipeline.
+
+    ``[]`` for a row that does not (:func:`carries_mistake`). Otherwise: keep the start
+    state's sha256s, run the track's quality check on its riskiest case (it fails: the
+    evidence), write the correct pipeline and pilot again, in S4 and S5 run every case
+    again (and submit), then record every earlier file the repair changed in the
+    stage's receipt.
+
+    Args:
+        recipe: the track's recipe.
+        focus: the row's stage, ``S1``..``S5``.
+        outcome: the outcome of the trajectory the row was cut from.
+    """
+    if not carries_mistake(focus, outcome):
+        return []
+    says, full = recipe.says, pilot_script(recipe)
+    look = (
+        says["pilot"]
+        if focus == "S3"
+        else "The S3 receipt records only a shape check, which cannot see a wrong "
+        "convention; before going on I run the track's quality check. " + says["pilot"]
+    )
+    turns = [
+        TeacherTurn(focus, look, (start_call(), python_call(full))),
+        TeacherTurn(
+            focus,
+            says["bug_seen"] + " " + says["fix"],
+            # The failed pilot's outputs go first, so the new pilot writes every file.
+            (_DISCARD_PILOT, _write_pipeline(recipe.pipeline), python_call(full)),
+        ),
+    ]
+    if focus in ("S4", "S5"):
+        turns.append(
+            TeacherTurn(
+                focus,
+                "The repaired pilot passes; running every case again.",
+                (_infer_call(recipe),),
+            )
+        )
+    if focus == "S5":
+        turns.append(
+            TeacherTurn(
+                focus,
+                "Writing the submission in the task's schema and checking it.",
+                (_submit_call(recipe),),
+            )
+        )
+    receipt, own = _RECEIPTS[focus]
+    reasons = [
+        ("pipeline/", "the S3 quality check failed on the pilot case: " + says["bug_seen"]),
+        ("validation/", "the pilot, run again with the repaired pipeline"),
+        ("outputs/", "re-derived with the repaired pipeline"),
+    ]
+    turns.append(
+        TeacherTurn(
+            focus,
+            f"Recording the repair in {receipt}: each earlier file it changed, with its sha256 "
+            "before and after.",
+            (record_call(receipt, reasons, own),),
+        )
+    )
     return turns
 
 

@@ -117,6 +117,13 @@ class SkillLadder(Benchmark):
         """
         return teacher.teacher_turns(self._draw(task), outcome)
 
+    def repair_turns(self, task: Task, focus: str, outcome: str) -> list[TeacherTurn]:
+        """The teacher's repair exercise from a failure row's S4 or S5 state, else ``[]``.
+
+        See :func:`~bat_gym.envs.skill_ladder.teacher.repair_turns`.
+        """
+        return teacher.repair_turns(self._draw(task), focus, outcome)
+
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
         """What the plan must state: the number of cases and the flag the task needs.
 

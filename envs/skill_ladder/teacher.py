@@ -6,15 +6,30 @@ typical mistake first, reads ``CHECK FAILED`` and pilots again with the right fl
 ``failure`` makes the same mistake and carries it through to the submission. The
 naive baseline installs the pipeline and runs it on every case with its defaults: no
 plan and no pilot, so nothing is validated and no flag is chosen.
+
+A ``failure`` trajectory's S4 and S5 rows start with its mistaken pilot in place (the
+wrong flag in ``validation/settings.json``, which inference reuses). From such a row
+the teacher plays a repair exercise (:func:`repair_turns`): it reads the pilot's
+failed check, pilots again with the right flag, re-runs what depends on the settings,
+and records the repair in its stage's receipt.
 """
 
 from __future__ import annotations
 
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.envs.skill_ladder.tasks import Draw
+from bat_gym.policies.repair_record import record_call, start_call
 from bat_gym.protocol import ToolCall
 
-__all__ = ["OUTCOMES", "teacher_turns", "naive_turns", "mistaken_flag", "right_flag", "sh"]
+__all__ = [
+    "OUTCOMES",
+    "teacher_turns",
+    "naive_turns",
+    "repair_turns",
+    "mistaken_flag",
+    "right_flag",
+    "sh",
+]
 
 OUTCOMES = ("success", "recovery", "failure")
 PILOT = "python pipeline/infer.py validation/pilot.csv"
@@ -87,6 +102,74 @@ def teacher_turns(d: Draw, outcome: str = "success") -> list[TeacherTurn]:
         TeacherTurn("S5", "Submit.", (sh("python pipeline/infer.py outputs/submission.csv"),)),
         TeacherTurn("S5", "Done.", (ToolCall(name="finish", arguments={"summary": "Submitted."}),)),
     ]
+
+
+def repair_turns(d: Draw, focus: str, outcome: str) -> list[TeacherTurn]:
+    """The teacher's turns for stage ``focus`` from a row whose start carries the S3 mistake.
+
+    Only a ``failure`` trajectory's S4 and S5 rows do (its pilot ran with the mistaken
+    flag, and inference reads the pilot's settings); for any other row: ``[]``. The
+    turns read the failed check in the S3 receipt, pilot again with the right flag,
+    run every case (and, in S5, submit), then write the ``repairs`` record into the
+    stage's receipt (:mod:`bat_gym.policies.repair_record`).
+
+    Args:
+        d: the task's draw.
+        focus: the row's stage, ``S1``..``S5``.
+        outcome: the outcome of the trajectory the row was cut from.
+    """
+    if outcome != "failure" or focus not in ("S4", "S5"):
+        return []
+    wrong = mistaken_flag(d) or "the default flags"
+    reasons = [
+        (
+            "validation/",
+            f"the S3 pilot ran with {wrong} and its check failed (CHECK FAILED in "
+            f"validation/s3_validation.json); piloted again with {right_flag(d)}",
+        ),
+        ("outputs/", f"re-derived with the repaired pilot settings ({right_flag(d)})"),
+    ]
+    turns = [
+        TeacherTurn(
+            focus,
+            "Before going on I read what the pilot left: its receipt and the settings "
+            "every later run reuses.",
+            (start_call(), sh("cat validation/s3_validation.json validation/settings.json")),
+        ),
+        TeacherTurn(
+            focus,
+            f"The pilot's check failed and its settings hold {wrong}: every prediction "
+            f"would inherit the mistake. {_why(d)} Piloting again with {right_flag(d)}.",
+            (_pilot(right_flag(d)),),
+        ),
+        TeacherTurn(
+            focus,
+            "The pilot passes now; running every case with its settings.",
+            (sh("python pipeline/infer.py outputs/predictions.csv"),),
+        ),
+    ]
+    if focus == "S4":
+        receipt, own = (
+            "validation/s4_completion.json",
+            ("outputs/", "validation/s4_completion.json"),
+        )
+    else:
+        turns.append(
+            TeacherTurn("S5", "Submit.", (sh("python pipeline/infer.py outputs/submission.csv"),))
+        )
+        receipt, own = (
+            "validation/s5_submission.json",
+            ("outputs/submission.csv", "validation/s5_submission.json"),
+        )
+    turns.append(
+        TeacherTurn(
+            focus,
+            f"Recording the repair in {receipt}: each earlier file it changed, with its "
+            "sha256 before and after.",
+            (record_call(receipt, reasons, own),),
+        )
+    )
+    return turns
 
 
 def naive_turns(d: Draw) -> list[TeacherTurn]:

@@ -39,3 +39,32 @@ def test_unknown_specs_and_outcomes_are_named(toy, toy_bank):
     request = PolicyRequest([], [], EpisodeContext(benchmark=toy, state=state, turn=0))
     with pytest.raises(BatGymError, match="no teacher outcome"):
         make_policy("teacher:sideways").act(request)
+
+
+def test_a_row_that_carries_a_mistake_plays_the_benchmarks_repair_turns(toy, toy_bank, monkeypatch):
+    from bat_gym.benchmark import TeacherTurn
+    from bat_gym.protocol import bash_call
+
+    repair = [TeacherTurn("S4", "Repairing the pilot.", (bash_call("true"),))]
+    asked = []
+
+    def repair_turns(task, focus, outcome):
+        asked.append((focus, outcome))
+        return repair if outcome == "failure" else []
+
+    monkeypatch.setattr(toy, "repair_turns", repair_turns, raising=False)
+    clean = toy_bank.get(toy_bank.select(focus="S4")[0])
+    defect = clean.model_copy(update={"outcome": "failure"})
+    later = [t for t in toy.teacher_turns(toy.task_of_state(clean)) if t.stage == "S5"]
+
+    def text(policy, state, turn):
+        return policy.act(PolicyRequest([], [], EpisodeContext(toy, state, turn))).text
+
+    teacher = ScriptedPolicy("teacher")
+    # The repair replaces the stage's turns; the later stages' success turns follow.
+    assert "Repairing the pilot." in text(teacher, defect, 0)
+    assert later[0].content in text(teacher, defect, 1)
+    assert asked == [("S4", "failure")] * 2
+    # A clean row, and the naive baseline on any row, play their scripts as before.
+    assert "Repairing" not in text(teacher, clean, 0)
+    assert "Repairing" not in text(ScriptedPolicy("naive"), defect, 0)

@@ -1,0 +1,118 @@
+"""Rows that start with the buggy pipeline are repair exercises: the teacher repairs in the open.
+
+A failure trajectory writes the track's realistic mistake into ``pipeline/infer.py`` in
+S2 and lets a shape-only pilot through. Played from its S3, S4 or S5 state, the success
+teacher runs the track's quality check (which fails), writes the correct pipeline,
+pilots (and infers) again, and records every earlier file it changed in its stage's
+receipt. These tests hold the workspace to that: the record's sha256s are the start
+state's and the final ones, nothing earlier changed off the record, and the outputs are
+the reference run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from bat_gym.bank import build_bank
+from bat_gym.env import StageEnv
+from bat_gym.evaluation.harness import play_episode
+from bat_gym.policies.scripted import ScriptedPolicy
+from bat_gym.rubrics.reference import reference_workspace
+from bat_gym.rubrics.reward import RubricReward
+from bat_gym.rubrics.workspace import FrozenWorkspace
+from bat_gym.spec import E2E
+
+from .conftest import TRACKS
+
+RECEIPTS = {
+    "S3": "validation/s3_validation.json",
+    "S4": "validation/s4_completion.json",
+    "S5": "validation/s5_submission.json",
+}
+# New files of the row's stage and the later ones are their work, not a repair.
+LATER = {
+    "S3": ("validation/", "outputs/"),
+    "S4": ("outputs/", RECEIPTS["S4"], RECEIPTS["S5"]),
+    "S5": ("outputs/submission.csv", RECEIPTS["S5"]),
+}
+FAST = "classification"  # the default run's track; the slow sweep takes every track
+
+
+@pytest.fixture(scope="module")
+def failure_bank(bench, tmp_path_factory):
+    """track -> a bank of the failure trajectory's rows of one training task, built once."""
+    banks = {}
+
+    def bank(track):
+        if track not in banks:
+            root = tmp_path_factory.mktemp(track) / "bank"
+            banks[track] = build_bank(bench, root, tracks=[track], outcomes=("failure",))
+        return banks[track]
+
+    return bank
+
+
+def sha256(files, path):
+    """The sha256 of ``files[path]``, None when there is no such file."""
+    return hashlib.sha256(files[path]).hexdigest() if path in files else None
+
+
+def check_repair(bench, bank, track, focus):
+    """Play the teacher from the failure row of ``bank`` and check the record and outputs."""
+    (sid,) = bank.select(focus=focus, track=track, outcome="failure")
+    state = bank.get(sid)
+    env = RubricReward(StageEnv(E2E, benchmark=bench, states=bank))
+    try:
+        play_episode(env, ScriptedPolicy("teacher"), state, bench)
+        sandbox = env.unwrapped.sandbox
+        frozen = FrozenWorkspace(sandbox.freeze(), sandbox.frozen_store)
+        final = {p: frozen.read_bytes(p) for p in frozen.paths()}
+    finally:
+        env.close()
+    start = FrozenWorkspace.load(bank.store, state.snapshot)
+
+    repairs = json.loads(final[RECEIPTS[focus]]).get("repairs")
+    assert repairs, f"{RECEIPTS[focus]} records no repair"
+    for r in repairs:
+        assert r["sha256_before"] == start.sha256(r["path"]), r
+        assert r["sha256_after"] == sha256(final, r["path"]), r
+        assert r["reason"] and "\n" not in r["reason"], r
+    recorded = {r["path"] for r in repairs}
+    assert "pipeline/infer.py" in recorded  # the mistake lived in the pipeline
+    changed = {p for p in start.paths() if start.sha256(p) != sha256(final, p)}
+    new = {p for p in final if not start.exists(p) and not p.startswith(LATER[focus])}
+    assert recorded == changed | new
+
+    reference = reference_workspace(bench, bench.task_of_state(state))
+    assert final["pipeline/infer.py"] == reference.read_bytes("pipeline/infer.py")
+    for path in ("outputs/predictions.csv", "outputs/submission.csv"):
+        assert bench.files_agree(
+            bench.task_of_state(state), path, final[path], reference.read_bytes(path)
+        ), path
+
+
+@pytest.mark.parametrize("focus", ["S3", "S4", "S5"])
+def test_the_teacher_repairs_a_failure_row_and_records_it(bench, failure_bank, focus):
+    check_repair(bench, failure_bank(FAST), FAST, focus)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("focus", ["S3", "S4", "S5"])
+@pytest.mark.parametrize("track", [t for t in TRACKS if t != FAST])
+def test_every_track_repairs_its_failure_rows(bench, failure_bank, track, focus):
+    check_repair(bench, failure_bank(track), track, focus)
+
+
+def test_only_rows_after_the_mistake_are_repair_exercises():
+    from bat_gym.envs.medbench_lite.teacher import carries_mistake
+
+    assert [f for f in ("S1", "S2", "S3", "S4", "S5") if carries_mistake(f, "failure")] == [
+        "S3",
+        "S4",
+        "S5",
+    ]
+    assert [f for f in ("S1", "S2", "S3", "S4", "S5") if carries_mistake(f, "recovery")] == ["S3"]
+    assert not any(carries_mistake(f, "success") for f in ("S1", "S2", "S3", "S4", "S5"))
