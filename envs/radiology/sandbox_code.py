@@ -14,7 +14,9 @@ lints them and a test compiles every one:
 * ``s2_setup.py``, ``s3_validate.py``, ``s4_infer.py``, ``s5_submit.py`` and
   ``naive_s2_setup.py``: the stage scripts, with slots (:func:`stage_script`):
   ``SLOT_PIPELINE`` takes a pipeline's text as a value, ``SLOT_RECEIPT`` the code of
-  ``receipt.py``, the helper that writes an artifact's receipt (:data:`RECEIPT`).
+  ``receipt.py``, the helper that writes an artifact's receipt (:data:`RECEIPT`), and
+  S3's ``SLOT_CHECK`` the code of ``pilot_check.py``, the pilot's check: the studies
+  read as the model card says, apart from the pipeline (:data:`CHECK`).
 
 The names the scripts get from a slot are declared as builtins in this folder's
 ``ruff.toml``, so ruff still reports any other undefined name. The reading, the slots
@@ -34,6 +36,7 @@ __all__ = [
     "SCRIPT_DIR",
     "NAIVE_PATCHES",
     "RECEIPT",
+    "CHECK",
     "script",
     "pipeline",
     "naive_pipeline",
@@ -83,6 +86,9 @@ def naive_pipeline() -> str:
 
 RECEIPT = without_docstring(script("receipt"))
 """The receipt helper's code, for a stage script's ``SLOT_RECEIPT``."""
+
+CHECK = without_docstring(script("pilot_check"))
+"""The pilot check's code, for ``s3_validate.py``'s ``SLOT_CHECK``."""
 
 
 def stage_script(name: str, **slots: object) -> str:

@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bat_gym.benchmark import Benchmark, PlanFact, Split, TeacherTurn
+from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn, Tolerance
 from bat_gym.envs.radiology import sandbox_code
 from bat_gym.envs.radiology.models import measure_source
 from bat_gym.envs.radiology.studies import (
     PatientSpec,
+    StudySpec,
     _uid,
     make_patient,
     render_patient,
@@ -61,6 +62,10 @@ __all__ = ["Radiology", "MEASURE_PY", "SUBMISSION"]
 SUBMISSION = "outputs/submission.csv"
 COLUMNS = ["id", "diameter_mm", "prior_mm", "change"]
 CHANGE_MM = 2.0  # a diameter difference within this is "stable"
+AGREEMENT_MM = 0.05  # how far a diameter may be from the model's and still agree
+
+CONTRACTS = Path(__file__).with_name("contracts")
+"""Radiology's own contracts: S5 and the E2E that pins it (see ``contract_library``)."""
 
 # The provided model's source, as written to model/measure.py; the verifier imports the
 # same file (models/measure.py).
@@ -173,6 +178,16 @@ def _measure_fns() -> tuple[Any, Any]:
     return measure, measure_2d
 
 
+def _trapped(study: StudySpec) -> bool:
+    """Whether a careless reading measures ``study`` wrong (see ``Radiology.risky_cases``)."""
+    return (
+        study.kind == "ct_chest"
+        or study.mislabelled
+        or study.inverted
+        or study.magnification != 1.0
+    )
+
+
 def _change(current: float, prior: float) -> str:
     if current - prior > CHANGE_MM:
         return "larger"
@@ -209,6 +224,16 @@ def _volume(files: list[bytes]) -> tuple[np.ndarray, tuple[float, float, float],
     first = dss[0]
     spacing = (float(first.get("SliceThickness", 1)), *(float(v) for v in first.PixelSpacing))
     return vol, spacing, first  # type: ignore[return-value]
+
+
+def _lesion_size(vol: np.ndarray, spacing: tuple[float, float, float], threshold: float) -> float:
+    """The lesion's volume (mm^3) on a series, or its area (mm^2) on a radiograph.
+
+    The voxels above ``threshold`` (modality units) times a voxel's size; a
+    radiograph's slice spacing is 0, so its pixels count by their area at the patient.
+    """
+    dz, dy, dx = spacing
+    return float((vol > threshold).sum()) * (dz or 1.0) * dy * dx
 
 
 class Radiology(Benchmark):
@@ -263,7 +288,8 @@ class Radiology(Benchmark):
         ``current_series`` every series of the current study; ``lesion_voxels`` lists
         the measured series' lesion voxels as the model sees them
         (modality values above the threshold), ``[slice, row, col]`` with the slice
-        1-based in instance order, as the tools count it.
+        1-based in instance order, as the tools count it; ``lesion_size`` is their
+        volume (mm^3), or a radiograph's area at the patient (mm^2): S3's check figure.
         """
         cached = self._truth_cache.get((track, task_seed))
         if cached is not None:
@@ -300,6 +326,7 @@ class Radiology(Benchmark):
                 "lesion_voxels": [
                     [int(k) + 1, int(r), int(c)] for k, r, c in np.argwhere(vol > thr)
                 ],
+                "lesion_size": _lesion_size(vol, spacing, thr),
             }
         if len(self._truth_cache) >= 64:
             self._truth_cache.clear()
@@ -397,6 +424,51 @@ class Radiology(Benchmark):
         """The same agreement over the pilot's rows."""
         return _agreement(workspace, pilot_path, self._truth(task.track, task.seed), complete=False)
 
+    def numeric_tolerance(self, task: Task) -> dict[str, Tolerance]:
+        """Diameters agree within :data:`AGREEMENT_MM` (mm), as the task metric grants."""
+        return {col: Tolerance(atol=AGREEMENT_MM) for col in ("diameter_mm", "prior_mm")}
+
+    def risky_cases(self, task: Task) -> frozenset[str]:
+        """The patients whose current study holds a trap that changes the measurement.
+
+        A CT (stored values are not HU until the rescale; every CT has one), a
+        mislabelled MR study (the description names the wrong series), a radiograph
+        (its spacing is the detector's, magnified; a ``MONOCHROME1`` one stores the
+        lesion dark). A prior study carries the same traps or fewer (mislabelling and
+        ``MONOCHROME1`` are the current study's), so the current study decides. An MR
+        study labelled right is not risky: a pipeline that trusts the description
+        measures it right. Every patient where none is.
+        """
+        risky = [
+            patient.patient_id
+            for _seed, patient in self._patients(task.track, task.seed)
+            if _trapped(patient.studies[-1])
+        ]
+        return frozenset(risky or (p.patient_id for _s, p in self._patients(task.track, task.seed)))
+
+    def pilot_figure(
+        self, task: Task, workspace: FrozenWorkspace, pilot_path: str, case: str
+    ) -> PilotFigure:
+        """S3's check figure on patient ``case``: the lesion's size as the model card reads it.
+
+        ``volume_mm3`` (lesion_growth): the lesion's volume on the current study's
+        measured series, the voxels above the model's threshold (in HU for CT, on the
+        T2 series for MR) times the voxel volume, in mm^3. ``area_mm2`` (nodule_dx):
+        the lesion's area on the current radiograph (inverted when ``MONOCHROME1``) at
+        the patient (the detector spacing over the magnification), in mm^2. Either
+        takes reading the study right to know, and a careless reading gets it wrong;
+        within 0.01 (the receipt's rounding). The check passes when the pilot's row
+        for ``case`` agrees with the model's (both diameters and the change). ``value``
+        is None for a patient the task does not have.
+        """
+        name = "area_mm2" if task.track == "nodule_dx" else "volume_mm3"
+        want = self._truth(task.track, task.seed).get(case)
+        if want is None:
+            return PilotFigure(name, None, False)
+        row = (_rows(workspace, pilot_path) or {}).get(case)
+        passed = row is not None and _row_agrees(row, want)
+        return PilotFigure(name, want["lesion_size"], passed, tolerance=0.01)
+
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
         """The number of patients, and what each kind of study needs.
 
@@ -417,11 +489,22 @@ class Radiology(Benchmark):
         )
 
     def contract_library(self) -> ContractLibrary:
-        """The reference contracts, with S5 also asking for the findings on the server."""
-        from bat_gym.envs.radiology import checks  # noqa: F401 - registers the S5 checks
-        from bat_gym.rubrics.contract import ContractLibrary
+        """The reference contracts, with S5 (and the E2E that pins it) radiology's own.
 
-        return ContractLibrary.from_dir(Path(__file__).parent / "contracts")
+        S1 to S4 are the reference contracts themselves, not copies, so every change
+        to them reaches radiology as it reaches the other suites; radiology's
+        ``contracts/`` holds only what differs: S5, which also asks for the findings
+        and marks on the server, and the E2E contract that composes it. A reference
+        stage re-versioned without radiology's E2E pin following fails here, loudly.
+        """
+        from bat_gym.envs.radiology import checks  # noqa: F401 - registers the S5 checks
+        from bat_gym.rubrics.contract import ContractLibrary, load_contract
+
+        own = [load_contract(p) for p in sorted(CONTRACTS.glob("*.yaml"))]
+        mine = {c.id for c in own}
+        return ContractLibrary(
+            [*(c for c in ContractLibrary.reference() if c.id not in mine), *own]
+        )
 
     # -- teacher --------------------------------------------------------------------------
 
@@ -501,46 +584,54 @@ class Radiology(Benchmark):
         ]
 
 
-def _agreement(
-    workspace: FrozenWorkspace, path: str, truth: dict[str, dict[str, Any]], *, complete: bool
-) -> float:
-    """Share of scored patients whose row has both diameters within 0.05 mm and the change right.
-
-    Scored: every patient when ``complete``, else the file's rows. 0 for a missing or
-    garbled file, a patient given twice, or an unknown or (when complete) missing one.
-    """
+def _rows(workspace: FrozenWorkspace, path: str) -> dict[str, dict[str, str]] | None:
+    """The CSV's rows by patient id; None for a missing or garbled file or a patient given twice."""
     try:
         reader = csv.DictReader(io.StringIO(workspace.read_text(path)))
         if not set(COLUMNS) <= set(reader.fieldnames or ()):
-            return 0.0
+            return None
         rows = list(reader)
     except (OSError, ValueError, csv.Error):
-        return 0.0
+        return None
     given: dict[str, dict[str, str]] = {}
     for row in rows:
         pid = (row["id"] or "").strip()
         if pid in given:
-            return 0.0
+            return None
         given[pid] = row
+    return given
+
+
+def _row_agrees(row: dict[str, str], want: dict[str, Any]) -> bool:
+    """Both diameters within :data:`AGREEMENT_MM` of the model's (mm), and the change the same."""
+    try:
+        d, p = float(row["diameter_mm"]), float(row["prior_mm"])
+    except (TypeError, ValueError):
+        return False
+    return (
+        math.isfinite(d)
+        and math.isfinite(p)
+        and abs(d - want["diameter_mm"]) <= AGREEMENT_MM
+        and abs(p - want["prior_mm"]) <= AGREEMENT_MM
+        and (row["change"] or "").strip() == want["change"]
+    )
+
+
+def _agreement(
+    workspace: FrozenWorkspace, path: str, truth: dict[str, dict[str, Any]], *, complete: bool
+) -> float:
+    """Share of scored patients whose row agrees with the model's (:func:`_row_agrees`).
+
+    Scored: every patient when ``complete``, else the file's rows. 0 for a missing or
+    garbled file, a patient given twice, or an unknown or (when complete) missing one.
+    """
+    given = _rows(workspace, path)
+    if given is None:
+        return 0.0
     scored = list(truth) if complete else list(given)
     if not scored or not set(scored) <= set(truth) or not set(scored) <= set(given):
         return 0.0
-
-    def right(pid: str) -> bool:
-        row, want = given[pid], truth[pid]
-        try:
-            d, p = float(row["diameter_mm"]), float(row["prior_mm"])
-        except (TypeError, ValueError):
-            return False
-        return (
-            math.isfinite(d)
-            and math.isfinite(p)
-            and abs(d - want["diameter_mm"]) <= 0.05
-            and abs(p - want["prior_mm"]) <= 0.05
-            and (row["change"] or "").strip() == want["change"]
-        )
-
-    return sum(right(p) for p in scored) / len(scored)
+    return sum(_row_agrees(given[p], truth[p]) for p in scored) / len(scored)
 
 
 def _py(code: str) -> ToolCall:
@@ -586,7 +677,9 @@ def _teacher_turns(patients: int, track: str) -> list[TeacherTurn]:
         "cat task.json; cat model/model.json"
     )
     setup = sandbox_code.stage_script("s2_setup", pipeline=sandbox_code.pipeline())
-    validate = sandbox_code.stage_script("s3_validate", receipt=sandbox_code.RECEIPT)
+    validate = sandbox_code.stage_script(
+        "s3_validate", check=sandbox_code.CHECK, receipt=sandbox_code.RECEIPT
+    )
     infer = sandbox_code.stage_script("s4_infer", receipt=sandbox_code.RECEIPT)
     submit = sandbox_code.stage_script("s5_submit", receipt=sandbox_code.RECEIPT)
     return [
@@ -594,7 +687,11 @@ def _teacher_turns(patients: int, track: str) -> list[TeacherTurn]:
             "S1", "I will look at the studies on the server and write the plan.", (_sh(plan),)
         ),
         TeacherTurn("S2", "Recording the environment and writing the pipeline.", (_py(setup),)),
-        TeacherTurn("S3", "A one-patient pilot.", (_py(validate),)),
+        TeacherTurn(
+            "S3",
+            "A one-patient pilot where a trap shows, checked against the model card.",
+            (_py(validate),),
+        ),
         TeacherTurn("S4", "Every patient.", (_py(infer),)),
         TeacherTurn("S5", "The submission in the required schema.", (_py(submit),)),
         TeacherTurn(
