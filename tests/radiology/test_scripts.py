@@ -40,6 +40,7 @@ def test_the_folder_holds_the_pipeline_its_patches_the_stages_and_the_receipt():
     assert {p.stem for p in SCRIPTS} == {
         "infer",
         "receipt",
+        "pilot_check",
         *sandbox_code.NAIVE_PATCHES,
         *STAGES,
     }
@@ -111,9 +112,12 @@ def test_the_sent_texts_are_those_the_states_were_built_from():
     sent = [
         sandbox_code.pipeline(),
         sandbox_code.naive_pipeline(),
+        sandbox_code.stage_script(
+            "s3_validate", check=sandbox_code.CHECK, receipt=sandbox_code.RECEIPT
+        ),
         *(
             sandbox_code.stage_script(n, receipt=sandbox_code.RECEIPT)
-            for n in ("s3_validate", "s4_infer", "s5_submit")
+            for n in ("s4_infer", "s5_submit")
         ),
         sandbox_code.stage_script("s2_setup", pipeline="P"),
         sandbox_code.stage_script("naive_s2_setup", pipeline="P"),
@@ -123,8 +127,9 @@ def test_the_sent_texts_are_those_the_states_were_built_from():
     assert digest == PINNED, digest
 
 
-# The digest of the texts the teacher sent when they were strings in suite.py.
-PINNED = "165c14211ffe1622396d0926a19ae81b993f57f4c66d5467aa26784d616a7687"
+# The digest of the texts the teacher sends since its S3 pilot states a check (the
+# pilot checked against the model card's own reading, on a patient where a trap shows).
+PINNED = "3e50c3f79d1948452e7a87defb8066dc47280058a8a4a082e9504e1a7dd7c13b"
 
 
 def test_the_task_ships_the_model_the_verifier_imports(tmp_path):
