@@ -52,9 +52,7 @@ def _workspace(bench, task, tmp_path, pipeline: str) -> Path:
 
 
 def _frozen(root: Path, store: BlobStore) -> FrozenWorkspace:
-    files = {
-        p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()
-    }
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
     return FrozenWorkspace.from_files(store, files)
 
 
@@ -154,3 +152,38 @@ def test_diameters_agree_within_the_task_metrics_tolerance():
     row = {"diameter_mm": "15.34", "prior_mm": "12.06", "change": "larger"}
     assert suite._row_agrees(row, want)
     assert not suite._row_agrees({**row, "diameter_mm": "15.4"}, want)
+
+
+@pytest.mark.slow
+def test_an_unchecked_pilot_earns_nothing_and_the_teacher_wins_every_row(orthanc, radiology):
+    # Every S3-S5 row of the default bank (one per track): a pilot run and receipted
+    # with no check, and a submission not linked to S4's predictions, earn at most the
+    # naive baseline; the teacher earns everything, its check confirmed on a risky
+    # patient, its earlier files unchanged, nothing to repair, its stages linked.
+    from bat_gym.audit_reward import audit_reward
+
+    report = audit_reward(
+        radiology,
+        exploits=["unchecked_pilot", "unlinked_resubmission"],
+        states_per_focus=2,
+        heldout_cells=0,
+        progress=False,
+    )
+    for stage in ("S3", "S4", "S5"):
+        naive = report.means["naive"][stage]
+        for name in report.exploits:
+            assert report.means[name][stage] <= naive + 0.10, (name, stage)
+    assert report.means["unchecked_pilot"]["S3"] == 0.0
+    teacher = [e for e in report.episodes if e.policy == "teacher"]
+    assert len(teacher) == 10 and all(e.reward == 1.0 for e in teacher)
+    for e in teacher:
+        want = {
+            "S3": {"S3.pilot_check_confirmed": True, "S3.pilot_check_risky": True},
+            "S4": {"S4.earlier_unchanged": True, "S4.upstream_repaired": None},
+            "S5": {
+                "S5.earlier_unchanged": True,
+                "S5.upstream_repaired": None,
+                "S5.submission_linked": True,
+            },
+        }.get(e.stage, {})
+        assert {k: e.items.get(k) for k in want} == want, (e.stage, e.where)
