@@ -114,9 +114,13 @@ SKILLS = {
     "S3": (
         "Run pipeline/infer.py on ONE patient and check the result against the images (the header "
         "rescale, the series the card asks for, a radiograph's photometry and spacing; measure_roi "
-        "and get_slice help). Fix the pipeline if "
-        "the pilot is wrong. Save validation/pilot.csv and the receipt validation/s3_validation.json "
-        '{"stage": "S3", "artifact": "validation/pilot.csv", "sha256": <its sha256>}.'
+        "and get_slice help); pilot a patient whose current study holds one of these traps. Fix "
+        "the pipeline if the pilot is wrong. Save validation/pilot.csv and the receipt "
+        'validation/s3_validation.json {"stage": "S3", "artifact": "validation/pilot.csv", '
+        '"sha256": <its sha256>, "check": {"case": <the patient>, "name": "volume_mm3" (on a '
+        'radiograph "area_mm2"), "value": <the lesion\'s size on the current study as the card '
+        'reads it, mm^3 or mm^2 at the patient>, "passed": <whether the pilot\'s row is the '
+        "card's>}}."
     ),
     "S4": (
         "Run the validated pipeline on every patient into outputs/predictions.csv. Write the receipt "
@@ -142,7 +146,7 @@ _STAGES = (
 
 SPEC = BenchmarkSpec(
     name="radiology",
-    version="0.2",
+    version="0.3",
     description="Lesion growth across current and prior CT/MR studies on a live Orthanc server.",
     stages=tuple(
         Stage(id=sid, name=name, weight=weight, skill=SKILLS[sid], artifacts=artifacts)
