@@ -275,6 +275,21 @@ class Benchmark(ABC):
         """
         return self.teacher_script(task, "success")
 
+    def demonstration_turns(self, task: Task, state: StageState) -> list[TeacherTurn] | None:
+        """Who shows that a Stage Bank row can be won: turns played from ``state``, or None.
+
+        A bank admits a row only when a demonstration of the behaviour it teaches,
+        played from the row's own start state and scored by the row's own contract,
+        earns at least 0.9 of what the row can pay
+        (:mod:`bat_gym.bank.demonstrate`). Default None: the teacher the row was cut
+        from continues its own trajectory from the row's stage (for the scripted
+        teacher, :meth:`teacher_script` for ``state.outcome`` from the first turn of
+        ``state.focus``). Return the whole episode's turns from ``state``, ending in
+        ``finish``, to demonstrate otherwise: repairing in the open a mistake an
+        earlier stage left in the row's workspace, say.
+        """
+        return None
+
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
         """Task-specific facts a plan must state (the ``plan_states_facts`` guard).
 

@@ -54,7 +54,7 @@ from bat_gym.bank.build import Plan, write_bank
 from bat_gym.bank.store import BANK_FORMAT, StageBank
 from bat_gym.bank.tasks import Builder, Job
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BankError, StateNotFound, TrajectoryRejected
+from bat_gym.errors import BankError, StateNotAdmitted, StateNotFound, TrajectoryRejected
 from bat_gym.files import cache_dir, write_atomic
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import E2E, StageState, load_model
@@ -251,27 +251,45 @@ class DefaultStates:
     def select(
         self, focus: str | None = None, track: str | None = None, outcome: str | None = None
     ) -> list[str]:
-        """Ids of the grid's states with this focus, track and outcome (None: any), sorted.
+        """Ids of the grid's admitted states with this focus, track and outcome (None: any), sorted.
 
-        Nothing is built: the ids are the plan's.
+        Which planned rows a demonstration wins is known only once their trajectory is
+        built, so the trajectories of this track and outcome that were never built are
+        built now (each once, then cached): a seeded choice among the ids is the same
+        on a fresh cache and a warm one, and never falls on a row that is not admitted.
         """
         bank = self._complete_bank()
         if bank is not None:
             return bank.select(focus, track, outcome)
-        return sorted(
-            i
+        wanted = [
+            t
             for t in self.trajectories
-            for i, f in zip(t.ids, t.focuses, strict=True)
-            if (focus is None or f == focus)
-            and (track is None or t.job.track == track)
+            if (track is None or t.job.track == track)
             and (outcome is None or (t.job.outcome or "success") == outcome)
+        ]
+        return sorted(
+            row.state_id
+            for t in wanted
+            for row in self._rows_of(t)
+            if focus is None or row.focus == focus
         )
+
+    def _rows_of(self, t: _Trajectory) -> list[StageState]:
+        """The admitted rows of ``t`` (built now if never built), kept in memory."""
+        with self._lock:
+            held = [self._rows[i] for i in t.ids if i in self._rows]
+            if not held:
+                held = self._trajectory_rows(t)
+                for row in held:
+                    self._rows[row.state_id] = row
+            return held
 
     def get(self, state_id: str) -> StageState:
         """The state with this id; its trajectory is built now if it was never built.
 
         Raises:
             StateNotFound: the id is not one of the grid's.
+            StateNotAdmitted: the id is planned, but no demonstration wins the row.
             TrajectoryRejected: the teacher's trajectory holding it was rejected (the
                 message carries the verdict).
         """
@@ -287,6 +305,10 @@ class DefaultStates:
                 raise StateNotFound(state_id, sorted(self._by_id)[:50])
             for row in self._trajectory_rows(trajectory):
                 self._rows[row.state_id] = row
+            if state_id not in self._rows:
+                record = _read_json(self.root / "trajectories" / f"{trajectory.file}.json")
+                why = _not_demonstrated(record or {}).get(state_id, "not admitted")
+                raise StateNotAdmitted(state_id, why)
             return self._rows[state_id]
 
     # -- building ---------------------------------------------------------------------
@@ -413,15 +435,26 @@ def _build_one(index: int) -> None:
     source._trajectory_rows(source.trajectories[index])
 
 
-def _problem(record: dict[str, Any], t: _Trajectory) -> str | None:
-    """Why ``record`` does not give every state ``t`` promises (None: it does).
+def _not_demonstrated(record: dict[str, Any]) -> dict[str, str]:
+    """The rows of ``record`` whose demonstration did not win them: state id -> why."""
+    return {
+        c["state_id"]: c["refused"]
+        for c in record.get("candidates", [])
+        if c["refused"] is not None and not c["refused"].startswith("gate ")
+    }
 
-    The reason carries the verifier's verdict in brief (reward, evidence completeness,
-    the items that fell short) and, for rows the gates refused, the gate and its finding.
+
+def _problem(record: dict[str, Any], t: _Trajectory) -> str | None:
+    """Why ``record`` does not give the states ``t`` promises (None: it does).
+
+    A row that no demonstration wins is not admitted, by design, and is no problem
+    here. The reason carries the verifier's verdict in brief (reward, evidence
+    completeness, the items that fell short) and, for rows the gates refused, the gate
+    and its finding.
     """
     if record.get("rejected"):
         return f"{record['rejected']}{_verdict_text(record.get('verdict'))}"
-    have = {r.get("state_id") for r in record.get("rows", [])}
+    have = {r.get("state_id") for r in record.get("rows", [])} | set(_not_demonstrated(record))
     missing = [i for i in t.ids if i not in have]
     if not missing:
         return None
