@@ -135,8 +135,10 @@ def _get_in_child(args):
 
 
 def test_concurrent_workers_wanting_one_trajectory_build_it_once(toy, cache, tmp_path):
-    root = DefaultStates(toy).root
-    sid = DefaultStates(toy).select(focus="S3", track="threshold")[0]
+    planned = DefaultStates(toy)
+    root = planned.root
+    # The id from the plan: select() would build the trajectory here, before the workers.
+    sid = next(i for t in planned.trajectories if t.job.track == "threshold" for i in t.ids)
     log = tmp_path / "builds.log"
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         snaps = pool.map(_get_in_child, [(root, sid, log)] * 2)
