@@ -281,12 +281,13 @@ class Benchmark(ABC):
         A bank admits a row only when a demonstration of the behaviour it teaches,
         played from the row's own start state and scored by the row's own contract,
         earns at least 0.9 of what the row can pay
-        (:mod:`bat_gym.bank.demonstrate`). Default None: the teacher the row was cut
-        from continues its own trajectory from the row's stage (for the scripted
-        teacher, :meth:`teacher_script` for ``state.outcome`` from the first turn of
-        ``state.focus``). Return the whole episode's turns from ``state``, ending in
-        ``finish``, to demonstrate otherwise: repairing in the open a mistake an
-        earlier stage left in the row's workspace, say.
+        (:mod:`bat_gym.bank.demonstrate`). Default None: the teacher's own work on the
+        row (for a stage row, the turns of ``state.focus`` in the trajectory the row
+        was cut from, :meth:`teacher_script` for ``state.outcome``, then ``finish``;
+        then, for a row not cut from a success, the ``success`` script's turns of
+        that stage). Return the episode's turns from ``state``, ending in ``finish``,
+        to demonstrate otherwise: repairing in the open a mistake an earlier stage
+        left in the row's workspace, say.
         """
         return None
 

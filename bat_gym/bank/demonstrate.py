@@ -18,6 +18,7 @@ knows which rows are winnable today: each is played and scored.
 The demonstration is stored with the row (:func:`store_demonstration`: its actions,
 reward and verdict in brief, one blob named in ``provenance["demonstration"]``), and
 :meth:`~bat_gym.bank.StageBank.verify` replays it (:func:`replay_demonstration`).
+:class:`Demonstrator` plays them, one sandbox for many rows.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bat_gym.bank.replay import PlayedEpisode, RecordedTurn, play_turns
+from bat_gym.bank.replay import PlayedEpisode, RecordedTurn
+from bat_gym.bank.states import MemoryStates
 from bat_gym.benchmark import Benchmark
 from bat_gym.sandbox.blobs import ScratchStore
 from bat_gym.sandbox.snapshot import BlobStore
@@ -39,6 +41,7 @@ __all__ = [
     "ADMIT_MIN_SHARE",
     "BELOW_BAR",
     "Demonstration",
+    "Demonstrator",
     "attainable_reward",
     "demonstration_turns",
     "load_demonstration",
@@ -140,20 +143,21 @@ def demonstration_turns(
 
     The benchmark's own demonstrator when it supplies one
     (:meth:`~bat_gym.benchmark.Benchmark.demonstration_turns`). Else, first, the
-    continuation of ``trajectory`` (the teacher's turns the row was cut from) from the
-    first turn of the row's stage, all of them for an E2E row: exactly what that
-    teacher replays from the row (a scripted teacher resumes its script at the stage's
-    first turn), so nothing is asked of the teacher again. Then, for a row cut from a
-    trajectory that was not a success, the scripted ``success`` teacher from the row's
-    stage: a row whose own trajectory goes on to make a mistake (a failure trajectory's
-    Setup row, say) is still won by the careful engineer's work from the same state.
+    teacher's own work on the row: for an E2E row the whole ``trajectory`` it was cut
+    from; for a stage row that trajectory's turns of the row's stage, then ``finish``,
+    as a stage episode asks ("do stage S3 only, then call finish"), so nothing is asked
+    of the teacher again. Then, for a row cut from a trajectory that was not a
+    success, the scripted ``success`` teacher's work on the row: a row whose own
+    trajectory goes on to make a mistake (a failure trajectory's Setup row, say) is
+    still won by the careful engineer's work from the same state.
     """
     supplied = bench.demonstration_turns(task, row)
     if supplied is not None:
         return [_rendered(supplied, protocol)]
-    out = [_from_stage(trajectory, row.focus)]
+    out = [_stage_work(trajectory, row.focus, protocol)]
     if row.outcome != "success" and "success" in bench.outcomes:
-        careful = _from_stage(_rendered(bench.teacher_script(task, "success"), protocol), row.focus)
+        careful = _rendered(bench.teacher_script(task, "success"), protocol)
+        careful = _stage_work(careful, row.focus, protocol)
         if careful != out[0]:
             out.append(careful)
     return out
@@ -167,12 +171,22 @@ def _rendered(turns: Sequence[Any], protocol: str) -> list[RecordedTurn]:
     return [RecordedTurn(t.stage, proto.render(t.content, list(t.calls))) for t in turns]
 
 
-def _from_stage(turns: Sequence[RecordedTurn], focus: str) -> list[RecordedTurn]:
-    """``turns`` from the first turn of stage ``focus`` on (all of them for E2E)."""
+def _stage_work(turns: Sequence[RecordedTurn], focus: str, protocol: str) -> list[RecordedTurn]:
+    """The turns of stage ``focus`` ending in ``finish`` (all of ``turns`` for E2E).
+
+    A stage's turns end where the next stage's begin; unless the last of them already
+    calls ``finish`` (the last stage's does), a ``finish`` turn is added.
+    """
+    from bat_gym.protocol import ToolCall, get_protocol
+
     if focus == E2E:
         return list(turns)
-    first = next((i for i, t in enumerate(turns) if t.stage == focus), len(turns))
-    return list(turns[first:])
+    proto = get_protocol(protocol)
+    own = [t for t in turns if t.stage == focus]
+    if own and any(c.name == "finish" for c in proto.parse(own[-1].text).calls):
+        return own
+    done = ToolCall(name="finish", arguments={"summary": f"Stage {focus} is done."})
+    return [*own, RecordedTurn(focus, proto.render("Done.", [done]))]
 
 
 def _demonstration(
@@ -195,6 +209,82 @@ def _demonstration(
     )
 
 
+class Demonstrator:
+    """Plays demonstrations from rows whose blobs are in ``store``, in one env.
+
+    One sandbox serves every row (each reset restores the row's whole workspace,
+    service state and conversation), so a task's rows cost one sandbox start, not one
+    each. What the episodes write goes to a scratch store over ``store``, which is only
+    read. Close it (or use it as a context manager) to release the sandbox.
+
+    Args:
+        bench: the benchmark.
+        store: the store holding the rows' snapshots.
+        backend: the sandbox backend.
+        protocol: the tool protocol the turns are written in.
+    """
+
+    def __init__(self, bench: Benchmark, store: BlobStore, *, backend: str, protocol: str) -> None:
+        self.bench = bench
+        self.backend = backend
+        self.protocol = protocol
+        self._tmp = tempfile.TemporaryDirectory(prefix="bat-gym-demo-")
+        self._states = MemoryStates(ScratchStore(Path(self._tmp.name) / "store", store), [])
+        self._env: Any = None
+
+    def __enter__(self) -> Demonstrator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def play(self, row: StageState, turns: Sequence[RecordedTurn]) -> Demonstration:
+        """Play ``turns`` from ``row``'s start state and score them by ``row``'s contract."""
+        from bat_gym.bank.replay import verdict_summary
+        from bat_gym.completion import Completion
+        from bat_gym.rollout import run_episode
+
+        self._states.add(row)
+        if self._env is None:
+            from bat_gym.env import StageEnv
+            from bat_gym.rubrics.reward import RubricReward
+
+            self._env = RubricReward(
+                StageEnv(
+                    E2E,
+                    benchmark=self.bench,
+                    states=self._states,
+                    backend=self.backend,
+                    protocol=self.protocol,
+                )
+            )
+        pending = iter(turns)
+
+        def act(_: dict[str, Any]) -> Completion | None:
+            turn = next(pending, None)
+            return None if turn is None else Completion(turn.text, turn.num_tokens)
+
+        # As a recorded trajectory is replayed: a restarted sandbox is played through.
+        end = run_episode(self._env, act, state_id=row.state_id, on_restart="ignore")
+        episode = PlayedEpisode(reason=None)
+        if end.truncated:
+            episode.reason = "ran out of budget"
+        elif not end.terminated:
+            episode.reason = "did not call finish"
+        else:
+            verdict = self._env.last_verdict
+            episode.reward = float(verdict.reward or 0.0) if verdict is not None else 0.0
+            episode.verdict = None if verdict is None else verdict_summary(verdict)
+        return _demonstration(self.bench, row, turns, episode, self.backend)
+
+    def close(self) -> None:
+        """Release the sandbox and the scratch store."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        self._tmp.cleanup()
+
+
 def play_demonstration(
     bench: Benchmark,
     row: StageState,
@@ -206,23 +296,10 @@ def play_demonstration(
 ) -> Demonstration:
     """Play ``turns`` from ``row``'s start state and score them by ``row``'s contract.
 
-    The episode is a real env's, reset to ``row`` (its workspace, service state and
-    conversation); what it writes goes to a scratch store over ``store``, which is only
-    read.
+    One row's :meth:`Demonstrator.play`; ``store`` is only read.
     """
-    with tempfile.TemporaryDirectory(prefix="bat-gym-demo-") as tmp:
-        scratch = ScratchStore(Path(tmp) / "store", store)
-        episode = play_turns(
-            bench,
-            row,
-            scratch,
-            turns,
-            backend=backend,
-            protocol=protocol,
-            on_boundary=lambda stage, env: None,
-            score=True,
-        )
-    return _demonstration(bench, row, turns, episode, backend)
+    with Demonstrator(bench, store, backend=backend, protocol=protocol) as demonstrator:
+        return demonstrator.play(row, turns)
 
 
 def scored_trajectory(
@@ -268,13 +345,10 @@ def load_demonstration(store: BlobStore, row: StageState) -> list[RecordedTurn] 
 
 
 def replay_demonstration(
-    bench: Benchmark, row: StageState, store: BlobStore, *, backend: str, protocol: str
+    demonstrator: Demonstrator, row: StageState, store: BlobStore
 ) -> Demonstration | None:
-    """Play ``row``'s stored demonstration again and score it (None: it has none).
-
-    ``store`` (a bank's) is only read.
-    """
+    """Play ``row``'s demonstration stored in ``store`` again and score it (None: none stored)."""
     turns = load_demonstration(store, row)
     if turns is None:
         return None
-    return play_demonstration(bench, row, turns, store, backend=backend, protocol=protocol)
+    return demonstrator.play(row, turns)

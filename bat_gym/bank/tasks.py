@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bat_gym.bank.demonstrate import (
     Demonstration,
+    Demonstrator,
     demonstration_turns,
-    play_demonstration,
     scored_trajectory,
     store_demonstration,
 )
@@ -292,17 +292,18 @@ def _build_task(builder: Builder, job: Job, admission: Admission) -> dict[str, A
     gate_rejected: Counter[str] = Counter()
     findings: list[list[str]] = []
     candidates: list[dict[str, Any]] = []
-    for state in states:
-        found = admission.check(state, episode)
-        if found is not None:
-            gate_rejected[found[0]] += 1
-            findings.append([state.state_id, *found])
-            candidates.append(_candidate(state, f"gate {found[0]}"))
-            continue
-        demo = _demonstrate(builder, task, state, turns, episode)
-        candidates.append(demo.summary(state))
-        if demo.refusal is None:
-            admitted.append(store_demonstration(store, state, demo).model_dump(mode="json"))
+    with Demonstrator(bench, store, backend=builder.backend, protocol=protocol) as demonstrator:
+        for state in states:
+            found = admission.check(state, episode)
+            if found is not None:
+                gate_rejected[found[0]] += 1
+                findings.append([state.state_id, *found])
+                candidates.append(_candidate(state, f"gate {found[0]}"))
+                continue
+            demo = _demonstrate(demonstrator, task, state, turns, episode)
+            candidates.append(demo.summary(state))
+            if demo.refusal is None:
+                admitted.append(store_demonstration(store, state, demo).model_dump(mode="json"))
     record: dict[str, Any] = {
         "key": job.key,
         "reward": reward,
@@ -332,7 +333,7 @@ def _candidate(state: StageState, refused: str | None) -> dict[str, Any]:
 
 
 def _demonstrate(
-    builder: Builder,
+    demonstrator: Demonstrator,
     task: Any,
     row: StageState,
     trajectory: list[RecordedTurn],
@@ -345,15 +346,13 @@ def _demonstrate(
     own trajectory was played and scored already, from that very state: it is not
     played again.
     """
-    bench = builder.bench
+    bench, protocol = demonstrator.bench, demonstrator.protocol
     best: Demonstration | None = None
-    for turns in demonstration_turns(bench, task, row, trajectory, builder.protocol):
+    for turns in demonstration_turns(bench, task, row, trajectory, protocol):
         if row.focus == E2E and turns == trajectory:
-            demo = scored_trajectory(bench, row, turns, episode, builder.backend)
+            demo = scored_trajectory(bench, row, turns, episode, demonstrator.backend)
         else:
-            demo = play_demonstration(
-                bench, row, turns, builder.store, backend=builder.backend, protocol=builder.protocol
-            )
+            demo = demonstrator.play(row, turns)
         if demo.refusal is None:
             return demo
         if best is None or demo.reward > best.reward:

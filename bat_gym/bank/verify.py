@@ -208,31 +208,39 @@ def verify_demonstrations(
         backend: the sandbox backend to replay in.
         report: where the findings go.
     """
-    from bat_gym.bank.demonstrate import replay_demonstration
+    from bat_gym.bank.demonstrate import Demonstrator
 
     if manifest.get("version") != bench.spec.version:
         return  # reported by verify_replays; a replay would score another benchmark
     protocol = manifest.get("protocol", "hermes")
-    for row in rows:
-        report.count("demonstrations")
-        built = (row.provenance.get("demonstration") or {}).get("reward")
-        try:
-            demo = replay_demonstration(bench, row, bank_store, backend=backend, protocol=protocol)
-        except Exception as exc:  # noqa: BLE001 - a broken demonstration is a finding
-            report.find(
-                "demonstrations", row.state_id, f"cannot replay: {type(exc).__name__}: {exc}"
-            )
-            continue
-        if demo is None:
-            report.find(
-                "demonstrations",
-                row.state_id,
-                "no stored demonstration (a bank built before format 7: rebuild it)",
-            )
-        elif demo.refusal is not None:
-            was = "?" if built is None else f"{built:.3f}"
-            report.find(
-                "demonstrations",
-                row.state_id,
-                f"no longer reaches the bar: {demo.describe()}; at build it earned {was}",
-            )
+    with Demonstrator(bench, bank_store, backend=backend, protocol=protocol) as demonstrator:
+        for row in rows:
+            _verify_demonstration(demonstrator, row, bank_store, report)
+
+
+def _verify_demonstration(
+    demonstrator: Any, row: StageState, bank_store: BlobStore, report: BankReport
+) -> None:
+    """Replay one row's demonstration into ``report``."""
+    from bat_gym.bank.demonstrate import replay_demonstration
+
+    report.count("demonstrations")
+    built = (row.provenance.get("demonstration") or {}).get("reward")
+    try:
+        demo = replay_demonstration(demonstrator, row, bank_store)
+    except Exception as exc:  # noqa: BLE001 - a broken demonstration is a finding
+        report.find("demonstrations", row.state_id, f"cannot replay: {type(exc).__name__}: {exc}")
+        return
+    if demo is None:
+        report.find(
+            "demonstrations",
+            row.state_id,
+            "no stored demonstration (a bank built before format 7: rebuild it)",
+        )
+    elif demo.refusal is not None:
+        was = "?" if built is None else f"{built:.3f}"
+        report.find(
+            "demonstrations",
+            row.state_id,
+            f"no longer reaches the bar: {demo.describe()}; at build it earned {was}",
+        )
