@@ -9,7 +9,8 @@ training task, and at every stage boundary stores the workspace snapshot and the
 conversation so far: the start state of that stage's envs. Every row then passes the
 admission gates (:class:`Admission`: sandbox init, rollout limits, contracts, leakage)
 and is kept only if a demonstration played from it wins it
-(:mod:`~bat_gym.bank.demonstrate`): a row no honest play wins teaches nothing. Only training seeds are used; held-out seeds never enter a bank
+(:mod:`~bat_gym.bank.demonstrate`): a row no honest play wins teaches nothing.
+Only training seeds are used; held-out seeds never enter a bank
 (:mod:`bat_gym.audit` measures this afterwards). :meth:`StageBank.verify` re-checks a
 bank's bytes and replays its boundaries.
 

@@ -4,9 +4,9 @@
 or a policy's episode), replays them once, capturing every stage's start state
 (:func:`_stage_state`), labels the trajectory by its E2E reward, passes each row
 through the admission gates and admits it only when a demonstration played from it
-wins it (:func:`_demonstrate`, :mod:`bat_gym.bank.demonstrate`). :func:`run_jobs` builds tasks in this process or in
-forked workers, and hands each record to its caller in this process (a bank build
-journals it, :mod:`bat_gym.bank.build`).
+wins it (:func:`_demonstrate`, :mod:`bat_gym.bank.demonstrate`). :func:`run_jobs`
+builds tasks in this process or in forked workers, and hands each record to its
+caller in this process (a bank build journals it, :mod:`bat_gym.bank.build`).
 """
 
 from __future__ import annotations

@@ -218,9 +218,10 @@ def explain_cmd(
     """Show the teacher's verdict for a bank's tasks: why each was kept or rejected.
 
     First the share of candidate rows admitted per focus and outcome (a row is admitted
-    when a demonstration played from it wins it). For each task: the rejection reason, the reward, task score and evidence
-    completeness, each stage's credit, and every rubric item that fell short with its
-    detail and evidence; rows the admission gates refused, with the gate's finding.
+    when a demonstration played from it wins it). For each task: the rejection reason,
+    the reward, task score and evidence completeness, each stage's credit, and every
+    rubric item that fell short with its detail and evidence; rows the admission gates
+    refused, with the gate's finding; rows no demonstration won, with its reward.
     """
     from bat_gym.bank.explain import explain, journal_records
 

@@ -31,8 +31,8 @@ def demo(
             "--seed",
             min=0,
             help=(
-                "Which start state: the N-th of the env's success states, track by track in id order "
-                "(wrapping), so each seed up to their count plays a different one."
+                "Which start state: the N-th of the env's success states, track by track "
+                "in id order (wrapping), so each seed up to their count plays a different one."
             ),
         ),
     ] = 0,
