@@ -282,12 +282,12 @@ class Benchmark(ABC):
         played from the row's own start state and scored by the row's own contract,
         earns at least 0.9 of what the row can pay
         (:mod:`bat_gym.bank.demonstrate`). Default None: the teacher's own work on the
-        row (for a stage row, the turns of ``state.focus`` in the trajectory the row
-        was cut from, :meth:`teacher_script` for ``state.outcome``, then ``finish``;
-        then, for a row not cut from a success, the ``success`` script's turns of
-        that stage). Return the episode's turns from ``state``, ending in ``finish``,
-        to demonstrate otherwise: repairing in the open a mistake an earlier stage
-        left in the row's workspace, say.
+        row, from :meth:`teacher_script` for ``state.outcome`` (for a stage row, the
+        turns of ``state.focus`` then ``finish``, or else the script's whole
+        continuation from that stage), and for a row not cut from a success, the
+        ``success`` script's the same way. Return the episode's turns from ``state``,
+        ending in ``finish``, to demonstrate otherwise: repairing in the open a
+        mistake an earlier stage left in the row's workspace, say.
         """
         return None
 

@@ -122,6 +122,11 @@ class Demonstration:
 
     def summary(self, state: StageState) -> dict[str, Any]:
         """What a build's journal keeps of it: the row, its scores, and any refusal."""
+        short = [
+            f"{i['stage']}.{i['item']} {i['status']}: {i['detail'][:160]}"
+            for i in (self.verdict or {}).get("items", [])
+            if i["status"] == "failed"
+        ]
         return {
             "state_id": state.state_id,
             "focus": state.focus,
@@ -129,6 +134,8 @@ class Demonstration:
             "reward": self.reward,
             "attainable": self.attainable,
             "refused": self.refusal,
+            # What fell short, for `bank explain` (a refused row's verdict is kept nowhere else).
+            "short": short[:3] if self.refusal else [],
         }
 
 
@@ -142,24 +149,29 @@ def demonstration_turns(
     """The demonstrators of ``row``, in the order they are tried: each one's actions.
 
     The benchmark's own demonstrator when it supplies one
-    (:meth:`~bat_gym.benchmark.Benchmark.demonstration_turns`). Else, first, the
-    teacher's own work on the row: for an E2E row the whole ``trajectory`` it was cut
-    from; for a stage row that trajectory's turns of the row's stage, then ``finish``,
-    as a stage episode asks ("do stage S3 only, then call finish"), so nothing is asked
-    of the teacher again. Then, for a row cut from a trajectory that was not a
-    success, the scripted ``success`` teacher's work on the row: a row whose own
-    trajectory goes on to make a mistake (a failure trajectory's Setup row, say) is
-    still won by the careful engineer's work from the same state.
+    (:meth:`~bat_gym.benchmark.Benchmark.demonstration_turns`). Else the teacher's own
+    work on the row, from ``trajectory``, the turns the row was cut from (nothing is
+    asked of the teacher again): for an E2E row the whole trajectory; for a stage row
+    first the turns of the row's stage, then ``finish``, as a stage episode asks ("do
+    stage S3 only, then call finish"), then the whole continuation from the stage's
+    first turn, as the scripted teacher plays from the row
+    (:class:`~bat_gym.policies.ScriptedPolicy`). Then, for a row cut from a trajectory
+    that was not a success, the same two of the scripted ``success`` teacher: a row
+    whose own trajectory goes on to make a mistake (a failure trajectory's Setup row,
+    say) is still won by the careful engineer's work from the same state. Identical
+    action sequences are listed once.
     """
     supplied = bench.demonstration_turns(task, row)
     if supplied is not None:
         return [_rendered(supplied, protocol)]
-    out = [_stage_work(trajectory, row.focus, protocol)]
+    scripts = [list(trajectory)]
     if row.outcome != "success" and "success" in bench.outcomes:
-        careful = _rendered(bench.teacher_script(task, "success"), protocol)
-        careful = _stage_work(careful, row.focus, protocol)
-        if careful != out[0]:
-            out.append(careful)
+        scripts.append(_rendered(bench.teacher_script(task, "success"), protocol))
+    out: list[list[RecordedTurn]] = []
+    for script in scripts:
+        for turns in (_stage_work(script, row.focus, protocol), _from_stage(script, row.focus)):
+            if turns not in out:
+                out.append(turns)
     return out
 
 
@@ -169,6 +181,14 @@ def _rendered(turns: Sequence[Any], protocol: str) -> list[RecordedTurn]:
 
     proto = get_protocol(protocol)
     return [RecordedTurn(t.stage, proto.render(t.content, list(t.calls))) for t in turns]
+
+
+def _from_stage(turns: Sequence[RecordedTurn], focus: str) -> list[RecordedTurn]:
+    """``turns`` from the first turn of stage ``focus`` on (all of them for E2E)."""
+    if focus == E2E:
+        return list(turns)
+    first = next((i for i, t in enumerate(turns) if t.stage == focus), len(turns))
+    return list(turns[first:])
 
 
 def _stage_work(turns: Sequence[RecordedTurn], focus: str, protocol: str) -> list[RecordedTurn]:

@@ -132,6 +132,7 @@ def explain(
                     f"  not admitted {row['state_id']}: {refused} (reward "
                     f"{_score(row['reward'])} of an attainable {_score(row['attainable'])})"
                 )
+                out += [f"    {short}" for short in row.get("short", [])]
         verdict = record.get("verdict")
         if not verdict:
             if record.get("reward") is None and not rejected:
