@@ -3,13 +3,16 @@
 Without ``states=``, an env reads :class:`DefaultStates`: the grid a plain
 ``build_bank(bench, outcomes=bench.outcomes)`` would build (one training task per
 track, every outcome the teacher declares, every focus), but built lazily. Every
-state id of the grid is known before any episode runs: a row's id is
+planned state id is known before any episode runs: a row's id is
 ``<task id>.<focus>.<outcome>``, the task id comes from the task generator, and the
 focuses a trajectory yields are E2E and the stages its scripted turns are labelled
-with. So ``select()`` (and with it a seeded ``reset()`` and curriculum sampling)
-chooses over exactly the states of the whole grid, and ``get()`` builds only the one
-teacher trajectory that holds the state asked for, which yields that trajectory's
-state for every focus.
+with. ``get()`` builds only the one teacher trajectory that holds the state asked
+for, which yields that trajectory's state for every focus. Which of them are admitted
+(a demonstration played from the row wins it, :mod:`bat_gym.bank.demonstrate`) is
+known only once the trajectory is built, so ``select()`` (and with it a seeded
+``reset()`` and curriculum sampling) builds the trajectories of the tracks and
+outcomes it lists: it chooses over exactly the admitted states, the same on a fresh
+cache as on a warm one, and never over a row no honest play wins.
 
 Everything lives in bat_gym's cache under a key of the benchmark's name, version and
 contracts, bat_gym's version, the bank format and the digest of the benchmark's code,
@@ -24,8 +27,9 @@ so an edited benchmark never reuses stale states::
 
 Each trajectory is built under a file lock, so vector-env workers that want the same
 one wait for the first, and others build in parallel. Its rows pass the admission
-gates as in :func:`~bat_gym.bank.build_bank`, the leakage gate indexing the held-out
-tasks of the trajectory's own track (as a build of that one track does);
+gates and the demonstration as in :func:`~bat_gym.bank.build_bank`, the leakage gate
+indexing the held-out tasks of the trajectory's own track (as a build of that one
+track does);
 ``bat-gym bank audit`` measures a bank against every track. A trajectory that the verifier
 or the admission gates reject is never cached as a good one: asking for its states
 raises :class:`~bat_gym.errors.TrajectoryRejected` with the teacher's verdict, so a
