@@ -428,6 +428,22 @@ class Benchmark(ABC):
         """
         return self.teacher_script(task, "success")
 
+    def demonstration_turns(self, task: Task, state: StageState) -> list[TeacherTurn] | None:
+        """Who shows that a Stage Bank row can be won: turns played from ``state``, or None.
+
+        A bank admits a row only when a demonstration of the behaviour it teaches,
+        played from the row's own start state and scored by the row's own contract,
+        earns at least 0.9 of what the row can pay
+        (:mod:`bat_gym.bank.demonstrate`). Default None: the teacher's own work on the
+        row, from :meth:`teacher_script` for ``state.outcome`` (for a stage row, the
+        turns of ``state.focus`` then ``finish``, or else the script's whole
+        continuation from that stage), and for a row not cut from a success, the
+        ``success`` script's the same way. Return the episode's turns from ``state``,
+        ending in ``finish``, to demonstrate otherwise: repairing in the open a
+        mistake an earlier stage left in the row's workspace, say.
+        """
+        return None
+
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
         """Task-specific facts a plan must state (the ``plan_states_facts`` guard).
 
