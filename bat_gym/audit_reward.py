@@ -26,13 +26,14 @@ rewards and cells lost to infrastructure are left out and counted in the episode
 
 from __future__ import annotations
 
+import contextlib
 import random
 import tempfile
 import threading
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -42,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym import progress as display
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import ConfigError
+from bat_gym.errors import ConfigError, StateNotAdmitted
 from bat_gym.policies.base import Policy
 
 __all__ = [
@@ -327,6 +328,13 @@ def admitted(state: Any) -> bool:
     return bool((state.provenance.get("demonstration") or {}).get("blob"))
 
 
+def _states(source: Any, focus: str | None = None) -> Iterator[Any]:
+    """The rows of ``source`` with ``focus``, leaving out planned rows it did not admit."""
+    for state_id in source.select(focus=focus):
+        with contextlib.suppress(StateNotAdmitted):
+            yield source.get(state_id)
+
+
 def sample_states(
     source: Any, focus: str, n: int, *, tracks: Sequence[str] = (), seed: int = 0
 ) -> list[Any]:
@@ -341,8 +349,7 @@ def sample_states(
     """
     rng = random.Random(f"{seed}/{focus}")
     by_track: dict[str, list[Any]] = defaultdict(list)
-    for state_id in source.select(focus=focus):
-        state = source.get(state_id)
+    for state in _states(source, focus):
         if admitted(state) and (not tracks or state.track in tracks):
             by_track[state.track].append(state)
     order = sorted(by_track)
@@ -635,7 +642,7 @@ def audit_reward(
             for focus in stage_ids
             for st in sample_states(source, focus, states_per_focus, tracks=tracks, seed=seed)
         ]
-        unproven = sum(not admitted(source.get(i)) for i in source.select())
+        unproven = sum(not admitted(st) for st in _states(source))
         if unproven:
             notes.append(
                 f"{unproven} row(s) of the states hold no demonstration (a bank built before "

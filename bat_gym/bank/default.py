@@ -9,10 +9,11 @@ focuses a trajectory yields are E2E and the stages its scripted turns are labell
 with. ``get()`` builds only the one teacher trajectory that holds the state asked
 for, which yields that trajectory's state for every focus. Which of them are admitted
 (a demonstration played from the row wins it, :mod:`bat_gym.bank.demonstrate`) is
-known only once the trajectory is built, so ``select()`` (and with it a seeded
-``reset()`` and curriculum sampling) builds the trajectories of the tracks and
-outcomes it lists: it chooses over exactly the admitted states, the same on a fresh
-cache as on a warm one, and never over a row no honest play wins.
+known only once the trajectory is built, so ``select()`` lists the planned ids and
+``get()`` of a row no honest play wins raises
+:class:`~bat_gym.errors.StateNotAdmitted`; a seeded ``reset()`` walks a seeded order
+of the ids to the first admitted one, so it picks the same state on a fresh cache, a
+warm one and the completed bank, and never a row that is not admitted.
 
 Everything lives in bat_gym's cache under a key of the benchmark's name, version and
 contracts, bat_gym's version, the bank format and the digest of the benchmark's code,
@@ -255,38 +256,26 @@ class DefaultStates:
     def select(
         self, focus: str | None = None, track: str | None = None, outcome: str | None = None
     ) -> list[str]:
-        """Ids of the grid's admitted states with this focus, track and outcome (None: any), sorted.
+        """Ids of the grid's states with this focus, track and outcome (None: any), sorted.
 
-        Which planned rows a demonstration wins is known only once their trajectory is
-        built, so the trajectories of this track and outcome that were never built are
-        built now (each once, then cached): a seeded choice among the ids is the same
-        on a fresh cache and a warm one, and never falls on a row that is not admitted.
+        Nothing is built: until the grid is completed the ids are the plan's, and a
+        planned row may turn out not to be admitted (its demonstration does not win it),
+        which :meth:`get` then says with :class:`~bat_gym.errors.StateNotAdmitted`. A
+        seeded ``reset()`` ranks the ids by a seeded hash and takes the first admitted
+        one (:meth:`bat_gym.env.StageEnv.reset`), so it builds only what it walks past
+        and picks the same state from this plan, a warm cache or the completed bank.
         """
         bank = self._complete_bank()
         if bank is not None:
             return bank.select(focus, track, outcome)
-        wanted = [
-            t
-            for t in self.trajectories
-            if (track is None or t.job.track == track)
-            and (outcome is None or (t.job.outcome or "success") == outcome)
-        ]
         return sorted(
-            row.state_id
-            for t in wanted
-            for row in self._rows_of(t)
-            if focus is None or row.focus == focus
+            i
+            for t in self.trajectories
+            for i, f in zip(t.ids, t.focuses, strict=True)
+            if (focus is None or f == focus)
+            and (track is None or t.job.track == track)
+            and (outcome is None or (t.job.outcome or "success") == outcome)
         )
-
-    def _rows_of(self, t: _Trajectory) -> list[StageState]:
-        """The admitted rows of ``t`` (built now if never built), kept in memory."""
-        with self._lock:
-            held = [self._rows[i] for i in t.ids if i in self._rows]
-            if not held:
-                held = self._trajectory_rows(t)
-                for row in held:
-                    self._rows[row.state_id] = row
-            return held
 
     def get(self, state_id: str) -> StageState:
         """The state with this id; its trajectory is built now if it was never built.

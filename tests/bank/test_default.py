@@ -9,7 +9,7 @@ import gymnasium as gym
 import pytest
 
 from bat_gym.bank import DefaultStates, StageBank, build_bank, default_bank, default_states
-from bat_gym.errors import TrajectoryRejected
+from bat_gym.errors import ConfigError, TrajectoryRejected
 
 
 @pytest.fixture
@@ -44,14 +44,12 @@ def broken_toy(name="toy_pipeline"):
     return Broken()
 
 
-def test_select_lists_the_admitted_grid_as_an_eager_build_does(toy, cache, full_toy_bank):
+def test_select_lists_the_grid_without_building_it(toy, cache, full_toy_bank):
     source = default_states(toy)
     assert source.select(track="lookup") == full_toy_bank.select(track="lookup")
-    # Which rows a demonstration wins is known once their trajectory is built: a filter
-    # by track builds that track's trajectories, and only those.
-    assert built(source) == [f"lookup-{toy.seeds('train')[0]}-success.json"]
     for focus in (None, *toy.spec.focuses):
         assert source.select(focus=focus) == full_toy_bank.select(focus=focus)
+    assert built(source) == []  # the ids are the plan's
 
 
 def test_a_first_reset_builds_only_the_trajectories_it_chooses_among(toy, cache, full_toy_bank):
@@ -88,12 +86,19 @@ def test_a_planned_row_no_demonstration_wins_is_never_served(cache):
                 return None
             return [t for t in self.teacher_script(task) if t.stage == "S5"]
 
-    source = DefaultStates(Unwinnable())
+    bench = Unwinnable()
+    source = DefaultStates(bench)
     planned = [i for t in source.trajectories for i in t.ids if ".S4." in i]
-    assert len(planned) == 2
+    assert len(planned) == 2 and source.select(focus="S4") == sorted(planned)
     with pytest.raises(StateNotAdmitted, match="demonstration below 0.9"):
         source.get(planned[0])
-    assert source.select(focus="S4") == []
+    # A seeded reset walks past the rows that are not admitted, and says so when none is.
+    env = gym.make("bat/Infer-v0", benchmark=bench, states=source)
+    try:
+        with pytest.raises(ConfigError, match="no admitted"):
+            env.reset(seed=0)
+    finally:
+        env.close()
     assert len(source.select(focus="S3")) == 2
     bank = source.complete()
     assert bank.select(focus="S4") == [] and bank.manifest["admission"]["shares"]["S4"] == {
@@ -228,3 +233,34 @@ def test_the_env_resolves_its_states_through_the_registry_not_the_bank(toy):
     finally:
         register_state_source(None)
     assert seen == [(None, "toy_pipeline")]
+
+
+def test_a_seeded_reset_walks_past_a_refused_row_to_the_pick_of_the_admitted_bank(cache):
+    from bat_gym.envs.toy_pipeline.suite import SPEC, ToyPipeline
+
+    class HalfWinnable(ToyPipeline):
+        spec = SPEC.model_copy(update={"name": "toy_half_winnable_s4"})
+
+        def demonstration_turns(self, task, state):
+            # Only the lookup track's S4 row loses its demonstration.
+            if state.focus != "S4" or state.track != "lookup":
+                return None
+            return [t for t in self.teacher_script(task) if t.stage == "S5"]
+
+    bench = HalfWinnable()
+    lazy = gym.make("bat/Infer-v0", benchmark=bench, states=DefaultStates(bench))
+    try:
+        picks, tracks = [], set()
+        for seed in range(6):
+            picks.append(lazy.reset(seed=seed)[1]["state_id"])
+            tracks.add(lazy.unwrapped.state.track)
+    finally:
+        lazy.close()
+    bank = DefaultStates(bench).complete()
+    assert len(bank.select(focus="S4")) == 1  # the threshold track's
+    eager = gym.make("bat/Infer-v0", benchmark=bench, states=bank)
+    try:
+        assert [eager.reset(seed=s)[1]["state_id"] for s in range(6)] == picks
+    finally:
+        eager.close()
+    assert tracks == {"threshold"}
