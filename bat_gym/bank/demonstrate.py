@@ -149,7 +149,10 @@ def demonstration_turns(
     """The demonstrators of ``row``, in the order they are tried: each one's actions.
 
     The benchmark's own demonstrator when it supplies one
-    (:meth:`~bat_gym.benchmark.Benchmark.demonstration_turns`). Else the teacher's own
+    (:meth:`~bat_gym.benchmark.Benchmark.demonstration_turns`). Where the row is a
+    repair exercise (:meth:`~bat_gym.benchmark.Benchmark.repair_turns`), first the
+    success teacher as it plays from the row: the repair, then the later stages'
+    work. Else the teacher's own
     work on the row, from ``trajectory``, the turns the row was cut from (nothing is
     asked of the teacher again): for an E2E row the whole trajectory; for a stage row
     first the turns of the row's stage, then ``finish``, as a stage episode asks ("do
@@ -165,6 +168,9 @@ def demonstration_turns(
     if supplied is not None:
         return [_rendered(supplied, protocol)]
     scripts = [list(trajectory)]
+    if row.focus != E2E and bench.repair_turns(task, row.focus, row.outcome):
+        # A repair exercise: the teacher's repair of the earlier mistake comes first.
+        scripts.insert(0, _rendered(bench.teacher_script_from(task, row), protocol))
     if row.outcome != "success" and "success" in bench.outcomes:
         scripts.append(_rendered(bench.teacher_script(task, "success"), protocol))
     out: list[list[RecordedTurn]] = []
