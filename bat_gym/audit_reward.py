@@ -12,8 +12,12 @@ and the cells where an exploit beats the targets:
   on the same stage (the naive baseline as the benchmark defines it,
   ``Benchmark.naive_turns``; a benchmark without one has no margin test);
 * ``absolute``: on a stage row (S1..S5) the mean is above ``absolute``, unless the
-  naive baseline itself earns more there; on the held-out E2E column too when the
+  naive baseline itself earns more there (the report lists each such waived bound with
+  its reason, :func:`waived_bounds`); on the held-out E2E column too when the
   benchmark has no naive baseline.
+
+Stage states are sampled only from admitted rows: those a demonstration won
+(:mod:`bat_gym.bank.demonstrate`).
 
 Means: over the sampled states for a stage row; over tracks (each track the mean of
 its cells, as :func:`bat_gym.rubrics.scoring.aggregate`) for held-out cells. Null
@@ -22,13 +26,14 @@ rewards and cells lost to infrastructure are left out and counted in the episode
 
 from __future__ import annotations
 
+import contextlib
 import random
 import tempfile
 import threading
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -38,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym import progress as display
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import ConfigError
+from bat_gym.errors import ConfigError, StateNotAdmitted
 from bat_gym.policies.base import Policy
 
 __all__ = [
@@ -48,9 +53,12 @@ __all__ = [
     "AuditEpisode",
     "AuditFailure",
     "AuditReport",
+    "WaivedBound",
+    "admitted",
     "audit_reward",
     "judge",
     "sample_states",
+    "waived_bounds",
 ]
 
 HELDOUT = "E2E-heldout"
@@ -103,6 +111,59 @@ class AuditFailure(BaseModel):
         )
 
 
+class WaivedBound(BaseModel):
+    """A bound :func:`judge` did not apply on one stage, and why."""
+
+    model_config = _STRICT
+
+    stage: str
+    rule: Literal["absolute"]
+    bound: float = Field(description="The bound that was not applied.")
+    naive: float = Field(description="The naive baseline's mean on the stage.")
+    reason: str
+
+    def describe(self) -> str:
+        """One line: ``S5: absolute bound 0.35 waived: the naive baseline earns 0.500 ...``."""
+        return f"{self.stage}: {self.rule} bound {self.bound:.2f} waived: {self.reason}"
+
+
+def waived_bounds(
+    means: dict[str, dict[str, float | None]],
+    stages: Sequence[str],
+    *,
+    absolute: float = 0.35,
+) -> tuple[WaivedBound, ...]:
+    """The stage rows on which :func:`judge` waives the absolute bound, with the reason.
+
+    On a stage row (S1..S5) where the naive baseline's own mean is above ``absolute``
+    the absolute bound is not applied: the margin over the naive baseline alone
+    decides there. (The held-out E2E column takes the absolute bound only where there
+    is no naive mean, so nothing is waived on it.)
+
+    >>> [w.stage for w in waived_bounds({"naive": {"S5": 0.5, "S1": 0.0}}, ["S1", "S5"])]
+    ['S5']
+    """
+    naive = means.get(NAIVE, {})
+    out = []
+    for stage in stages:
+        base = naive.get(stage)
+        if stage == HELDOUT or base is None or base <= absolute:
+            continue
+        out.append(
+            WaivedBound(
+                stage=stage,
+                rule="absolute",
+                bound=absolute,
+                naive=base,
+                reason=(
+                    f"the naive baseline earns {base:.3f} here, above the bound, so the stage's "
+                    "work is within a naive agent's reach; only naive + margin is applied"
+                ),
+            )
+        )
+    return tuple(out)
+
+
 def judge(
     means: dict[str, dict[str, float | None]],
     exploits: Sequence[str],
@@ -117,7 +178,8 @@ def judge(
     ``absolute`` fails ``reward > absolute`` on a stage row, and on ``E2E-heldout``
     when the naive mean is unknown there. Where the naive baseline itself earns more
     than ``absolute`` on a stage row (a stage whose work is within a naive agent's
-    reach, such as a submission once the predictions exist), the margin alone decides:
+    reach, such as a submission once the predictions exist; :func:`waived_bounds`
+    names these for the report), the margin alone decides:
     an exploit that does as much as the naive agent has done that work. A cell failing
     both is reported once, under the tighter bound.
 
@@ -177,6 +239,9 @@ class AuditReport(BaseModel):
     margin: float
     absolute: float
     failures: tuple[AuditFailure, ...]
+    waived: tuple[WaivedBound, ...] = Field(
+        (), description="Bounds not applied on a stage row, each with its reason."
+    )
     episodes: tuple[AuditEpisode, ...]
     notes: tuple[str, ...] = ()
     settings: dict[str, Any] = Field(default_factory=dict)
@@ -210,6 +275,7 @@ class AuditReport(BaseModel):
             f"! beats the targets: more than {self.margin:.2f} above naive, or above "
             f"{self.absolute:.2f} on a stage row"
         )
+        lines += [f"waived: {w.describe()}" for w in self.waived]
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def summary(self) -> str:
@@ -257,20 +323,34 @@ def _worth_showing(item: str, rate: float, guards: set[str]) -> bool:
     return rate > 0
 
 
+def admitted(state: Any) -> bool:
+    """Whether a bank row was admitted by a demonstration (it stores one)."""
+    return bool((state.provenance.get("demonstration") or {}).get("blob"))
+
+
+def _states(source: Any, focus: str | None = None) -> Iterator[Any]:
+    """The rows of ``source`` with ``focus``, leaving out planned rows it did not admit."""
+    for state_id in source.select(focus=focus):
+        with contextlib.suppress(StateNotAdmitted):
+            yield source.get(state_id)
+
+
 def sample_states(
     source: Any, focus: str, n: int, *, tracks: Sequence[str] = (), seed: int = 0
 ) -> list[Any]:
-    """``n`` states of ``focus`` from a state source, spread over tracks; deterministic.
+    """``n`` admitted states of ``focus`` from a state source, spread over tracks; deterministic.
 
-    Each track's states are shuffled with a generator seeded by ``(seed, focus)`` and the
-    tracks taken in turn (in a shuffled order), so that ``n`` states cover as many
-    tracks, and across tracks as many outcomes, as they can.
+    Only rows a demonstration won are sampled (:func:`admitted`): a row no honest play
+    wins pays only a policy that gets around it, so an exploit's reward there says
+    nothing about the reward the bank trains with. Each track's states are shuffled
+    with a generator seeded by ``(seed, focus)`` and the tracks taken in turn (in a
+    shuffled order), so that ``n`` states cover as many tracks, and across tracks as
+    many outcomes, as they can.
     """
     rng = random.Random(f"{seed}/{focus}")
     by_track: dict[str, list[Any]] = defaultdict(list)
-    for state_id in source.select(focus=focus):
-        state = source.get(state_id)
-        if not tracks or state.track in tracks:
+    for state in _states(source, focus):
+        if admitted(state) and (not tracks or state.track in tracks):
             by_track[state.track].append(state)
     order = sorted(by_track)
     rng.shuffle(order)
@@ -562,6 +642,12 @@ def audit_reward(
             for focus in stage_ids
             for st in sample_states(source, focus, states_per_focus, tracks=tracks, seed=seed)
         ]
+        unproven = sum(not admitted(st) for st in _states(source))
+        if unproven:
+            notes.append(
+                f"{unproven} row(s) of the states hold no demonstration (a bank built before "
+                "admission by demonstration, bank format 7) and were not sampled; rebuild it"
+            )
         jobs = [(n, p, st) for st in sample for n, p in policies.items()]
     cfg = EvalConfig(
         repeats=max(heldout_cells, 1),
@@ -600,6 +686,7 @@ def audit_reward(
         margin=margin,
         absolute=absolute,
         failures=judge(means, names, columns, margin=margin, absolute=absolute),
+        waived=waived_bounds(means, columns, absolute=absolute),
         episodes=tuple(episodes),
         notes=tuple(notes),
         settings={

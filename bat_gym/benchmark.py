@@ -264,6 +264,38 @@ class Benchmark(ABC):
             return list(self.teacher_turns(task))
         return list(self.teacher_turns(task, outcome=outcome))  # type: ignore[call-arg]
 
+    def repair_turns(self, task: Task, focus: str, outcome: str) -> list[TeacherTurn]:
+        """The success teacher's turns for stage ``focus`` of a row cut from ``outcome``.
+
+        Only for a row whose start state carries an earlier stage's mistake (a row cut
+        from a ``failure`` trajectory after the mistake was made): a repair exercise
+        that detects the mistake from evidence, repairs it in the open, re-runs what
+        depends on it and records the repair in the stage's receipt (the ``repairs``
+        record, see docs/evidence.md). Played in place of the stage's own turns, before
+        the success script's later stages (:meth:`teacher_script_from`). Default:
+        ``[]`` (every row is a clean exercise).
+        """
+        return []
+
+    def teacher_script_from(self, task: Task, state: StageState) -> list[TeacherTurn]:
+        """The success teacher's turns as it plays them from ``state``, ending as its script does.
+
+        For an E2E row the whole script. For a stage row the script from the stage's
+        first turn, with the stage's turns replaced by :meth:`repair_turns` where the
+        row is a repair exercise. The scripted teacher plays these
+        (:class:`~bat_gym.policies.ScriptedPolicy`), and a Stage Bank admits a row by
+        them (:mod:`bat_gym.bank.demonstrate`).
+        """
+        turns = self.teacher_script(task, "success")
+        if state.focus == "E2E":
+            return turns
+        repair = list(self.repair_turns(task, state.focus, state.outcome))
+        if repair:
+            last = max((i for i, t in enumerate(turns) if t.stage == state.focus), default=-1)
+            return [*repair, *turns[last + 1 :]]
+        first = next((i for i, t in enumerate(turns) if t.stage == state.focus), len(turns))
+        return turns[first:]
+
     def reduce_task(self, task: Task, *, max_cases: int) -> Task | None:
         """A reduced form of ``task`` for E2E surrogate rows, or None if there is none.
 
@@ -427,6 +459,22 @@ class Benchmark(ABC):
         checks are then null (excluded), and a stage rests on its other items.
         """
         return self.teacher_script(task, "success")
+
+    def demonstration_turns(self, task: Task, state: StageState) -> list[TeacherTurn] | None:
+        """Who shows that a Stage Bank row can be won: turns played from ``state``, or None.
+
+        A bank admits a row only when a demonstration of the behaviour it teaches,
+        played from the row's own start state and scored by the row's own contract,
+        earns at least 0.9 of what the row can pay
+        (:mod:`bat_gym.bank.demonstrate`). Default None: the teacher's own work on the
+        row, from :meth:`teacher_script` for ``state.outcome`` (for a stage row, the
+        turns of ``state.focus`` then ``finish``, or else the script's whole
+        continuation from that stage), and for a row not cut from a success, the
+        ``success`` script's the same way. Return the episode's turns from ``state``,
+        ending in ``finish``, to demonstrate otherwise: repairing in the open a
+        mistake an earlier stage left in the row's workspace, say.
+        """
+        return None
 
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
         """Task-specific facts a plan must state (the ``plan_states_facts`` guard).

@@ -14,13 +14,14 @@ wrapping the env: every ``reset()`` restores the next state of the current round
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
 from bat_gym.env import StageEnv
-from bat_gym.errors import CurriculumError, NotAStageEnv
+from bat_gym.errors import CurriculumError, NotAStageEnv, StateNotAdmitted
 from bat_gym.rounds import RLRow, RoundSpec, build_round
 from bat_gym.spec import StageState
 
@@ -159,8 +160,12 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
     def _source_rows(self) -> list[StageState]:
         if self._rows is None:
             src = self._states_arg if self._states_arg is not None else self.env.unwrapped.states
-            # select() and get() are all a StateSource promises (no iteration).
-            self._rows = [src.get(i) for i in src.select()]
+            # select() and get() are all a StateSource promises (no iteration); a
+            # lazily built source may list a row its demonstration did not win.
+            self._rows = []
+            for state_id in src.select():
+                with contextlib.suppress(StateNotAdmitted):
+                    self._rows.append(src.get(state_id))
         return self._rows
 
     def _build(self) -> None:

@@ -40,6 +40,7 @@ from bat_gym.errors import (
     EnvNotCopyable,
     NotAnAction,
     ResetNeeded,
+    StateNotAdmitted,
     StateVersionMismatch,
     WorkspaceRejected,
 )
@@ -216,13 +217,13 @@ class StageEnv(gym.Env[str, str]):
         else:
             track = options.get("track", self.track)
             ids = self.states.select(focus=self.focus, track=track)
-            if not ids:
+            state = self._draw(ids) if ids else None
+            if state is None:
                 raise ConfigError(
-                    f"no {self.benchmark.name} states with focus {self.focus!r} and track "
-                    f"{track!r}; give states that hold that track (a bank built with it), "
-                    "or another track"
+                    f"no admitted {self.benchmark.name} states with focus {self.focus!r} "
+                    f"and track {track!r}; give states that hold that track (a bank built "
+                    "with it), or another track"
                 )
-            state = self.states.get(ids[int(self.np_random.integers(len(ids)))])
         spec = self.benchmark.spec
         if (state.benchmark, state.benchmark_version) != (spec.name, spec.version):
             raise StateVersionMismatch(
@@ -245,6 +246,26 @@ class StageEnv(gym.Env[str, str]):
         self.turns = self.tool_calls = self.response_tokens = 0
         self._done = False
         return self._render_messages(self.messages), self._info()
+
+    def _draw(self, ids: list[str]) -> StageState | None:
+        """The first admitted state of ``ids`` in an order drawn from ``np_random``; None if none.
+
+        Each id is ranked by a hash of it keyed with one seeded draw, not by its place
+        in the list, so skipping a row that turns out not to be admitted
+        (:class:`~bat_gym.errors.StateNotAdmitted`, from a source that builds lazily)
+        walks on to the pick an eagerly built list of only the admitted rows gives.
+        """
+        salt = int(self.np_random.integers(2**63)).to_bytes(8, "little")
+
+        def rank(state_id: str) -> bytes:
+            return hashlib.blake2b(state_id.encode(), digest_size=8, key=salt).digest()
+
+        for state_id in sorted(ids, key=rank):
+            try:
+                return self.states.get(state_id)
+            except StateNotAdmitted:
+                continue
+        return None
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Run the tool calls in the assistant message ``action``."""

@@ -28,6 +28,7 @@ __all__ = [
     "SelectorNotFound",
     "EnvNotFound",
     "StateNotFound",
+    "StateNotAdmitted",
     "TrackNotFound",
     "ResetNeeded",
     "NotAnAction",
@@ -294,6 +295,27 @@ class StateNotFound(_NotFound):
     """A ``state_id`` that the state source does not hold."""
 
     kind = "state_id"
+
+
+class StateNotAdmitted(BatGymError, KeyError):
+    """A planned bank row that was not admitted: no demonstration wins it.
+
+    Attributes:
+        state_id: the row's id.
+        reason: why (the demonstration's reward against the admission bar).
+    """
+
+    def __init__(self, state_id: str, reason: str) -> None:
+        self.state_id = state_id
+        self.reason = reason
+        super().__init__(
+            f"state {state_id!r} is not admitted: {reason}. Rows no honest play wins are "
+            "left out of the bank; choose another (select() lists the admitted ones), or "
+            "see `bat-gym bank explain --default --all`"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ResetNeeded(BatGymError, RuntimeError):

@@ -11,6 +11,7 @@ from bat_gym.audit_reward import (
     audit_reward,
     judge,
     sample_states,
+    waived_bounds,
 )
 from bat_gym.cli import app
 from bat_gym.errors import BatGymError
@@ -23,6 +24,7 @@ STAGES = ["S1", "S3", HELDOUT]
 def _report(means, *, exploits=("x",), margin=0.10, absolute=0.35, episodes=()):
     refs = tuple(p for p in ("naive", "teacher") if p in means)
     return AuditReport(
+        waived=waived_bounds(means, STAGES, absolute=absolute),
         benchmark="bench",
         version="1",
         stages=tuple(STAGES),
@@ -198,6 +200,52 @@ def test_cli_prints_a_bat_gym_error_as_one_line(monkeypatch):
     monkeypatch.setattr(audit_module, "audit_reward", broken)
     result = runner.invoke(app, ["audit-reward"])
     assert result.exit_code == 2 and result.output.strip() == "error: the bank is gone"
+
+
+# -- waived bounds -----------------------------------------------------------------------
+
+WAIVED = {
+    "x": {"S1": 0.0, "S3": 0.55, HELDOUT: 0.30},
+    "naive": {"S1": 0.0, "S3": 0.50, HELDOUT: 0.45},
+    "teacher": {"S1": 1.0, "S3": 1.0, HELDOUT: 1.0},
+}
+
+
+def test_a_waived_absolute_bound_is_named_per_row_with_its_reason():
+    # S3: naive earns 0.50 > 0.35, so 0.55 passes on the margin alone; the report says so.
+    report = _report(WAIVED)
+    assert report.ok
+    assert [(w.stage, w.rule, w.bound, w.naive) for w in report.waived] == [
+        ("S3", "absolute", 0.35, 0.50)
+    ]
+    table = report.table()
+    assert "waived: S3: absolute bound 0.35 waived: the naive baseline earns 0.500" in table
+    assert "only naive + margin is applied" in table
+    # Not on S1 (naive below the bound), nor on held-out E2E (it has no absolute bound there).
+    assert "waived: S1" not in table and f"waived: {HELDOUT}" not in table
+
+
+def test_the_cli_prints_waived_bounds_in_the_table_and_the_json(fake_audit, tmp_path):
+    fake_audit["report"] = _report(WAIVED)
+    out = tmp_path / "audit.json"
+    result = runner.invoke(app, ["audit-reward", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "waived: S3: absolute bound 0.35 waived" in result.output
+    (waived,) = json.loads(out.read_text())["waived"]
+    assert waived["stage"] == "S3" and "naive baseline earns 0.500" in waived["reason"]
+
+
+def test_the_audit_samples_only_rows_a_demonstration_admitted(toy_bank):
+    from bat_gym.bank.states import MemoryStates
+
+    rows = [toy_bank.get(i) for i in toy_bank.select(focus="S3")]
+    assert rows and all(r.provenance["demonstration"]["reward"] >= 0.9 for r in rows)
+    unproven = rows[0].model_copy(
+        update={"provenance": {k: v for k, v in rows[0].provenance.items() if k != "demonstration"}}
+    )
+    source = MemoryStates(toy_bank.store, [unproven, *rows[1:]])
+    picked = {s.state_id for s in sample_states(source, "S3", 99)}
+    assert picked == {r.state_id for r in rows[1:]}
 
 
 # -- a real audit ------------------------------------------------------------------------

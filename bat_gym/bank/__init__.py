@@ -8,7 +8,9 @@ Building runs a teacher (the benchmark's scripted one, or any
 training task, and at every stage boundary stores the workspace snapshot and the
 conversation so far: the start state of that stage's envs. Every row then passes the
 admission gates (:class:`Admission`: sandbox init, rollout limits, contracts, leakage)
-before it is kept. Only training seeds are used; held-out seeds never enter a bank
+and is kept only if a demonstration played from it wins it
+(:mod:`~bat_gym.bank.demonstrate`): a row no honest play wins teaches nothing.
+Only training seeds are used; held-out seeds never enter a bank
 (:mod:`bat_gym.audit` measures this afterwards). :meth:`StageBank.verify` re-checks a
 bank's bytes and replays its boundaries.
 
@@ -22,6 +24,8 @@ Modules:
   real env.
 * :mod:`~bat_gym.bank.policy_teacher`: any policy as teacher, :func:`load_trajectory`.
 * :mod:`~bat_gym.bank.gates`: :data:`GATES` and :class:`Admission`.
+* :mod:`~bat_gym.bank.demonstrate`: :data:`ADMIT_MIN_SHARE`, each row's demonstration,
+  played, stored and replayed.
 * :mod:`~bat_gym.bank.tasks`: one task's rows, in this process or forked workers.
 * :mod:`~bat_gym.bank.build`: :func:`build_bank`, its plan, journal and manifest.
 * :mod:`~bat_gym.bank.explain`: each task's record and verdict, and a bank's gaps.
@@ -38,6 +42,7 @@ from bat_gym.bank.default import (
     default_states,
     state_source,
 )
+from bat_gym.bank.demonstrate import ADMIT_MIN_SHARE
 from bat_gym.bank.gates import GATES, Admission
 from bat_gym.bank.policy_teacher import POLICY_OUTCOMES, load_trajectory
 from bat_gym.bank.replay import RecordedTurn, verdict_summary
@@ -58,6 +63,7 @@ __all__ = [
     "build_bank",
     "OUTCOMES",
     "SUCCESS_MIN_REWARD",
+    "ADMIT_MIN_SHARE",
     "SURROGATE",
     "GATES",
     "Admission",

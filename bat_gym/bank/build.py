@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from bat_gym import progress
+from bat_gym.bank.demonstrate import ADMIT_MIN_SHARE
+from bat_gym.bank.explain import admission_shares
 from bat_gym.bank.gates import GATES
 from bat_gym.bank.policy_teacher import POLICY_OUTCOMES, teacher_identity
 from bat_gym.bank.states import SURROGATE
@@ -143,12 +145,18 @@ def build_bank(
     :func:`~bat_gym.bank.tasks.success_threshold`: :data:`~bat_gym.bank.SUCCESS_MIN_REWARD`
     times the E2E reward of a correct run on that task (the reference run's task score,
     full stage credit), so a task whose provided model is imperfect can still be passed;
-    recovery and failure trajectories of the scripted teacher are kept as labelled (and
-    not scored, as their reward decides nothing; their journal records hold no verdict).
-    Then every row passes the admission gates (:class:`~bat_gym.bank.Admission`).
-    Rejections are counted by reason in the manifest's ``rejected``: whole
-    trajectories by their reason, rows by ``gate <name>``; ``trajectories`` counts
-    the trajectories the verifier kept, ``admission`` the rows checked and admitted.
+    recovery and failure trajectories of the scripted teacher are kept as labelled
+    (scored all the same: the verdict is their E2E row's demonstration).
+    Then every row passes the admission gates (:class:`~bat_gym.bank.Admission`), and
+    is admitted only if honest work wins it: a demonstrator of the behaviour it
+    teaches, played from the row's own start state and scored by the row's own
+    contract, earns at least :data:`~bat_gym.bank.demonstrate.ADMIT_MIN_SHARE` of the
+    row's attainable reward (:mod:`bat_gym.bank.demonstrate`; the demonstration is
+    stored with the row). Rejections are counted by reason in the manifest's
+    ``rejected``: whole trajectories by their reason, rows by ``gate <name>`` or by the
+    demonstration's reason; ``trajectories`` counts the trajectories the verifier
+    kept, ``admission`` the rows checked and admitted, and ``admission.shares`` the
+    admitted share of the candidate rows per focus and outcome.
 
     The manifest also records provenance: the generator (benchmark, spec version,
     class), the seeds per track, the teacher (``scripted`` or the policy's
@@ -389,6 +397,8 @@ def write_bank(
                 "gates": list(GATES),
                 "rows_checked": main.checked + sur.checked,
                 "rows_admitted": len(states),
+                "demonstration_min_share": ADMIT_MIN_SHARE,
+                "shares": main.share_table(),
             },
             "bat_gym_version": _version(),
             **extra,
@@ -413,6 +423,8 @@ class _Tally:
     labels: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
 
+    records: list[dict[str, Any]] = field(default_factory=list)
+
     def add(self, record: dict[str, Any], job: Job, origin: str) -> list[StageState]:
         """Count ``job``'s record and return its admitted rows."""
         if record.get("rejected"):
@@ -422,6 +434,16 @@ class _Tally:
         self.labels[record.get("outcome", job.outcome or "")] += 1
         self.skipped.update(record.get("stages_without_turns", []))
         self.rejected.update({f"gate {g}": n for g, n in record.get("gate_rejected", {}).items()})
+        for row in record.get("candidates", []):
+            # Gate refusals are counted above by gate; a demonstration's by its reason.
+            refused = row["refused"]
+            if refused is not None and not refused.startswith("gate "):
+                self.rejected[refused] += 1
+        self.records.append(record)
         self.checked += record.get("rows_checked", len(record["rows"]))
         where = f"{origin}:{record['key']}"
         return [load_model(StageState, r, origin=where) for r in record["rows"]]
+
+    def share_table(self) -> dict[str, dict[str, dict[str, int]]]:
+        """The admitted share table (``admission.shares``) over the kept records' rows."""
+        return admission_shares(self.records)

@@ -3,13 +3,17 @@
 Without ``states=``, an env reads :class:`DefaultStates`: the grid a plain
 ``build_bank(bench, outcomes=bench.outcomes)`` would build (one training task per
 track, every outcome the teacher declares, every focus), but built lazily. Every
-state id of the grid is known before any episode runs: a row's id is
+planned state id is known before any episode runs: a row's id is
 ``<task id>.<focus>.<outcome>``, the task id comes from the task generator, and the
 focuses a trajectory yields are E2E and the stages its scripted turns are labelled
-with. So ``select()`` (and with it a seeded ``reset()`` and curriculum sampling)
-chooses over exactly the states of the whole grid, and ``get()`` builds only the one
-teacher trajectory that holds the state asked for, which yields that trajectory's
-state for every focus.
+with. ``get()`` builds only the one teacher trajectory that holds the state asked
+for, which yields that trajectory's state for every focus. Which of them are admitted
+(a demonstration played from the row wins it, :mod:`bat_gym.bank.demonstrate`) is
+known only once the trajectory is built, so ``select()`` lists the planned ids and
+``get()`` of a row no honest play wins raises
+:class:`~bat_gym.errors.StateNotAdmitted`; a seeded ``reset()`` walks a seeded order
+of the ids to the first admitted one, so it picks the same state on a fresh cache, a
+warm one and the completed bank, and never a row that is not admitted.
 
 Everything lives in bat_gym's cache under a key of the benchmark's name, version and
 contracts, bat_gym's version, the bank format and the digest of the benchmark's code,
@@ -24,8 +28,9 @@ so an edited benchmark never reuses stale states::
 
 Each trajectory is built under a file lock, so vector-env workers that want the same
 one wait for the first, and others build in parallel. Its rows pass the admission
-gates as in :func:`~bat_gym.bank.build_bank`, the leakage gate indexing the held-out
-tasks of the trajectory's own track (as a build of that one track does);
+gates and the demonstration as in :func:`~bat_gym.bank.build_bank`, the leakage gate
+indexing the held-out tasks of the trajectory's own track (as a build of that one
+track does);
 ``bat-gym bank audit`` measures a bank against every track. A trajectory that the verifier
 or the admission gates reject is never cached as a good one: asking for its states
 raises :class:`~bat_gym.errors.TrajectoryRejected` with the teacher's verdict, so a
@@ -54,7 +59,7 @@ from bat_gym.bank.build import Plan, write_bank
 from bat_gym.bank.store import BANK_FORMAT, StageBank
 from bat_gym.bank.tasks import Builder, Job
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BankError, StateNotFound, TrajectoryRejected
+from bat_gym.errors import BankError, StateNotAdmitted, StateNotFound, TrajectoryRejected
 from bat_gym.files import cache_dir, write_atomic
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import E2E, StageState, load_model
@@ -253,7 +258,12 @@ class DefaultStates:
     ) -> list[str]:
         """Ids of the grid's states with this focus, track and outcome (None: any), sorted.
 
-        Nothing is built: the ids are the plan's.
+        Nothing is built: until the grid is completed the ids are the plan's, and a
+        planned row may turn out not to be admitted (its demonstration does not win it),
+        which :meth:`get` then says with :class:`~bat_gym.errors.StateNotAdmitted`. A
+        seeded ``reset()`` ranks the ids by a seeded hash and takes the first admitted
+        one (:meth:`bat_gym.env.StageEnv.reset`), so it builds only what it walks past
+        and picks the same state from this plan, a warm cache or the completed bank.
         """
         bank = self._complete_bank()
         if bank is not None:
@@ -272,6 +282,7 @@ class DefaultStates:
 
         Raises:
             StateNotFound: the id is not one of the grid's.
+            StateNotAdmitted: the id is planned, but no demonstration wins the row.
             TrajectoryRejected: the teacher's trajectory holding it was rejected (the
                 message carries the verdict).
         """
@@ -287,6 +298,10 @@ class DefaultStates:
                 raise StateNotFound(state_id, sorted(self._by_id)[:50])
             for row in self._trajectory_rows(trajectory):
                 self._rows[row.state_id] = row
+            if state_id not in self._rows:
+                record = _read_json(self.root / "trajectories" / f"{trajectory.file}.json")
+                why = _not_demonstrated(record or {}).get(state_id, "not admitted")
+                raise StateNotAdmitted(state_id, why)
             return self._rows[state_id]
 
     # -- building ---------------------------------------------------------------------
@@ -413,15 +428,26 @@ def _build_one(index: int) -> None:
     source._trajectory_rows(source.trajectories[index])
 
 
-def _problem(record: dict[str, Any], t: _Trajectory) -> str | None:
-    """Why ``record`` does not give every state ``t`` promises (None: it does).
+def _not_demonstrated(record: dict[str, Any]) -> dict[str, str]:
+    """The rows of ``record`` whose demonstration did not win them: state id -> why."""
+    return {
+        c["state_id"]: c["refused"]
+        for c in record.get("candidates", [])
+        if c["refused"] is not None and not c["refused"].startswith("gate ")
+    }
 
-    The reason carries the verifier's verdict in brief (reward, evidence completeness,
-    the items that fell short) and, for rows the gates refused, the gate and its finding.
+
+def _problem(record: dict[str, Any], t: _Trajectory) -> str | None:
+    """Why ``record`` does not give the states ``t`` promises (None: it does).
+
+    A row that no demonstration wins is not admitted, by design, and is no problem
+    here. The reason carries the verifier's verdict in brief (reward, evidence
+    completeness, the items that fell short) and, for rows the gates refused, the gate
+    and its finding.
     """
     if record.get("rejected"):
         return f"{record['rejected']}{_verdict_text(record.get('verdict'))}"
-    have = {r.get("state_id") for r in record.get("rows", [])}
+    have = {r.get("state_id") for r in record.get("rows", [])} | set(_not_demonstrated(record))
     missing = [i for i in t.ids if i not in have]
     if not missing:
         return None

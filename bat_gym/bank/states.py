@@ -82,6 +82,10 @@ class MemoryStates(StateLookup):
         self.store = store
         self._rows = {s.state_id: s for s in states}
 
+    def add(self, state: StageState) -> None:
+        """Hold ``state`` too (replacing one of the same id); its blobs must be in the store."""
+        self._rows[state.state_id] = state
+
 
 def task_states(
     bench: Benchmark,

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bat_gym.bank.states import StateLookup
-from bat_gym.bank.verify import BankReport, verify_replays, verify_store
+from bat_gym.bank.verify import BankReport, verify_demonstrations, verify_replays, verify_store
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BankError
 from bat_gym.files import write_atomic
@@ -35,8 +35,9 @@ __all__ = ["BANK_FORMAT", "BankManifest", "StageBank"]
 
 
 # 3: contract refs; 4: history fitted to the prompt budget; 5: outcomes; 6: admission
-# gates, policy teachers, upstream counts in provenance, manifest provenance
-BANK_FORMAT = 6
+# gates, policy teachers, upstream counts in provenance, manifest provenance; 7: rows
+# admitted by a demonstration, stored with them (provenance["demonstration"])
+BANK_FORMAT = 7
 
 
 class BankManifest(BaseModel):
@@ -140,7 +141,10 @@ class StageBank(StateLookup):
         row's snapshot must exist. Then, for ``sample`` rows (default: all; a seeded,
         deterministic choice), the teacher prefix is replayed in a fresh sandbox on a
         private store and the workspace digest at the row's boundary must equal the
-        row's snapshot. The bank itself is only read.
+        row's snapshot; and the row's stored demonstration is played again from the
+        row and scored by its contract, and must still reach the admission bar
+        (:data:`~bat_gym.bank.demonstrate.ADMIT_MIN_SHARE` of the attainable reward).
+        The bank itself is only read.
 
         Args:
             sample: how many rows to replay (None: all).
@@ -174,6 +178,14 @@ class StageBank(StateLookup):
             rows,
             manifest=self.manifest,
             origin=str(self.root / "manifest.json"),
+            bank_store=self.store,
+            backend=backend,
+            report=report,
+        )
+        verify_demonstrations(
+            bench,
+            rows,
+            manifest=self.manifest,
             bank_store=self.store,
             backend=backend,
             report=report,

@@ -2,10 +2,11 @@
 
 :func:`_build_task` starts the task's E2E state, gets the teacher's turns (scripted,
 or a policy's episode), replays them once, capturing every stage's start state
-(:func:`_stage_state`), labels the trajectory by its E2E reward and passes each row
-through the admission gates. :func:`run_jobs` builds tasks in this process or in
-forked workers, and hands each record to its caller in this process (a bank build
-journals it, :mod:`bat_gym.bank.build`).
+(:func:`_stage_state`), labels the trajectory by its E2E reward, passes each row
+through the admission gates and admits it only when a demonstration played from it
+wins it (:func:`_demonstrate`, :mod:`bat_gym.bank.demonstrate`). :func:`run_jobs`
+builds tasks in this process or in forked workers, and hands each record to its
+caller in this process (a bank build journals it, :mod:`bat_gym.bank.build`).
 """
 
 from __future__ import annotations
@@ -15,20 +16,34 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from bat_gym.bank.demonstrate import (
+    Demonstration,
+    Demonstrator,
+    demonstration_turns,
+    scored_trajectory,
+    store_demonstration,
+)
 from bat_gym.bank.gates import Admission
 from bat_gym.bank.policy_teacher import policy_trajectory, trajectory_blob
-from bat_gym.bank.replay import play_turns, scripted_turns
+from bat_gym.bank.replay import PlayedEpisode, RecordedTurn, play_turns, scripted_turns
 from bat_gym.bank.states import SURROGATE, fit_history, initial_state, prompt_chars
 from bat_gym.benchmark import Benchmark
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.service import capture_service
-from bat_gym.spec import StageState
+from bat_gym.spec import E2E, StageState
 
 if TYPE_CHECKING:
     from bat_gym.policies.base import Policy
     from bat_gym.progress import ProgressTask
 
-__all__ = ["SUCCESS_MIN_REWARD", "Builder", "Job", "run_jobs", "success_threshold"]
+__all__ = [
+    "SUCCESS_MIN_REWARD",
+    "Builder",
+    "Job",
+    "reference_reward",
+    "run_jobs",
+    "success_threshold",
+]
 
 
 SUCCESS_MIN_REWARD = 0.95
@@ -43,14 +58,13 @@ run's task score, and so its E2E reward, is below 1; see :func:`success_threshol
 _BELOW = f"success below {SUCCESS_MIN_REWARD} of the reward of a correct run"
 
 
-def success_threshold(bench: Benchmark, task: Any, backend: str = "local") -> float:
-    """The least E2E reward a trajectory on ``task`` needs to be admitted as a success.
+def reference_reward(bench: Benchmark, task: Any, backend: str = "local") -> float:
+    """The E2E reward a correct run earns on ``task`` (0..1).
 
-    ``SUCCESS_MIN_REWARD * overall(task_score(reference), 1.0)``: the fraction of the
-    E2E reward a correct run earns, taking the benchmark's reference run
+    ``overall(task_score(reference), 1.0)``: the benchmark's reference run
     (:meth:`~bat_gym.benchmark.Benchmark.reference_script`, cached per task) for its
     task score and full credit for every stage. Without a reference run (none declared,
-    or it failed) the reference reward is taken as 1.0, the absolute threshold.
+    or it failed) it is taken as 1.0.
 
     Args:
         bench: the benchmark.
@@ -63,7 +77,15 @@ def success_threshold(bench: Benchmark, task: Any, backend: str = "local") -> fl
     ref = reference_workspace(bench, task, backend=backend)
     score = bench.task_score(task, ref) if ref is not None else None
     best = overall_score(score, 1.0, bench.spec) if score is not None else None
-    return SUCCESS_MIN_REWARD * (1.0 if best is None else min(1.0, best))
+    return 1.0 if best is None else min(1.0, best)
+
+
+def success_threshold(bench: Benchmark, task: Any, backend: str = "local") -> float:
+    """The least E2E reward a trajectory on ``task`` needs to be admitted as a success.
+
+    ``SUCCESS_MIN_REWARD * reference_reward(task)`` (:func:`reference_reward`).
+    """
+    return SUCCESS_MIN_REWARD * reference_reward(bench, task, backend)
 
 
 class Job(NamedTuple):
@@ -227,10 +249,8 @@ def _build_task(builder: Builder, job: Job, admission: Admission) -> dict[str, A
         if builder.teacher is not None and expected.get(stage) != digest:
             diverged.append(stage)
 
-    # The verifier decides a success and labels a policy's trajectory; the scripted
-    # teacher's recovery and failure trajectories are kept as labelled, so scoring them
-    # would decide nothing (and cost a reference run and a reproduction each).
-    score = not scripted or bool(reduction) or (job.outcome or "success") == "success"
+    # Every trajectory is scored: the verifier decides a success and labels a policy's
+    # trajectory, and the verdict is the E2E row's demonstration (its own play).
     episode = play_turns(
         bench,
         start,
@@ -239,7 +259,7 @@ def _build_task(builder: Builder, job: Job, admission: Admission) -> dict[str, A
         backend=builder.backend,
         protocol=protocol,
         on_boundary=boundary,
-        score=score,
+        score=True,
     )
     reason, reward = episode.reason, episode.reward
     if reason is None and diverged:
@@ -271,27 +291,74 @@ def _build_task(builder: Builder, job: Job, admission: Admission) -> dict[str, A
     admitted: list[dict[str, Any]] = []
     gate_rejected: Counter[str] = Counter()
     findings: list[list[str]] = []
-    for state in states:
-        found = admission.check(state, episode)
-        if found is None:
-            admitted.append(state.model_dump(mode="json"))
-        else:
-            gate_rejected[found[0]] += 1
-            findings.append([state.state_id, *found])
+    candidates: list[dict[str, Any]] = []
+    with Demonstrator(bench, store, backend=builder.backend, protocol=protocol) as demonstrator:
+        for state in states:
+            found = admission.check(state, episode)
+            if found is not None:
+                gate_rejected[found[0]] += 1
+                findings.append([state.state_id, *found])
+                candidates.append(_candidate(state, f"gate {found[0]}"))
+                continue
+            demo = _demonstrate(demonstrator, task, state, turns, episode)
+            candidates.append(demo.summary(state))
+            if demo.refusal is None:
+                admitted.append(store_demonstration(store, state, demo).model_dump(mode="json"))
     record: dict[str, Any] = {
         "key": job.key,
         "reward": reward,
         "rows": admitted,
         "verdict": episode.verdict,
+        "candidates": candidates,
+        "rows_checked": len(states),
     }
     if not scripted:
         record["outcome"] = label
         record["stages_without_turns"] = skipped
     if findings:
-        record.update(
-            gate_rejected=dict(gate_rejected), gate_findings=findings, rows_checked=len(states)
-        )
+        record.update(gate_rejected=dict(gate_rejected), gate_findings=findings)
     return record
+
+
+def _candidate(state: StageState, refused: str | None) -> dict[str, Any]:
+    """A candidate row's entry in its task's record: who it is, and why it was refused."""
+    return {
+        "state_id": state.state_id,
+        "focus": state.focus,
+        "outcome": state.outcome,
+        "reward": None,
+        "attainable": None,
+        "refused": refused,
+    }
+
+
+def _demonstrate(
+    demonstrator: Demonstrator,
+    task: Any,
+    row: StageState,
+    trajectory: list[RecordedTurn],
+    episode: PlayedEpisode,
+) -> Demonstration:
+    """The first of ``row``'s demonstrators that wins it, else the best of them.
+
+    Each is played from the row's start state and scored by the row's contract
+    (:func:`~bat_gym.bank.demonstrate.demonstration_turns` lists them). An E2E row's
+    own trajectory was played and scored already, from that very state: it is not
+    played again.
+    """
+    bench, protocol = demonstrator.bench, demonstrator.protocol
+    best: Demonstration | None = None
+    for turns in demonstration_turns(bench, task, row, trajectory, protocol):
+        if row.focus == E2E and turns == trajectory:
+            demo = scored_trajectory(bench, row, turns, episode, demonstrator.backend)
+        else:
+            demo = demonstrator.play(row, turns)
+        if demo.refusal is None:
+            return demo
+        if best is None or demo.reward > best.reward:
+            best = demo
+    assert best is not None  # there is always one demonstrator
+    return best
 
 
 def _relabel(state: StageState, outcome: str) -> StageState:

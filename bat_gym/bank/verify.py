@@ -2,8 +2,9 @@
 
 :meth:`~bat_gym.bank.StageBank.verify` rehashes the store (:func:`verify_store`) and
 replays each sampled task's trajectory in a private store (:func:`verify_replays`),
-comparing the workspace digest at every stage boundary with the row's snapshot. The
-findings go into a :class:`BankReport`, which :mod:`bat_gym.audit` fills as well.
+comparing the workspace digest at every stage boundary with the row's snapshot, and
+plays each sampled row's stored demonstration again (:func:`verify_demonstrations`).
+The findings go into a :class:`BankReport`, which :mod:`bat_gym.audit` fills as well.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bat_gym.benchmark import Benchmark
 from bat_gym.sandbox.snapshot import BlobStore, Snapshot
 from bat_gym.spec import E2E, StageState
 
-__all__ = ["BankReport", "verify_replays", "verify_store"]
+__all__ = ["BankReport", "verify_demonstrations", "verify_replays", "verify_store"]
 
 
 @dataclass
@@ -179,3 +180,67 @@ def verify_replays(
                     row.state_id,
                     f"workspace digest at the {row.focus} boundary is {got}, row says {row.snapshot}",
                 )
+
+
+def verify_demonstrations(
+    bench: Benchmark,
+    rows: list[StageState],
+    *,
+    manifest: Mapping[str, Any],
+    bank_store: BlobStore,
+    backend: str,
+    report: BankReport,
+) -> None:
+    """Play each row's stored demonstration again; report those below the admission bar.
+
+    A row is in the bank because its demonstration, played from the row and scored by
+    the row's contract, earned at least
+    :data:`~bat_gym.bank.demonstrate.ADMIT_MIN_SHARE` of its attainable reward. Edited
+    contracts, checks or teachers can change that: each replay that no longer
+    reaches the bar (or cannot be read, or no longer finishes) is a finding under
+    ``demonstrations``, with the reward it earns now and the one it earned at build.
+
+    Args:
+        bench: the benchmark the rows are of.
+        rows: the rows to check.
+        manifest: the bank's manifest (its protocol).
+        bank_store: the bank's store (only read).
+        backend: the sandbox backend to replay in.
+        report: where the findings go.
+    """
+    from bat_gym.bank.demonstrate import Demonstrator
+
+    if manifest.get("version") != bench.spec.version:
+        return  # reported by verify_replays; a replay would score another benchmark
+    protocol = manifest.get("protocol", "hermes")
+    with Demonstrator(bench, bank_store, backend=backend, protocol=protocol) as demonstrator:
+        for row in rows:
+            _verify_demonstration(demonstrator, row, bank_store, report)
+
+
+def _verify_demonstration(
+    demonstrator: Any, row: StageState, bank_store: BlobStore, report: BankReport
+) -> None:
+    """Replay one row's demonstration into ``report``."""
+    from bat_gym.bank.demonstrate import replay_demonstration
+
+    report.count("demonstrations")
+    built = (row.provenance.get("demonstration") or {}).get("reward")
+    try:
+        demo = replay_demonstration(demonstrator, row, bank_store)
+    except Exception as exc:  # noqa: BLE001 - a broken demonstration is a finding
+        report.find("demonstrations", row.state_id, f"cannot replay: {type(exc).__name__}: {exc}")
+        return
+    if demo is None:
+        report.find(
+            "demonstrations",
+            row.state_id,
+            "no stored demonstration (a bank built before format 7: rebuild it)",
+        )
+    elif demo.refusal is not None:
+        was = "?" if built is None else f"{built:.3f}"
+        report.find(
+            "demonstrations",
+            row.state_id,
+            f"no longer reaches the bar: {demo.describe()}; at build it earned {was}",
+        )

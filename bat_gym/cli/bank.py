@@ -148,12 +148,21 @@ def build(
         typer.echo(f"trajectories labelled by the verifier: {m['labels']}")
     if m.get("rejected"):
         typer.echo(f"rejected: {m['rejected']}")
+    _echo_shares(m.get("admission", {}).get("shares", {}))
     if m.get("surrogates"):
         sur = m["surrogates"]
         typer.echo(
             f"surrogates: {sur['kept']} of {sur['planned']} kept; rejected: {sur['rejected']}"
         )
     _fail_on_gaps(bench, bank, out)
+
+
+def _echo_shares(shares: dict[str, Any]) -> None:
+    """Print the share of candidate rows admitted, per focus and outcome."""
+    from bat_gym.bank.explain import share_lines
+
+    for line in share_lines(shares):
+        typer.echo(line)
 
 
 def _fail_on_gaps(bench: Any, bank: Any, out: Path) -> None:
@@ -186,6 +195,7 @@ def _build_default(bench: Any, workers: int) -> None:
         f"{bench.name} default grid: {len(bank)} states in {time.perf_counter() - start:.1f} s "
         f"-> {source.root}"
     )
+    _echo_shares(bank.manifest.get("admission", {}).get("shares", {}))
 
 
 @app.command("explain")
@@ -207,9 +217,11 @@ def explain_cmd(
 ) -> None:
     """Show the teacher's verdict for a bank's tasks: why each was kept or rejected.
 
-    For each task: the rejection reason, the reward, task score and evidence
-    completeness, each stage's credit, and every rubric item that fell short with its
-    detail and evidence; rows the admission gates refused, with the gate's finding.
+    First the share of candidate rows admitted per focus and outcome (a row is admitted
+    when a demonstration played from it wins it). For each task: the rejection reason,
+    the reward, task score and evidence completeness, each stage's credit, and every
+    rubric item that fell short with its detail and evidence; rows the admission gates
+    refused, with the gate's finding; rows no demonstration won, with its reward.
     """
     from bat_gym.bank.explain import explain, journal_records
 
@@ -226,9 +238,12 @@ def explain_cmd(
         assert path is not None
         records = journal_records(path)
         where = f"{path} ({len(records)} tasks)"
+    from bat_gym.bank.explain import admission_shares
+
     lines = explain(records, tasks=task or (), all_tasks=all_tasks)
     typer.echo(where)
-    for line in lines or ["no rejected task (--all shows every task)"]:
+    _echo_shares(admission_shares(records.values()))
+    for line in lines or ["no rejected task or refused row (--all shows every task)"]:
         typer.echo(line)
 
 
@@ -255,7 +270,11 @@ def verify(
         str, typer.Option("--backend", help="Sandbox backend to replay in.")
     ] = "local",
 ) -> None:
-    """Re-check blobs, snapshot manifests and stage boundaries; exit 1 on any mismatch."""
+    """Re-check blobs, snapshots, stage boundaries and demonstrations; exit 1 on any finding.
+
+    Each row's stored demonstration is played again from the row and scored by its
+    contract; one that no longer reaches the admission bar is a finding.
+    """
     from bat_gym.bank import StageBank
 
     report = StageBank(path).verify(sample=sample, backend=backend)

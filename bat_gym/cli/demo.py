@@ -31,8 +31,8 @@ def demo(
             "--seed",
             min=0,
             help=(
-                "Which start state: the N-th of the env's success states in id order "
-                "(wrapping), so each seed up to their count plays a different one."
+                "Which start state: the N-th of the env's success states, track by track "
+                "in id order (wrapping), so each seed up to their count plays a different one."
             ),
         ),
     ] = 0,
@@ -54,14 +54,21 @@ def demo(
 
 
 def _start_state(base: Any, seed: int) -> str:
-    """The ``seed``-th state the teacher can finish well, in id order.
+    """The ``seed``-th state the teacher can finish well, track by track, in id order.
 
     A seeded Gymnasium draw over a few states gives the same first pick for many
     seeds, and may land on a failure-outcome state, whose history holds a mistake the
     teacher's success turns do not undo. So the demo walks the env's states whose
-    outcome is ``success`` (all its states if none is), one per seed.
+    outcome is ``success`` (all its states if none is), one per seed. It asks one
+    track at a time, and only as far as the seed needs: listing a track's default
+    states builds its teacher trajectories.
     """
-    ids = base.states.select(focus=base.focus, track=base.track, outcome="success")
+    tracks = [base.track] if base.track else [t.name for t in base.benchmark.spec.tracks]
+    ids: list[str] = []
+    for track in tracks:
+        ids += base.states.select(focus=base.focus, track=track, outcome="success")
+        if len(ids) > seed:
+            break
     ids = ids or base.states.select(focus=base.focus, track=base.track)
     if not ids:
         from bat_gym.errors import ConfigError

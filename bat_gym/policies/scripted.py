@@ -36,10 +36,10 @@ class ScriptedPolicy(Policy):
     Started from a stage row whose start state carries an earlier stage's mistake (a
     row cut from a ``failure`` trajectory after the mistake, see
     docs/new-benchmark.md), the success teacher plays that stage as a repair exercise:
-    the benchmark's ``repair_turns(task, focus, outcome)`` (detect the mistake from
-    evidence, repair it in the open, re-run what depends on it, record the repair in
-    the stage's receipt), then the success script's later stages. A benchmark without
-    ``repair_turns``, or one that returns no turns for the row, is played as above.
+    the benchmark's :meth:`~bat_gym.benchmark.Benchmark.repair_turns` (detect the
+    mistake from evidence, repair it in the open, re-run what depends on it, record
+    the repair in the stage's receipt), then the success script's later stages
+    (:meth:`~bat_gym.benchmark.Benchmark.teacher_script_from`).
     """
 
     def __init__(
@@ -91,6 +91,10 @@ class ScriptedPolicy(Policy):
                 f"state {state.state_id}: its task cannot be regenerated from provenance, "
                 "so there is no script to replay"
             )
+        if self.script == "teacher" and self.outcome == "success":
+            # Only the success teacher repairs an earlier stage's mistake: the other
+            # outcomes replay their own trajectory (the naive baseline never validates).
+            return bench.teacher_script_from(task, state)
         if self.script == "naive":
             self.check_benchmark(bench)
             turns = list(bench.naive_turns(task))  # type: ignore[attr-defined]
@@ -98,25 +102,9 @@ class ScriptedPolicy(Policy):
             turns = bench.teacher_script(task, self.outcome)
         if state.focus == "E2E":
             return turns
-        repair = self._repair_turns(bench, task, state)
-        if repair:
-            # The repair exercise replaces the stage's own turns; later stages follow.
-            last = max((i for i, t in enumerate(turns) if t.stage == state.focus), default=-1)
-            return [*repair, *turns[last + 1 :]]
         # A stage state starts at its stage: skip the earlier stages' turns.
         first = next((i for i, t in enumerate(turns) if t.stage == state.focus), len(turns))
         return turns[first:]
-
-    def _repair_turns(self, bench: Any, task: Any, state: Any) -> list[TeacherTurn]:
-        """The benchmark's repair exercise for this stage row, or [] when it has none.
-
-        Only the success teacher repairs: the other outcomes replay their own
-        trajectory's turns (the naive baseline never validates, so never repairs).
-        """
-        repair = getattr(bench, "repair_turns", None)
-        if self.script != "teacher" or self.outcome != "success" or not callable(repair):
-            return []
-        return list(repair(task, state.focus, state.outcome))
 
     def _one(self, request: PolicyRequest) -> PolicyOutput:
         turns = self._turns(request)

@@ -38,11 +38,20 @@ def test_rows_of_every_focus_track_and_outcome_carry_their_outcome(tmp_path):
     assert med.outcomes == ("success", "recovery", "failure")
     outcomes = ("success", "recovery", "failure")
     bank = build_bank(med, tmp_path / "b", tracks=["classification"], outcomes=outcomes)
-    assert {(s.focus, s.outcome) for s in bank} == {
+    m = bank.manifest
+    # Every focus x outcome was a candidate; a row is admitted where a demonstration
+    # wins it (every success row), and each refusal is counted by its reason.
+    shares = m["admission"]["shares"]
+    assert {(f, o) for f in shares for o in shares[f]} == {
         (f, o) for f in med.spec.focuses for o in outcomes
     }
+    assert all(shares[f]["success"] == {"admitted": 1, "rows": 1} for f in med.spec.focuses)
+    admitted = sum(c["admitted"] for f in shares.values() for c in f.values())
+    assert admitted == len(bank) == m["admission"]["rows_admitted"]
+    assert sum(m["rejected"].values()) == m["admission"]["rows_checked"] - len(bank)
+    assert all(r.startswith("demonstration ") for r in m["rejected"])
     assert all(s.state_id.endswith(f".{s.focus}.{s.outcome}") for s in bank)
-    assert bank.manifest["outcomes"] == list(outcomes) and bank.manifest["rejected"] == {}
+    assert m["outcomes"] == list(outcomes)
 
 
 def test_an_outcome_the_benchmark_lacks_is_not_asked_for(toy, tmp_path):
@@ -59,8 +68,17 @@ def test_a_success_the_verifier_disagrees_with_is_rejected_and_counted(tmp_path)
     bench = toy_with(lambda turns, outcome: [t for i, t in enumerate(turns) if i != 4])
     bank = build_bank(bench, tmp_path / "b", outcomes=("success", "failure"))
     assert {s.outcome for s in bank} == {"failure"}
-    assert bank.manifest["rejected"] == {"success below 0.95 of the reward of a correct run": 2}
-    assert bank.manifest["trajectories"] == {"planned": 4, "kept": 2}
+    # The S5 rows' work is the submission, which no demonstration here makes.
+    assert bank.select(focus="S5") == [] and len(bank.select(focus="S4")) == 2
+    m = bank.manifest
+    refused = sum(
+        c["rows"] - c["admitted"] for f in m["admission"]["shares"].values() for c in f.values()
+    )
+    assert m["rejected"] == {
+        "success below 0.95 of the reward of a correct run": 2,
+        "demonstration below 0.9 of the attainable reward": refused,
+    }
+    assert m["trajectories"] == {"planned": 4, "kept": 2}
 
 
 _KILLED_BUILD = """

@@ -9,7 +9,7 @@ import gymnasium as gym
 import pytest
 
 from bat_gym.bank import DefaultStates, StageBank, build_bank, default_bank, default_states
-from bat_gym.errors import TrajectoryRejected
+from bat_gym.errors import ConfigError, TrajectoryRejected
 
 
 @pytest.fixture
@@ -44,23 +44,23 @@ def broken_toy(name="toy_pipeline"):
     return Broken()
 
 
-def test_select_lists_the_whole_grid_before_anything_is_built(toy, cache, full_toy_bank):
+def test_select_lists_the_grid_without_building_it(toy, cache, full_toy_bank):
     source = default_states(toy)
+    assert source.select(track="lookup") == full_toy_bank.select(track="lookup")
     for focus in (None, *toy.spec.focuses):
         assert source.select(focus=focus) == full_toy_bank.select(focus=focus)
-    assert source.select(track="lookup") == full_toy_bank.select(track="lookup")
-    assert not (source.root / "trajectories").exists()  # planning ran no episode
+    assert built(source) == []  # the ids are the plan's
 
 
-def test_a_first_reset_builds_only_the_trajectory_it_needs(toy, cache, full_toy_bank):
+def test_a_first_reset_builds_only_the_trajectories_it_chooses_among(toy, cache, full_toy_bank):
     env = gym.make("bat/Validate-v0", benchmark=toy)
     lazy_ids = []
     try:
+        sid = full_toy_bank.select(focus="S3", track="threshold")[0]
+        _, info = env.reset(options={"state_id": sid})
+        assert built(env.unwrapped.states) == [f"threshold-{toy.seeds('train')[0]}-success.json"]
         _, info = env.reset(seed=3)
         lazy_ids.append(info["state_id"])
-        assert built(env.unwrapped.states) == [
-            f"{info['track']}-{toy.seeds('train')[0]}-success.json"
-        ]
         _, info = env.reset(seed=4)
         lazy_ids.append(info["state_id"])
     finally:
@@ -71,6 +71,39 @@ def test_a_first_reset_builds_only_the_trajectory_it_needs(toy, cache, full_toy_
         assert [eager.reset(seed=s)[1]["state_id"] for s in (3, 4)] == lazy_ids
     finally:
         eager.close()
+
+
+def test_a_planned_row_no_demonstration_wins_is_never_served(cache):
+    from bat_gym.envs.toy_pipeline.suite import SPEC, ToyPipeline
+    from bat_gym.errors import StateNotAdmitted
+
+    class Unwinnable(ToyPipeline):
+        spec = SPEC.model_copy(update={"name": "toy_unwinnable_s4"})
+
+        def demonstration_turns(self, task, state):
+            # S4's demonstrator skips S4's work: no play from the row wins it.
+            if state.focus != "S4":
+                return None
+            return [t for t in self.teacher_script(task) if t.stage == "S5"]
+
+    bench = Unwinnable()
+    source = DefaultStates(bench)
+    planned = [i for t in source.trajectories for i in t.ids if ".S4." in i]
+    assert len(planned) == 2 and source.select(focus="S4") == sorted(planned)
+    with pytest.raises(StateNotAdmitted, match="demonstration below 0.9"):
+        source.get(planned[0])
+    # A seeded reset walks past the rows that are not admitted, and says so when none is.
+    env = gym.make("bat/Infer-v0", benchmark=bench, states=source)
+    try:
+        with pytest.raises(ConfigError, match="no admitted"):
+            env.reset(seed=0)
+    finally:
+        env.close()
+    assert len(source.select(focus="S3")) == 2
+    bank = source.complete()
+    assert bank.select(focus="S4") == [] and bank.manifest["admission"]["shares"]["S4"] == {
+        "success": {"admitted": 0, "rows": 2}
+    }
 
 
 def test_a_built_trajectory_is_reused_by_the_next_process(toy, cache, monkeypatch):
@@ -107,8 +140,10 @@ def _get_in_child(args):
 
 
 def test_concurrent_workers_wanting_one_trajectory_build_it_once(toy, cache, tmp_path):
-    root = DefaultStates(toy).root
-    sid = DefaultStates(toy).select(focus="S3", track="threshold")[0]
+    planned = DefaultStates(toy)
+    root = planned.root
+    # The id from the plan: select() would build the trajectory here, before the workers.
+    sid = next(i for t in planned.trajectories if t.job.track == "threshold" for i in t.ids)
     log = tmp_path / "builds.log"
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         snaps = pool.map(_get_in_child, [(root, sid, log)] * 2)
@@ -198,3 +233,34 @@ def test_the_env_resolves_its_states_through_the_registry_not_the_bank(toy):
     finally:
         register_state_source(None)
     assert seen == [(None, "toy_pipeline")]
+
+
+def test_a_seeded_reset_walks_past_a_refused_row_to_the_pick_of_the_admitted_bank(cache):
+    from bat_gym.envs.toy_pipeline.suite import SPEC, ToyPipeline
+
+    class HalfWinnable(ToyPipeline):
+        spec = SPEC.model_copy(update={"name": "toy_half_winnable_s4"})
+
+        def demonstration_turns(self, task, state):
+            # Only the lookup track's S4 row loses its demonstration.
+            if state.focus != "S4" or state.track != "lookup":
+                return None
+            return [t for t in self.teacher_script(task) if t.stage == "S5"]
+
+    bench = HalfWinnable()
+    lazy = gym.make("bat/Infer-v0", benchmark=bench, states=DefaultStates(bench))
+    try:
+        picks, tracks = [], set()
+        for seed in range(6):
+            picks.append(lazy.reset(seed=seed)[1]["state_id"])
+            tracks.add(lazy.unwrapped.state.track)
+    finally:
+        lazy.close()
+    bank = DefaultStates(bench).complete()
+    assert len(bank.select(focus="S4")) == 1  # the threshold track's
+    eager = gym.make("bat/Infer-v0", benchmark=bench, states=bank)
+    try:
+        assert [eager.reset(seed=s)[1]["state_id"] for s in range(6)] == picks
+    finally:
+        eager.close()
+    assert tracks == {"threshold"}

@@ -9,8 +9,12 @@ from bat_gym.registry import register_benchmark, unregister_benchmark
 runner = CliRunner()
 
 
-def toy_variant(name, *, drop_submit, outcomes=("success",)):
-    """A toy benchmark under ``name``; with ``drop_submit`` its success teacher never submits."""
+def toy_variant(name, *, drop_submit, outcomes=("success",), only_failure_submits=False):
+    """A toy benchmark under ``name``; with ``drop_submit`` its teacher never submits.
+
+    With ``only_failure_submits`` the ``failure`` teacher still does (it plays the
+    whole workflow, only labelled otherwise).
+    """
     from bat_gym.envs.toy_pipeline.suite import SPEC, ToyPipeline
 
     class Variant(ToyPipeline):
@@ -18,7 +22,8 @@ def toy_variant(name, *, drop_submit, outcomes=("success",)):
 
         def teacher_turns(self, task, outcome="success"):
             turns = super().teacher_turns(task)
-            return [t for i, t in enumerate(turns) if i != 4] if drop_submit else turns
+            drop = drop_submit and not (only_failure_submits and outcome == "failure")
+            return [t for i, t in enumerate(turns) if i != 4] if drop else turns
 
     Variant.outcomes = outcomes
     return Variant()
@@ -58,7 +63,12 @@ def test_a_build_with_every_cell_filled_exits_0_though_some_tasks_were_rejected(
     bench_named, tmp_path
 ):
     # The success trajectories fail, the failure ones fill every cell: nothing is missing.
-    name = bench_named("toy_halfgood", drop_submit=True, outcomes=("success", "failure"))
+    name = bench_named(
+        "toy_halfgood",
+        drop_submit=True,
+        outcomes=("success", "failure"),
+        only_failure_submits=True,
+    )
     out = tmp_path / "bank"
     args = ["bank", "build", "--out", str(out), "--benchmark", name]
     result = runner.invoke(app, [*args, "--outcome", "success", "--outcome", "failure"])
@@ -74,7 +84,8 @@ def test_a_build_with_every_cell_filled_exits_0_though_some_tasks_were_rejected(
     assert "lookup/0/failure" not in shown.output
     kept = runner.invoke(app, ["bank", "explain", str(out), "--task", "lookup/0/failure"])
     assert "lookup/0/failure: kept 6 state(s)" in kept.output
-    assert "not scored" in kept.output  # a scripted failure is kept as labelled
+    # Scored all the same: its verdict is its E2E row's demonstration.
+    assert "reward 1.000" in kept.output
 
 
 def test_explain_shows_a_kept_success_with_its_reward(toy_bank):
