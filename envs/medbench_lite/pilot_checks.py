@@ -11,16 +11,24 @@ without an entry here declares no check (the ``pilot_checked`` items are null).
 track           figure (name)         risky cases
 =============== ===================== ==================================================
 segmentation    ``liver_side_mm``     volumes not stored in RAS+ order
+classification  ``lung_contrast``     files stored MONOCHROME1 (inverted)
 enhancement     ``noise_reduction``   every stack (the trap returns any input unchanged)
 synthesis       ``pearson_r``         the training pairs (their contrast B is known)
-vqa             ``answer``            dev side questions on radiological images
+vqa             ``nodule_col_px``     side questions on the radiological worked example
 detection       ``box_contrast``      images with a finding
+report          ``size_gap_ratio``    volumes with a nodule (their voxels are not 1 mm)
 =============== ===================== ==================================================
+
+Each figure is measured from the task's inputs (and, where the check reads them, the
+pilot's output files), never the pilot's own answer, which a policy could copy: stating it takes
+doing the check.
 """
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -71,6 +79,56 @@ def _segmentation_risky(draw: Draw) -> frozenset[str]:
         for c in draw.case_ids
     }
     return frozenset(c for c, codes in stored.items() if codes != "RAS")
+
+
+# -- classification: the model input's lungs read dark ---------------------------------
+
+# The mediastinum strip's columns, as fractions of the width (the teacher's pilot's).
+_MEDIASTINUM = (0.45, 0.55)
+
+
+def _model_input(path: Path, weights: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The radiograph as the model wants it: modality values in MONOCHROME2 sense (0..4095).
+
+    What the task's correct ``pipeline/infer.py`` feeds the model (its ``model_input``):
+    the modality LUT (RescaleSlope, RescaleIntercept), then ``full_scale - value`` for
+    a file stored MONOCHROME1 (high = dark).
+    """
+    import pydicom
+    from pydicom.pixels import apply_modality_lut
+
+    ds = pydicom.dcmread(str(path))
+    values = apply_modality_lut(ds.pixel_array, ds).astype(np.float64)
+    if ds.PhotometricInterpretation == "MONOCHROME1":
+        values = float(weights["full_scale"]) - values
+    return values
+
+
+def _classification(draw: Draw, ws: Path, rows: Rows, case: str) -> PilotFigure:
+    """The model input's central mediastinum strip minus its lung ROI, in modality units, > 600.
+
+    A MONOCHROME1 file fed without the inversion reads bright lungs and a dark
+    mediastinum: the figure goes negative.
+    """
+    from bat_gym.envs.medbench_lite.models.classification import lung_roi
+
+    values = _model_input(ws / "data" / "images" / f"{case}.dcm", draw.weights)
+    lung = float(values[lung_roi(values.shape, draw.weights)].mean())
+    c0, c1 = (int(values.shape[1] * f) for f in _MEDIASTINUM)
+    contrast = float(values[:, c0:c1].mean()) - lung
+    return PilotFigure("lung_contrast", contrast, contrast > 600, tolerance=0.06)
+
+
+def _classification_risky(draw: Draw) -> frozenset[str]:
+    import pydicom
+
+    def inverted(case: str) -> bool:
+        raw = io.BytesIO(draw.files[f"data/images/{case}.dcm"])
+        return pydicom.dcmread(raw, stop_before_pixels=True).PhotometricInterpretation == (
+            "MONOCHROME1"
+        )
+
+    return frozenset(c for c in draw.case_ids if inverted(c))
 
 
 # -- enhancement: the noise drops ------------------------------------------------------
@@ -128,7 +186,7 @@ def _synthesis_risky(draw: Draw) -> frozenset[str]:
     )
 
 
-# -- vqa: a worked example's known answer ----------------------------------------------
+# -- vqa: where the worked example's nodule lies ---------------------------------------
 
 
 def _dev_questions(draw: Draw) -> dict[str, dict]:
@@ -137,28 +195,71 @@ def _dev_questions(draw: Draw) -> dict[str, dict]:
 
 
 def _vqa(draw: Draw, ws: Path, rows: Rows, case: str) -> PilotFigure:
-    """The pilot's answer to a worked question, passing when it is the worked answer."""
+    """The image column of the worked image's largest nodule (px from the image's left).
+
+    The column, with the image's display convention, says which of the patient's
+    lungs holds the nodule: the figure takes finding it on the image (the model's
+    ``find_nodules``), which neither the pilot's answer nor the worked one tells. The
+    check passes when the pilot's answer is the worked example's.
+    """
+    from PIL import Image
+
+    from bat_gym.envs.medbench_lite.models.vqa import find_nodules
+
     worked = _dev_questions(draw).get(case)
-    got = rows[case].get("answer", "")
     if worked is None:
-        return PilotFigure("answer", None, False)
-    return PilotFigure("answer", got, got.strip().lower() == worked["answer"].strip().lower())
+        return PilotFigure("nodule_col_px", None, False)
+    png = ws / "data" / "dev" / "images" / f"{worked['image_id']}.png"
+    with Image.open(png) as im:
+        image = np.asarray(im, dtype=np.float64) / 255.0
+    nodules = find_nodules(image, draw.weights)
+    if not nodules:
+        return PilotFigure("nodule_col_px", None, False)
+    col = float(max(nodules, key=lambda n: n["diameter_px"])["col"])
+    got = rows[case].get("answer", "").strip().lower()
+    return PilotFigure(
+        "nodule_col_px", col, got == worked["answer"].strip().lower(), tolerance=0.006
+    )
+
+
+def _mirrored(question: str, answer: str, count: str | None) -> str | None:
+    """The answer a reader who mirrors the image gives; None when it cannot be told.
+
+    A side answer swaps; a count in one lung becomes the count in the other (the
+    image's total, ``count``, minus it).
+    """
+    q = question.lower()
+    if "which lung" in q or "largest" in q:
+        return {"left": "right", "right": "left"}.get(answer, answer)
+    if "how many" in q and ("left lung" in q or "right lung" in q):
+        if count is None or not (answer.isdigit() and count.isdigit()):
+            return None
+        return str(int(count) - int(answer))
+    return answer
 
 
 def _vqa_risky(draw: Draw) -> frozenset[str]:
-    import csv
-    import io
+    """The worked questions on radiological images whose answer a mirrored reading changes.
 
+    Without one (the worked image's nodule did not fit), every worked question: the
+    figure is measured on worked examples only.
+    """
     meta = draw.files.get("data/metadata.csv", b"").decode("utf-8")
     view = {r["image_id"]: r["view_convention"] for r in csv.DictReader(io.StringIO(meta))}
     dev = _dev_questions(draw)
+    count = {
+        q["image_id"]: q["answer"]
+        for q in dev.values()
+        if "how many" in q["question"].lower() and "lung" not in q["question"].lower()
+    }
     side = frozenset(
         qid
         for qid, q in dev.items()
-        if "which lung" in q["question"].lower() and view.get(q["image_id"]) == "radiological"
+        if view.get(q["image_id"]) == "radiological"
+        and _mirrored(q["question"], q["answer"], count.get(q["image_id"]))
+        not in (None, q["answer"])
     )
-    # Without such a question the convention shows on no worked example: any counts.
-    return side or frozenset(dev) | frozenset(draw.case_ids)
+    return side or frozenset(dev)
 
 
 # -- detection: boxes on the lesions, read as the scorer reads them ---------------------
@@ -214,19 +315,107 @@ def _detection_risky(draw: Draw) -> frozenset[str]:
     )
 
 
+# -- report: each reported size matches the nodule's width on the image ----------------
+
+
+def _half_contrast_width_mm(v: np.ndarray, sx: float, i: int, j: int, k: int) -> float:
+    """A nodule's full width at half its contrast over the lung along x, in mm.
+
+    The teacher's pilot's measurement, ported: on the nine x lines through the voxels
+    around the centre ``(i, j, k)`` of the RAS+ volume ``v`` (HU; ``sx`` mm per voxel
+    along x), one half level between the brightest value near the centre and the
+    lung's median; each line's run above it, edges interpolated between voxels; the
+    widest run (a centre off the grid cuts shorter chords). A line that misses the
+    nodule stays below the level instead of measuring noise.
+    """
+    lines = [
+        v[:, min(max(j + dj, 0), v.shape[1] - 1), min(max(k + dk, 0), v.shape[2] - 1)]
+        for dj in (-1, 0, 1)
+        for dk in (-1, 0, 1)
+    ]
+    lo, hi = max(i - 2, 0), min(i + 3, v.shape[0])
+    peak = max(float(line[lo:hi].max()) for line in lines)
+    lung = np.concatenate([line[line < -500] for line in lines])
+    half = 0.5 * (peak + (float(np.median(lung)) if lung.size else peak - 800.0))
+    best = 0.0
+    for line in lines:
+        c = lo + int(np.argmax(line[lo:hi]))
+        if line[c] <= half:
+            continue
+        a = c
+        while a > 0 and line[a - 1] > half:
+            a -= 1
+        b = c
+        while b < len(line) - 1 and line[b + 1] > half:
+            b += 1
+        left = a - (line[a] - half) / max(line[a] - line[a - 1], 1e-6) if a > 0 else a - 0.5
+        right = (
+            b + (line[b] - half) / max(line[b] - line[b + 1], 1e-6)
+            if b < len(line) - 1
+            else b + 0.5
+        )
+        best = max(best, (right - left) * sx)
+    return best
+
+
+def _report(draw: Draw, ws: Path, rows: Rows, case: str) -> PilotFigure:
+    """The worst finding's size gap over its allowance, <= 1.
+
+    Per finding of the pilot (``<report>.json`` beside the report: centre voxel and
+    diameter in mm), the gap between the reported diameter and the nodule's half
+    contrast width along x measured on the image, over the allowance max(1.5 voxels,
+    30% of the width); the figure is the largest. Sizes left in voxel units (about a
+    third of the mm) overshoot it.
+    """
+    import nibabel as nib
+
+    report = resolve_output(ws, rows[case].get("report_file", ""))
+    found_file = None if report is None else resolve_output(ws, str(report.with_suffix(".json")))
+    if found_file is None:
+        return PilotFigure("size_gap_ratio", None, False)
+    try:
+        found = json.loads(found_file.read_text(encoding="utf-8"))
+        sizes = [
+            (float(f["diameter_mm"]), [int(round(float(c))) for c in f["center_vox"]])
+            for f in found
+        ]
+    except (ValueError, KeyError, TypeError):
+        return PilotFigure("size_gap_ratio", None, False)
+    if not sizes or any(len(centre) != 3 for _, centre in sizes):
+        return PilotFigure("size_gap_ratio", None, False)
+    can = nib.as_closest_canonical(nib.load(str(ws / "data" / "images" / f"{case}.nii.gz")))
+    v, sx = can.get_fdata(), float(can.header.get_zooms()[0])
+    worst = 0.0
+    for reported, (i, j, k) in sizes:
+        if not (0 <= i < v.shape[0] and 0 <= j < v.shape[1] and 0 <= k < v.shape[2]):
+            return PilotFigure("size_gap_ratio", None, False)
+        width = _half_contrast_width_mm(v, sx, i, j, k)
+        worst = max(worst, float(abs(reported - width) / max(1.5 * sx, 0.3 * width)))
+    return PilotFigure("size_gap_ratio", worst, bool(worst <= 1.0), tolerance=0.0015)
+
+
+def _report_risky(draw: Draw) -> frozenset[str]:
+    findings = draw.answers.get("findings", {})
+    return frozenset(c for c in draw.case_ids if len(findings.get(c, ())) > 0)
+
+
 # The figure's name per track, and the function that computes it.
 _FIGURES: dict[str, tuple[str, FigureFn]] = {
     "segmentation": ("liver_side_mm", _segmentation),
     "enhancement": ("noise_reduction", _enhancement),
     "synthesis": ("pearson_r", _synthesis),
-    "vqa": ("answer", _vqa),
+    "vqa": ("nodule_col_px", _vqa),
     "detection": ("box_contrast", _detection),
+    "classification": ("lung_contrast", _classification),
+    "report": ("size_gap_ratio", _report),
 }
 _RISKY: dict[str, Callable[[Draw], frozenset[str]]] = {
     "segmentation": _segmentation_risky,
     "synthesis": _synthesis_risky,
     "vqa": _vqa_risky,
     "detection": _detection_risky,
+    "classification": _classification_risky,
+    "report": _report_risky,
 }
 
 

@@ -22,7 +22,9 @@ checks = {
     "model input within 0..4095": {"value": [round(float(v.min())), round(float(v.max()))], "expect": "0..4095",
                                    "ok": bool(v.min() >= -50 and v.max() <= 4145)},
     "lung ROI mean (card: 500-1300)": {"value": round(lung), "expect": "500-1300", "ok": bool(500 <= lung <= 1300)},
-    "lungs darker than mediastinum": {"value": round(mediastinum - lung), "expect": "> 600", "ok": bool(mediastinum - lung > 600)},
+    "lungs darker than mediastinum": {"value": round(mediastinum - lung, 1), "expect": "> 600", "ok": bool(mediastinum - lung > 600)},
     "label and confidence valid": {"value": [rows[0]["label"], rows[0]["confidence"]], "expect": "label 0/1, confidence 0.5-1",
                                    "ok": rows[0]["label"] in (0, 1) and 0.5 <= rows[0]["confidence"] <= 1},
 }
+# The receipt states this check: its figure is what the verifier recomputes.
+figure = ('lung_contrast', 'lungs darker than mediastinum')

@@ -46,7 +46,10 @@ def extent_mm(i, j, k):
         right = b + (line[b] - half) / max(line[b] - line[b + 1], 1e-6) if b < len(line) - 1 else b + 0.5
         best = max(best, (right - left) * sx)
     return best
-errs = [(f["diameter_mm"], round(extent_mm(*(int(round(c)) for c in f["center_vox"])), 1)) for f in found]
+measured = [(f["diameter_mm"], extent_mm(*(int(round(c)) for c in f["center_vox"]))) for f in found]
+errs = [(r, round(m, 1)) for r, m in measured]
+# The worst gap over its allowance: <= 1 when every size matches its measured width.
+gap = max((abs(r - m) / max(1.5 * sx, 0.3 * m) for r, m in measured), default=None)
 print("pilot", case_id, "findings", [(f["lobe"], f["diameter_mm"]) for f in found], "| reported vs measured x-extent (mm):", errs)
 print(open("validation/pilot/" + case_id + ".txt").read())
 checks = {
@@ -54,4 +57,8 @@ checks = {
     "reported diameter vs measured x-extent at half contrast, mm": {
         "value": errs, "expect": "within max(1.5 voxels, 30%)",
         "ok": bool(errs) and all(abs(r - m) <= max(1.5 * sx, 0.3 * m) for r, m in errs)},
+    "worst size gap over its allowance": {
+        "value": None if gap is None else round(gap, 3), "expect": "<= 1", "ok": gap is not None and gap <= 1},
 }
+# The receipt states this check: its figure is what the verifier recomputes.
+figure = ('size_gap_ratio', 'worst size gap over its allowance')
