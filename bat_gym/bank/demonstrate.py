@@ -43,6 +43,7 @@ __all__ = [
     "Demonstration",
     "Demonstrator",
     "attainable_reward",
+    "reference_reward",
     "demonstration_turns",
     "load_demonstration",
     "play_demonstration",
@@ -60,18 +61,38 @@ BELOW_BAR = f"demonstration below {ADMIT_MIN_SHARE} of the attainable reward"
 """The refusal reason of a demonstration that finished but earned too little."""
 
 
+def reference_reward(bench: Benchmark, task: Any, backend: str = "local") -> float:
+    """The E2E reward a correct run earns on ``task`` (0..1).
+
+    ``overall(task_score(reference), 1.0)``: the benchmark's reference run
+    (:meth:`~bat_gym.benchmark.Benchmark.reference_script`, cached per task) for its
+    task score and full credit for every stage. Without a reference run (none declared,
+    or it failed) it is taken as 1.0.
+
+    Args:
+        bench: the benchmark.
+        task: the task (a reduced one for a surrogate).
+        backend: the sandbox backend the reference runs on.
+    """
+    from bat_gym.rubrics.reference import reference_workspace
+    from bat_gym.rubrics.scoring import overall_score
+
+    ref = reference_workspace(bench, task, backend=backend)
+    score = bench.task_score(task, ref) if ref is not None else None
+    best = overall_score(score, 1.0, bench.spec) if score is not None else None
+    return 1.0 if best is None else min(1.0, best)
+
+
 def attainable_reward(bench: Benchmark, row: StageState, backend: str = "local") -> float:
     """The most a policy can earn on ``row``, in reward units (0..1).
 
     A stage row's reward is its stage credit, so 1.0. An E2E row's reward mixes in the
     task metric, which an imperfect provided model caps: it is what a correct run earns
-    (:func:`~bat_gym.bank.tasks.reference_reward`: the reference run's task score and
+    (:func:`reference_reward`: the reference run's task score and
     full stage credit).
     """
     if row.focus != E2E:
         return 1.0
-    from bat_gym.bank.tasks import reference_reward
-
     task = bench.task_of_state(row)
     return 1.0 if task is None else reference_reward(bench, task, backend)
 

@@ -20,6 +20,7 @@ from bat_gym.bank.demonstrate import (
     Demonstration,
     Demonstrator,
     demonstration_turns,
+    reference_reward,
     scored_trajectory,
     store_demonstration,
 )
@@ -40,7 +41,6 @@ __all__ = [
     "SUCCESS_MIN_REWARD",
     "Builder",
     "Job",
-    "reference_reward",
     "run_jobs",
     "success_threshold",
 ]
@@ -58,32 +58,11 @@ run's task score, and so its E2E reward, is below 1; see :func:`success_threshol
 _BELOW = f"success below {SUCCESS_MIN_REWARD} of the reward of a correct run"
 
 
-def reference_reward(bench: Benchmark, task: Any, backend: str = "local") -> float:
-    """The E2E reward a correct run earns on ``task`` (0..1).
-
-    ``overall(task_score(reference), 1.0)``: the benchmark's reference run
-    (:meth:`~bat_gym.benchmark.Benchmark.reference_script`, cached per task) for its
-    task score and full credit for every stage. Without a reference run (none declared,
-    or it failed) it is taken as 1.0.
-
-    Args:
-        bench: the benchmark.
-        task: the task (a reduced one for a surrogate).
-        backend: the sandbox backend the reference runs on.
-    """
-    from bat_gym.rubrics.reference import reference_workspace
-    from bat_gym.rubrics.scoring import overall_score
-
-    ref = reference_workspace(bench, task, backend=backend)
-    score = bench.task_score(task, ref) if ref is not None else None
-    best = overall_score(score, 1.0, bench.spec) if score is not None else None
-    return 1.0 if best is None else min(1.0, best)
-
-
 def success_threshold(bench: Benchmark, task: Any, backend: str = "local") -> float:
     """The least E2E reward a trajectory on ``task`` needs to be admitted as a success.
 
-    ``SUCCESS_MIN_REWARD * reference_reward(task)`` (:func:`reference_reward`).
+    ``SUCCESS_MIN_REWARD * reference_reward(task)``
+    (:func:`~bat_gym.bank.demonstrate.reference_reward`).
     """
     return SUCCESS_MIN_REWARD * reference_reward(bench, task, backend)
 

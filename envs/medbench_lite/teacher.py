@@ -22,7 +22,7 @@ and S5 rows of ``failure``) start with the buggy pipeline in place. From such a 
 the teacher plays a repair exercise (:func:`repair_turns`): the track's quality check
 on the riskiest case shows the mistake, the pipeline is fixed in the open, the pilot
 (and inference) run again, and the stage's receipt records each file the repair
-changed (:mod:`bat_gym.policies.repair_record`).
+changed (:mod:`bat_gym.repair_record`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.envs.medbench_lite.scripts import fragment, stage_script
-from bat_gym.policies.repair_record import record_call, start_call
 from bat_gym.protocol import ToolCall, bash_call, python_call
+from bat_gym.repair_record import record_call, start_call
 
 __all__ = [
     "Recipe",
