@@ -54,8 +54,12 @@ __all__ = [
 
 SUITE = "bookworm"
 REPOSITORY = "bat-gym/sandbox"
-PACKAGES: tuple[str, ...] = ("python3", "python3-numpy")
-"""Debian packages every image has, whatever is asked for."""
+PACKAGES: tuple[str, ...] = ("python3", "python-is-python3", "python3-numpy")
+"""Debian packages every image has, whatever is asked for.
+
+``python-is-python3`` gives the image a ``python`` command, as the local sandbox has:
+agent code and the suites' scripts run ``python pipeline/infer.py``.
+"""
 # Image labels: what an image holds, so that one with everything asked for is reused.
 _LABEL = "bat-gym.sandbox"
 _LABEL_DEBIAN = "bat-gym.sandbox.debian"

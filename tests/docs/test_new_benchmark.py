@@ -104,4 +104,4 @@ def test_every_runnable_block_is_collected() -> None:
         for line in PAGE.read_text(encoding="utf-8").splitlines()
         if line.strip().startswith("```") and len(line.strip()) > 3
     ]
-    assert set(fences) <= {*RUNNABLE, "yaml", "toml", "text"}, fences
+    assert set(fences) <= {*RUNNABLE, "yaml", "toml", "json", "text"}, fences

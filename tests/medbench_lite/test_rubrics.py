@@ -85,7 +85,11 @@ def test_the_teacher_earns_full_credit_on_every_stage_env(bench, bank, focus):
         env.close()
     failed = [(s.stage, i.id, i.detail) for s in verdict.stages for i in s.items if not i.passed]
     assert reward == 1.0 and verdict.eta == 1.0, failed
-    assert all(s.score == 1.0 for s in verdict.stages) and not verdict.notes
+    assert all(s.score == 1.0 for s in verdict.stages)
+    # A success row starts clean: the repair item is not applicable, and nothing else is.
+    assert all(
+        n.endswith("null items excluded from the score: upstream_repaired") for n in verdict.notes
+    )
     if focus == E2E:
         assert verdict.task_score == 1.0 and len(verdict.stages) == 5
 
@@ -100,7 +104,7 @@ def _stage(bench, bank, focus, actions):
         env.close()
 
 
-def test_a_forged_pilot_receipt_stops_s3_at_the_shape_level(bench, bank):
+def test_a_forged_pilot_receipt_earns_nothing_on_s3(bench, bank):
     state = bank.get(bank.select(focus="S3", track=TRACK)[0])
     pilot = [t for t in stage_turns(bench, state) if t.stage == "S3"]
     forge = bash_call(
@@ -114,7 +118,9 @@ def test_a_forged_pilot_receipt_stops_s3_at_the_shape_level(bench, bank):
     items = {i.id: i for i in verdict.stages[0].items}
     assert items["pilot_ran"].passed and items["pilot_quality"].passed
     assert items["pilot_receipt"].passed is False and "hashes to" in items["pilot_receipt"].detail
-    assert reward == 0.2
+    # The forged receipt states no check of the pilot: not even the shape level is paid.
+    assert items["pilot_check_confirmed"].passed is False
+    assert reward == 0.0
 
 
 def test_a_made_up_weights_digest_zeroes_s2(bench, bank):
