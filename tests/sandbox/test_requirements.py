@@ -86,8 +86,9 @@ def test_image_contents_key_the_tag_and_tarball_by_the_package_set() -> None:
     base = image_contents()
     assert base.debian == tuple(sorted(PACKAGES)) and base.from_host == ()
     assert base.tag == DEFAULT_TAG
-    # The package set of the image before requirements existed keeps its cached tarball.
-    assert base.rootfs_name == "rootfs-bookworm-7398127c0b47.tar"
+    # The tarball is named by the package set: the base set (with python-is-python3 since
+    # the image gained a ``python`` command) has this name, which changes only with it.
+    assert base.rootfs_name == "rootfs-bookworm-00a22648bd09.tar"
     assert image_contents(DEFAULT_REQUIREMENTS).tag == base.tag  # numpy is in the base already
 
     med = image_contents(get_benchmark("medbench_lite").sandbox_requirements())
