@@ -149,9 +149,10 @@ class TaskOracle:
         files_agree: ``(path, mine, reference) -> bool``, the benchmark's comparison
             of an output file with the reference's. Default: the same bytes.
         plan_facts: the task's :class:`~bat_gym.benchmark.PlanFact` tuple. Default: none.
-        reproduce: ``(final workspace, outputs) -> workspace``: the agent's shipped
-            pipeline run again out of band (:func:`bat_gym.rubrics.reference.reproduce`),
-            or None. Default: none (reproduction checks are null).
+        reproduce: ``(final workspace, outputs, from_reference) -> workspace``: the
+            agent's shipped pipeline run again out of band, with the paths
+            ``from_reference`` as the reference run left them
+            (:func:`bat_gym.rubrics.reference.reproduce`), or None. Default: none (reproduction checks are null).
         judge: returns the benchmark's judge policy (:meth:`Benchmark.judge`), or None.
             Default: none (judged checks are null).
         tolerance: returns the benchmark's per-column numeric tolerance
@@ -175,7 +176,9 @@ class TaskOracle:
         pilot: Callable[[FrozenWorkspace, str], float | None] | None = None,
         reference: Callable[[], FrozenWorkspace | None] | None = None,
         files_agree: Callable[[str, bytes, bytes], bool] | None = None,
-        reproduce: Callable[[FrozenWorkspace, tuple[str, ...]], FrozenWorkspace | None]
+        reproduce: Callable[
+            [FrozenWorkspace, tuple[str, ...], tuple[str, ...]], FrozenWorkspace | None
+        ]
         | None = None,
         plan_facts: Callable[[], tuple[Any, ...]] | None = None,
         judge: Callable[[], Any] | None = None,
@@ -240,9 +243,20 @@ class TaskOracle:
         """
         return None if self._pilot_figure is None else self._pilot_figure(workspace, path, case)
 
-    def reproduce(self, final: FrozenWorkspace, outputs: tuple[str, ...]) -> FrozenWorkspace | None:
-        """The agent's pipeline run again on pristine inputs, or None if there is no way to."""
-        return None if self._reproduce is None else self._reproduce(final, outputs)
+    def reproduce(
+        self,
+        final: FrozenWorkspace,
+        outputs: tuple[str, ...],
+        from_reference: tuple[str, ...] = (),
+    ) -> FrozenWorkspace | None:
+        """The agent's pipeline run again on pristine inputs, or None if there is no way to.
+
+        ``from_reference``: paths (files or folders) that start as the reference run
+        left them, whatever ``final`` holds there (a later stage's configuration).
+        """
+        if self._reproduce is None:
+            return None
+        return self._reproduce(final, outputs, from_reference)
 
     def score(self, workspace: FrozenWorkspace) -> float | None:
         """The task metric of ``workspace`` (computed once per snapshot digest).

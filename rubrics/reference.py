@@ -32,10 +32,11 @@ import json
 import logging
 import multiprocessing.util
 import os
+import posixpath
 import shutil
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,7 +44,7 @@ from bat_gym.errors import WorkspaceRejected
 from bat_gym.files import cache_dir, write_atomic
 from bat_gym.rubrics.context import TaskOracle
 from bat_gym.rubrics.workspace import FrozenWorkspace, path_matches
-from bat_gym.sandbox import BlobStore, Snapshot, WorkspaceIndex, make_sandbox
+from bat_gym.sandbox import BlobStore, Entry, Snapshot, WorkspaceIndex, make_sandbox
 from bat_gym.spec import Task
 
 if TYPE_CHECKING:
@@ -280,6 +281,7 @@ def reproduce(
     outputs: Sequence[str],
     *,
     backend: str = "local",
+    from_reference: Sequence[str] = (),
 ) -> Reproduction | None:
     """Run the agent's shipped pipeline again, out of band; return what it leaves.
 
@@ -294,6 +296,11 @@ def reproduce(
     set: every kept file the run read, wherever it lives (a module that shadows an
     import at the workspace root is as much pipeline as ``pipeline/infer.py``).
 
+    ``from_reference`` names paths (files, or folders with everything under them) that
+    start as the reference run left them instead of as ``final`` holds them: what a
+    later stage decides (say, the settings a pilot chooses), when the stage being
+    checked is not the one that decides it.
+
     Runs are remembered by the digest of that starting workspace: the pipeline is
     deterministic, so the rollouts of a group that ship the same pipeline (say, on an
     Infer row whose pipeline they inherit) cost one run between them, and a workspace
@@ -302,7 +309,16 @@ def reproduce(
     command = benchmark.reproduction_command(task)
     if command is None:
         return None
-    return _reproduce(benchmark, task, final, outputs, command, backend, shortcut=True)
+    return _reproduce(
+        benchmark,
+        task,
+        final,
+        outputs,
+        command,
+        backend,
+        shortcut=True,
+        from_reference=from_reference,
+    )
 
 
 def _reference_reads(
@@ -338,6 +354,7 @@ def _reproduce(
     backend: str,
     *,
     shortcut: bool,
+    from_reference: Sequence[str] = (),
 ) -> Reproduction:
     """:func:`reproduce` with the command; ``shortcut``: answer the reference's files by it."""
     inputs = benchmark.input_paths
@@ -352,10 +369,13 @@ def _reproduce(
     def is_kept(path: str) -> bool:
         return not is_input(path) and not is_output(path) and not _derived(path)
 
-    kept = [e for e in final.snapshot.entries if is_kept(e.path)]
+    ref = reference_workspace(benchmark, task, backend=backend)
+    sourced = [(e, final.store) for e in final.snapshot.entries if is_kept(e.path)]
+    if from_reference and ref is not None:
+        sourced = _settled_by_reference(sourced, ref, from_reference, is_kept)
+    kept = [e for e, _ in sourced]
     kept_files = frozenset(e.path for e in kept if e.kind == "f")
     kept_digest = Snapshot.of(kept).digest
-    ref = reference_workspace(benchmark, task, backend=backend)
     if (
         shortcut
         and ref is not None
@@ -379,7 +399,7 @@ def _reproduce(
     inputs_of_task = [
         e for e in known.get_snapshot(_pristine_digest(benchmark, task)).entries if is_input(e.path)
     ]
-    for e, source in [(e, final.store) for e in kept] + [(e, known) for e in inputs_of_task]:
+    for e, source in sourced + [(e, known) for e in inputs_of_task]:
         if e.kind != "d" and not store.has(e.digest):
             store.put_bytes(source.read_blob(e.digest))
     start = Snapshot.of(kept + inputs_of_task)
@@ -410,6 +430,39 @@ def _reproduce(
     return result
 
 
+def _settled_by_reference(
+    sourced: list[tuple[Entry, BlobStore]],
+    ref: FrozenWorkspace,
+    paths: Sequence[str],
+    is_kept: Callable[[str], bool],
+) -> list[tuple[Entry, BlobStore]]:
+    """``sourced`` with ``paths`` (and what is under them) as the reference run left them.
+
+    What the episode left at or under ``paths`` is dropped and the reference's entries
+    there are put in, with the folders that hold them; an episode entry in the way of
+    such a folder (a file or link named ``validation``, say) gives way to it.
+    """
+
+    def settled(path: str) -> bool:
+        return any(path_matches(path, p) for p in paths)
+
+    theirs = [e for e in ref.snapshot.entries if settled(e.path) and is_kept(e.path)]
+    folders: set[str] = set()
+    for e in theirs:
+        parent = posixpath.dirname(e.path)
+        while parent:
+            folders.add(parent)
+            parent = posixpath.dirname(parent)
+    out = [
+        (e, store)
+        for e, store in sourced
+        if not settled(e.path) and not (e.path in folders and e.kind != "d")
+    ]
+    have = {e.path for e, _ in out}
+    out += [(e, ref.store) for e in ref.snapshot.entries if e.path in folders - have]
+    return out + [(e, ref.store) for e in theirs]
+
+
 def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> TaskOracle:
     """What only the verifier may see about ``task`` under ``benchmark``, for the checks.
 
@@ -425,8 +478,8 @@ def task_oracle(benchmark: Benchmark, task: Task, *, backend: str = "local") -> 
         # On the episode's backend: its sandbox records the versions it really has.
         reference=lambda: reference_workspace(benchmark, task, backend=backend),
         files_agree=lambda path, mine, ref: benchmark.files_agree(task, path, mine, ref),
-        reproduce=lambda final, outputs: reproduce(
-            benchmark, task, final, outputs, backend=backend
+        reproduce=lambda final, outputs, from_reference=(): reproduce(
+            benchmark, task, final, outputs, backend=backend, from_reference=from_reference
         ),
         plan_facts=lambda: benchmark.plan_facts(task),
         tolerance=lambda: benchmark.numeric_tolerance(task),

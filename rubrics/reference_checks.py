@@ -208,6 +208,7 @@ def pipeline_reproduces(
     complete: bool = True,
     rtol: Annotated[float, Field(ge=0, le=1e-3)] = 1e-9,
     atol: Annotated[float, Field(ge=0, le=1e-3)] = 1e-12,
+    stage: str | None = None,
 ) -> CheckResult:
     """The agent's shipped pipeline, run again by the verifier, produces the model's ``path``.
 
@@ -225,10 +226,14 @@ def pipeline_reproduces(
         complete: rows: every reference case must be produced.
         rtol: relative tolerance on numbers, at most 1e-3.
         atol: absolute tolerance on numbers, at most 1e-3.
+        stage: the stage whose pipeline is checked. What the benchmark's spec lists as
+            a later stage's artifacts (the settings a pilot chooses, say) then start as
+            the reference run left them: a Setup is judged by the pipeline it leaves,
+            not by choices that are a later stage's to make.
     """
     ref = _reference(ctx)
     assert ctx.task is not None
-    again = ctx.task.reproduce(ctx.workspace, (path,))
+    again = ctx.task.reproduce(ctx.workspace, (path,), _later_artifacts(ctx, stage))
     if again is None:
         raise CheckUnscorable("the benchmark declares no way to run the pipeline again")
     evidence = ctx.artifact("pipeline/infer.py") or ctx.artifact(path)
@@ -239,6 +244,16 @@ def pipeline_reproduces(
     except CheckFailed as exc:
         raise CheckFailed(f"the shipped pipeline, run again: {exc.detail}", exc.evidence) from None
     return CheckResult.ok(f"the shipped pipeline, run again: {result.detail}", evidence)
+
+
+def _later_artifacts(ctx: CheckContext, stage: str | None) -> tuple[str, ...]:
+    """The artifacts the spec lists for the stages after ``stage`` (none without both)."""
+    if stage is None or ctx.spec is None:
+        return ()
+    ids = [s.id for s in ctx.spec.stages]
+    if stage not in ids:
+        raise CheckUnscorable(f"{ctx.spec.name} has no stage {stage}")
+    return tuple(a for s in ctx.spec.stages[ids.index(stage) + 1 :] for a in s.artifacts)
 
 
 def _agree(

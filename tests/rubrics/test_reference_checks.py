@@ -44,7 +44,7 @@ def ctx_for(store):
             lambda ws: None,
             reference=lambda: ref,
             files_agree=files_agree,
-            reproduce=None if reproduced is None else (lambda ws, outputs: again),
+            reproduce=None if reproduced is None else (lambda ws, outputs, settled: again),
         )
         return CheckContext(
             workspace=final,
