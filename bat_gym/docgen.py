@@ -290,11 +290,11 @@ def _evidence(name: str) -> str:
 
 
 def _check_section(name: str) -> str:
-    from bat_gym.rubrics.checks import _schemas, get_check
+    from bat_gym.rubrics.checks import CHECKS
 
-    fn = get_check(name)
-    text, described = _sections(fn.__doc__)
-    fields = _schemas[name].model_fields
+    check = CHECKS[name]
+    text, described = _sections(check.fn.__doc__)
+    fields = check.args.model_fields
     rows = [
         f"| `{arg}` | {_type_cell(f)} | {_default(f)} | {_cell(described.get(arg, ''))} |"
         for arg, f in fields.items()
