@@ -275,7 +275,8 @@ def checks_page() -> str:
         "requires `artifact` evidence unless it says otherwise (`requires:`). A check "
         'registered with `evidence="none"` decides from what the verifier computes '
         "itself; its items require nothing (see [What counts as evidence](../evidence.md)). "
-        "Register your own with `bat_gym.rubrics.register_check`.\n\n"
+        "Ship your own from your package through the `bat_gym.checks` entry point group, "
+        "or register one in a process with `bat_gym.rubrics.register_check`.\n\n"
         "| check | evidence | what it establishes |\n|---|---|---|\n"
         + index
         + "\n\n"
