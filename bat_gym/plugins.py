@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from bat_gym.errors import PluginError, PluginNotFound
@@ -68,6 +69,9 @@ KINDS: dict[str, str] = {
 def group_of(kind: str) -> str:
     """The entry point group of a kind of :data:`KINDS`: ``bat_gym.<kind>``."""
     return f"bat_gym.{kind}"
+
+
+_OWN_GROUPS = frozenset(map(group_of, KINDS))
 
 
 if __doc__:  # None under python -OO
@@ -275,6 +279,14 @@ class Registry(Mapping[str, T], Generic[T]):
             PluginNotFound: the kind's subclass, naming the known ones and close matches.
         """
         found = self._match(name)
+        if found is None and not self._declared() and self.group in _OWN_GROUPS:
+            # bat_gym declares plugins of every kind itself: none at all means the
+            # installed metadata predates this source (an editable install not redone).
+            raise PluginError(
+                f"no installed distribution declares a {self.group} entry point, not even "
+                f"bat-gym: its installed metadata is older than its source; reinstall it "
+                f"({sys.executable} -m pip install -e '{Path(__file__).resolve().parents[1]}')"
+            )
         if found is None:
             shown = self._shown(self) if self._shown is not None else None
             raise self._not_found(name, self._names(), shown=shown, group=self.group)

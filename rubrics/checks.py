@@ -51,7 +51,7 @@ from typing import Any, Literal, TypeVar, get_type_hints
 from pydantic import BaseModel, ConfigDict, create_model
 
 from bat_gym.errors import CheckNotFound, PluginError, SandboxError
-from bat_gym.plugins import Registry
+from bat_gym.plugins import Expect, Registry
 from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckResult, CheckUnscorable
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,9 @@ def _as_check(name: str, fn: CheckFn) -> RubricCheck:
     return RubricCheck(fn=fn, args=args, evidence=evidence)
 
 
-CHECKS: Registry[RubricCheck] = Registry("bat_gym.checks", not_found=CheckNotFound, adapt=_as_check)
+CHECKS: Registry[RubricCheck] = Registry(
+    "bat_gym.checks", expect=Expect("rubric check"), adapt=_as_check, not_found=CheckNotFound
+)
 """The rubric checks, by name: those bat_gym and installed packages declare, and those
 registered in this process."""
 

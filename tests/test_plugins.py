@@ -299,3 +299,12 @@ def test_load_target_names_what_it_cannot_find():
         load_target("json.loads")
     with pytest.raises(PluginError, match="has no attribute 'nothing'"):
         load_target("json:nothing")
+
+
+def test_a_kind_no_distribution_declares_says_to_reinstall_bat_gym(monkeypatch):
+    # bat_gym declares every kind itself; an installed metadata without them is stale.
+    monkeypatch.setattr(plugins, "_declared", lambda: {})
+    with pytest.raises(PluginError, match=r"metadata is older than its source; reinstall"):
+        Registry("bat_gym.checks")["file_exists"]
+    with pytest.raises(PluginNotFound):  # a kind of another package: simply not found
+        Registry("acme.tests.empty")["file_exists"]
