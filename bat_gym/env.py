@@ -169,7 +169,7 @@ class StageEnv(gym.Env[str, str]):
 
     @property
     def states(self) -> Any:
-        """The state source, resolved from ``states=`` on first use (see the registry)."""
+        """The state source, resolved from ``states=`` on first use (see :mod:`bat_gym.catalog`)."""
         if self._states is None:
             from bat_gym.catalog import state_source
 
