@@ -18,9 +18,8 @@ close matches and the known names; two installed packages that declare one name
 differently, or a plugin that is not what its kind expects, raise
 :class:`~bat_gym.errors.PluginError`. An entry point may name the extras its plugin
 needs (``train = "my_package.cli:train [train]"``): when they are missing,
-:func:`install_hint` says what to install.
-
-{kinds}
+:func:`install_hint` says what to install. :data:`KINDS` lists every kind with what
+its entry points name; ``bat-gym plugins`` lists what is installed.
 """
 
 from __future__ import annotations
@@ -72,19 +71,6 @@ def group_of(kind: str) -> str:
 
 
 _OWN_GROUPS = frozenset(map(group_of, KINDS))
-
-
-if __doc__:  # None under python -OO
-    _WIDTH = max(map(len, KINDS)) + len("bat_gym.")
-    _RULE = f"{'=' * _WIDTH}  {'=' * max(map(len, KINDS.values()))}"
-    __doc__ = __doc__.replace(
-        "{kinds}",
-        "\n".join(
-            [_RULE, f"{'group':{_WIDTH}}  what each entry names", _RULE]
-            + [f"{group_of(k):{_WIDTH}}  {v}" for k, v in KINDS.items()]
-            + [_RULE]
-        ),
-    )
 
 
 def load_target(target: str) -> Any:
