@@ -36,6 +36,25 @@ def test_plugins_of_one_kind_and_an_unknown_kind():
     assert wrong.exit_code == 2 and "the kinds are benchmarks" in wrong.output
 
 
+def test_plugins_lists_without_importing_a_plugin_of_another_kind():
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.argv = ["bat-gym", "plugins"]
+        from bat_gym.cli import main
+        try:
+            main()
+        except SystemExit:
+            pass
+        kinds = ("bat_gym.rubrics.artifact_checks", "bat_gym.exploits", "bat_gym.envs.")
+        print([m for m in sys.modules if m.startswith(kinds)], file=sys.stderr)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "file_exists" in done.stdout and "prose_claims" in done.stdout
+    assert done.stderr.strip() == "[]"
+
+
 def test_every_command_is_a_declared_plugin():
     assert {"demo", "eval", "bank", "plugins", "train", "loop", "tiny-model"} <= set(COMMANDS)
 
