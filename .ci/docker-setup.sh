@@ -79,7 +79,7 @@ say "engine answers: $(docker version --format '{{.Server.Version}}' 2>/dev/null
 #    find an image that covers them instead of building one of their own.
 "$PYTHON" -c "
 from bat_gym.sandbox.docker_image import ensure_image
-from bat_gym.registry import installed_requirements
+from bat_gym.catalog import installed_requirements
 req = installed_requirements()
 print('sandbox image for modules', ', '.join(req.modules) or '-', '...', flush=True)
 print(ensure_image(req))

@@ -25,9 +25,9 @@ _EXPORTS = {
     "Task": "bat_gym.spec",
     "StageState": "bat_gym.spec",
     "Budgets": "bat_gym.spec",
-    "register_benchmark": "bat_gym.registry",
-    "get_benchmark": "bat_gym.registry",
-    "list_benchmarks": "bat_gym.registry",
+    "register_benchmark": "bat_gym.catalog",
+    "get_benchmark": "bat_gym.catalog",
+    "list_benchmarks": "bat_gym.catalog",
     # the Stage Bank and the curriculum
     "StageBank": "bat_gym.bank",
     "build_bank": "bat_gym.bank",
@@ -57,7 +57,7 @@ def __dir__() -> list[str]:
 
 
 def _register() -> None:
-    from bat_gym.registry import register_envs
+    from bat_gym.catalog import register_envs
 
     register_envs()
 

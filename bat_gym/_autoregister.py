@@ -17,7 +17,7 @@ import sys
 
 def _register() -> None:
     try:
-        from bat_gym.registry import register_envs
+        from bat_gym.catalog import register_envs
 
         register_envs()
     except Exception:  # noqa: S110 - see module docstring

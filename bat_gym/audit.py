@@ -99,7 +99,7 @@ def audit_bank(bank: StageBank, bench: Benchmark | None = None) -> BankReport:
         A report with one line per check; ``report.ok`` is False on any finding.
     """
     if bench is None:
-        from bat_gym.registry import get_benchmark
+        from bat_gym.catalog import get_benchmark
 
         bench = get_benchmark(bank.info.benchmark)
     with progress.task(f"auditing {len(bank)} states", 5) as shown:

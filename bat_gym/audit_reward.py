@@ -601,11 +601,11 @@ def audit_reward(
         ValueError: a size is negative, or a bound is outside [0, 1].
     """
     from bat_gym.bank import StageBank, default_bank
+    from bat_gym.catalog import get_benchmark
     from bat_gym.env import StageEnv
     from bat_gym.evaluation.harness import EvalConfig
     from bat_gym.exploits import exploit_names, make_exploit
     from bat_gym.policies.scripted import ScriptedPolicy
-    from bat_gym.registry import get_benchmark
     from bat_gym.rubrics.reward import RubricReward
 
     if states_per_focus < 0 or heldout_cells < 0:

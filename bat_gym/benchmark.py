@@ -2,7 +2,7 @@
 
 A benchmark author subclasses :class:`Benchmark`, fills in its :class:`BenchmarkSpec`
 and the four task methods, and registers it under the ``bat_gym.benchmarks`` entry
-point (see :mod:`bat_gym.registry`). The core never imports a benchmark by name.
+point (see :mod:`bat_gym.catalog`). The core never imports a benchmark by name.
 """
 
 from __future__ import annotations

@@ -275,7 +275,8 @@ def checks_page() -> str:
         "requires `artifact` evidence unless it says otherwise (`requires:`). A check "
         'registered with `evidence="none"` decides from what the verifier computes '
         "itself; its items require nothing (see [What counts as evidence](../evidence.md)). "
-        "Register your own with `bat_gym.rubrics.register_check`.\n\n"
+        "Ship your own from your package through the `bat_gym.checks` entry point group, "
+        "or register one in a process with `bat_gym.rubrics.register_check`.\n\n"
         "| check | evidence | what it establishes |\n|---|---|---|\n"
         + index
         + "\n\n"
@@ -290,11 +291,11 @@ def _evidence(name: str) -> str:
 
 
 def _check_section(name: str) -> str:
-    from bat_gym.rubrics.checks import _schemas, get_check
+    from bat_gym.rubrics.checks import CHECKS
 
-    fn = get_check(name)
-    text, described = _sections(fn.__doc__)
-    fields = _schemas[name].model_fields
+    check = CHECKS[name]
+    text, described = _sections(check.fn.__doc__)
+    fields = check.args.model_fields
     rows = [
         f"| `{arg}` | {_type_cell(f)} | {_default(f)} | {_cell(described.get(arg, ''))} |"
         for arg, f in fields.items()

@@ -103,7 +103,7 @@ class StageEnv(gym.Env[str, str]):
         states: where states come from: a :class:`~bat_gym.bank.StateSource`, or a bank
             directory; default: the benchmark's default states (its default grid, each
             teacher trajectory built on first use and cached). Resolved through
-            :func:`bat_gym.registry.state_source` on first use.
+            :func:`bat_gym.catalog.state_source` on first use.
         sandbox_options: keyword arguments for the sandbox constructor.
         token_counter: counts the tokens of a plain-``str`` action for the token budget.
         render_mode: ``"ansi"`` returns the transcript from ``render()``.
@@ -125,7 +125,7 @@ class StageEnv(gym.Env[str, str]):
         token_counter: Callable[[str], int] | None = None,
         render_mode: str | None = None,
     ) -> None:
-        from bat_gym.registry import get_benchmark
+        from bat_gym.catalog import get_benchmark
 
         self.benchmark = benchmark if isinstance(benchmark, Benchmark) else get_benchmark(benchmark)
         spec = self.benchmark.spec
@@ -169,9 +169,9 @@ class StageEnv(gym.Env[str, str]):
 
     @property
     def states(self) -> Any:
-        """The state source, resolved from ``states=`` on first use (see the registry)."""
+        """The state source, resolved from ``states=`` on first use (see :mod:`bat_gym.catalog`)."""
         if self._states is None:
-            from bat_gym.registry import state_source
+            from bat_gym.catalog import state_source
 
             self._states = state_source(self._states_arg, self.benchmark)
         return self._states

@@ -285,8 +285,8 @@ class ContractNotFound(_NotFound):
     kind = "rubric contract"
 
 
-class CheckNotFound(_NotFound):
-    """A rubric check name that no one registered (see ``bat_gym.rubrics.register_check``)."""
+class CheckNotFound(PluginNotFound):
+    """A rubric check name that no one registers (see ``bat_gym.rubrics.register_check``)."""
 
     kind = "check"
 

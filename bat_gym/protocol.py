@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bat_gym.errors import PluginError, ProtocolNotFound
-from bat_gym.plugins import Registry
+from bat_gym.errors import ProtocolNotFound
+from bat_gym.plugins import Expect, Registry
 
 __all__ = [
     "EXECUTE_CODE",
@@ -414,16 +414,10 @@ class OpenAIProtocol(ToolProtocol):
         return json.dumps({"content": content, "tool_calls": items}, ensure_ascii=False)
 
 
-def _as_protocol(name: str, cls: Any) -> type[ToolProtocol]:
-    if not (isinstance(cls, type) and issubclass(cls, ToolProtocol)):
-        raise PluginError(f"tool protocol {name!r} is {cls!r}, not a ToolProtocol subclass")
-    if cls.name != name:
-        raise PluginError(f"tool protocol registered as {name!r} calls itself {cls.name!r}")
-    return cls
-
-
 PROTOCOLS: Registry[type[ToolProtocol]] = Registry(
-    "bat_gym.protocols", not_found=ProtocolNotFound, adapt=_as_protocol
+    "bat_gym.protocols",
+    expect=Expect("tool protocol", ToolProtocol, subclass=True, self_name="name"),
+    not_found=ProtocolNotFound,
 )
 """The tool protocols, by name (entry point group ``bat_gym.protocols``)."""
 

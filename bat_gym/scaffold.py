@@ -84,7 +84,7 @@ def check_name(name: str) -> None:
         )
     if keyword.iskeyword(name):
         raise ConfigError(f"{name!r} is a Python keyword; choose another name")
-    from bat_gym.registry import list_benchmarks
+    from bat_gym.catalog import list_benchmarks
 
     if name in list_benchmarks():
         raise ConfigError(f"a benchmark named {name!r} is already installed; choose another name")

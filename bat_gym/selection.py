@@ -33,9 +33,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from bat_gym.errors import BatGymError, ConfigError, PluginError, SelectorNotFound
+from bat_gym.errors import BatGymError, ConfigError, SelectorNotFound
 from bat_gym.gate import GateDecision, stage_order
-from bat_gym.plugins import Registry
+from bat_gym.plugins import Expect, Registry
 from bat_gym.spec import BenchmarkSpec
 
 __all__ = [
@@ -366,16 +366,10 @@ class ProgressSelector(TargetSelector):
         self.progress = {s: float(v) for s, v in state["progress"].items()}
 
 
-def _as_selector(name: str, cls: Any) -> type[TargetSelector]:
-    if not (isinstance(cls, type) and issubclass(cls, TargetSelector)):
-        raise PluginError(f"selector {name!r} is {cls!r}, not a TargetSelector subclass")
-    if cls.name != name:
-        raise PluginError(f"selector registered as {name!r} calls itself {cls.name!r}")
-    return cls
-
-
 SELECTORS: Registry[type[TargetSelector]] = Registry(
-    "bat_gym.selectors", not_found=SelectorNotFound, adapt=_as_selector
+    "bat_gym.selectors",
+    expect=Expect("selector", TargetSelector, subclass=True, self_name="name"),
+    not_found=SelectorNotFound,
 )
 """The target selectors, by name: what :func:`make_selector`, ``bat-gym gate --selector``
 and ``bat-gym loop --selector`` accept (entry point group ``bat_gym.selectors``)."""

@@ -90,7 +90,7 @@ def inject_tool_latency(seconds: float) -> None:
 def build_setup(out: Path, hidden: int, layers: int) -> tuple[Path, Path, list[str]]:
     """The skill_ladder bank, a random-init tiny model, and the E2E states to train on."""
     from bat_gym.bank import build_bank
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
     from bat_gym.trainers.tiny_model import build_tiny_model
 
     bench = get_benchmark("skill_ladder")

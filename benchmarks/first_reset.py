@@ -41,7 +41,7 @@ env.close()
 _GRID = """
 import sys, time
 from bat_gym.bank import default_bank
-from bat_gym.registry import get_benchmark
+from bat_gym.catalog import get_benchmark
 bench = get_benchmark(sys.argv[1] or None)
 t = time.perf_counter()
 bank = default_bank(bench, workers=int(sys.argv[2]))

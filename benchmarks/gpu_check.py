@@ -55,7 +55,7 @@ def main() -> None:
     import torch
 
     from bat_gym.bank import build_bank
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
     from bat_gym.trainers.grpo import GRPOConfig, train
     from bat_gym.trainers.tiny_model import build_tiny_model
 

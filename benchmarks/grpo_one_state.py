@@ -35,7 +35,7 @@ def build(out: Path) -> tuple[Any, Path]:
     from transformers import AutoTokenizer
 
     from bat_gym.bank import StageBank, build_bank
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
     from bat_gym.sft import export_sft, sft_rows
     from bat_gym.trainers.sft import SFTConfig
     from bat_gym.trainers.sft import train as sft_train
@@ -71,8 +71,8 @@ def state_rewards(bank: Any, model: Path, state_id: str, n: int) -> list[float]:
     """Rubric rewards of ``n`` keyed episodes from ``state_id`` (GRPO's own rollouts)."""
     import gymnasium as gym
 
+    from bat_gym.catalog import get_benchmark
     from bat_gym.policies.transformers_policy import TransformersPolicy
-    from bat_gym.registry import get_benchmark
     from bat_gym.trainers.rollout import RolloutWorkers
 
     budgets = get_benchmark(BENCH).spec.budgets.model_copy(update={"max_turns": MAX_TURNS})

@@ -147,7 +147,7 @@ def build_setup(out: Path, plan: Plan) -> tuple[Path, Path, Path]:
     from transformers import AutoTokenizer
 
     from bat_gym.bank import build_bank
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
     from bat_gym.sft import export_sft, sft_rows
     from bat_gym.trainers.tiny_model import build_tiny_model
 
@@ -171,9 +171,9 @@ def build_setup(out: Path, plan: Plan) -> tuple[Path, Path, Path]:
 
 def held_out(model: Path | str, out: Path, plan: Plan, seed: int = 0) -> Any:
     """Held-out evaluation of a checkpoint; the :class:`~bat_gym.evaluation.EvalReport`."""
+    from bat_gym.catalog import get_benchmark
     from bat_gym.evaluation import EvalConfig, evaluate
     from bat_gym.policies import make_policy
-    from bat_gym.registry import get_benchmark
 
     bench = get_benchmark(BENCH)
     policy = make_policy(
@@ -279,7 +279,7 @@ def pick_target(rule: str, scores: dict[str, float]) -> str:
     that fail there already failed at S3; ``deficit`` weighs each shortfall by the
     stage's agentic weight and finds the stage that costs the most reward.
     """
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
     from bat_gym.selection import DeficitSelector, paper_target
 
     if rule == "paper":
@@ -495,7 +495,7 @@ def section_ablation(
 def _configure(benchmark: str, max_new_tokens: int) -> None:
     """Point every section at ``benchmark`` and its turn length (module settings)."""
     global BENCH, MAX_NEW_TOKENS
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
 
     get_benchmark(benchmark)  # an unknown name fails here, before any work
     BENCH, MAX_NEW_TOKENS = benchmark, max_new_tokens

@@ -37,10 +37,10 @@ import numpy as np
 
 from bat_gym.bank import task_states
 from bat_gym.benchmark import TeacherTurn
+from bat_gym.catalog import get_benchmark
 from bat_gym.env import StageEnv
 from bat_gym.envs.medbench_lite.heuristics import heuristics, score_heuristic
 from bat_gym.protocol import get_protocol
-from bat_gym.registry import get_benchmark
 from bat_gym.rubrics.reward import RubricReward
 from bat_gym.rubrics.scoring import aggregate, overall_score
 from bat_gym.rubrics.verifier import Verdict

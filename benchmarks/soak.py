@@ -30,7 +30,7 @@ from pathlib import Path
 import gymnasium as gym
 
 from bat_gym.bank import build_bank
-from bat_gym.registry import get_benchmark
+from bat_gym.catalog import get_benchmark
 from bat_gym.sandbox.slots import runtime_dir
 
 FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "x"}}</tool_call>'

@@ -80,10 +80,10 @@ def play_suite(
     import threading
 
     from bat_gym.bank import default_bank
+    from bat_gym.catalog import get_benchmark
     from bat_gym.env import StageEnv
     from bat_gym.evaluation.harness import play_episode
     from bat_gym.policies.scripted import ScriptedPolicy
-    from bat_gym.registry import get_benchmark
     from bat_gym.rubrics.reward import RubricReward
 
     bench = get_benchmark(suite)

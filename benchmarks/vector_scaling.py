@@ -120,7 +120,7 @@ def measure(modes: list[str], sizes: list[int], bank: Path, seconds: float) -> d
 def head_of_line(modes: list[str], bank: Path, n: int = 4) -> list[str]:
     """What the other envs do while one env's call sleeps 1 s."""
     # Long budgets: the fast envs make hundreds of calls while the slow one sleeps.
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
 
     budgets = get_benchmark(BENCHMARK).spec.budgets.model_copy(
         update={"max_turns": 100_000, "max_tool_calls": 100_000}
@@ -219,7 +219,7 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bat_gym_vec_") as tmp:
         from bat_gym.bank import build_bank
-        from bat_gym.registry import get_benchmark
+        from bat_gym.catalog import get_benchmark
 
         progress("building a toy bank")
         bank = build_bank(get_benchmark(BENCHMARK), Path(tmp) / "bank", tasks_per_track=1).root

@@ -218,9 +218,9 @@ def report(name: str, times: list[float]) -> None:
 
 def medbench_episodes() -> None:
     """Whole E2E verifications of teacher episodes, one per MedBench-Lite track."""
+    from bat_gym.catalog import get_benchmark
     from bat_gym.env import StageEnv
     from bat_gym.protocol import get_protocol
-    from bat_gym.registry import get_benchmark
     from bat_gym.rubrics.reward import RubricReward
 
     bench = get_benchmark("medbench_lite")

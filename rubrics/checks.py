@@ -2,13 +2,23 @@
 
 A check is a small pure function ``(ctx: CheckContext, *, **args) -> CheckResult``: it
 reads the frozen workspaces, the execution record and the task oracle in ``ctx`` and
-nothing else. Register one with :func:`register_check`; its keyword-only parameters and
-their type hints become the schema of ``args`` in contracts, validated when a contract
-is loaded, so a typo fails at load time rather than mid-training.
+nothing else. Its keyword-only parameters and their type hints become the schema of
+``args`` in contracts, validated when a contract is loaded, so a typo fails at load time
+rather than mid-training.
+
+Checks are plugins (:data:`CHECKS`, entry point group ``bat_gym.checks``): a package
+ships one by declaring it in its ``pyproject.toml``, with nothing imported until a
+contract names it::
+
+    [project.entry-points."bat_gym.checks"]
+    has_license = "my_package.checks:has_license"
+
+or registers one in this process with :func:`register_check`.
 
 A check that decides only from what the verifier computes itself, outside every
 sandbox (the task metric on the final workspace, say), has no file or tool call to
-point at: register it with ``evidence="none"``. Items that use it then require no
+point at: register it with ``evidence="none"`` (or, shipped through an entry point,
+set the function's ``evidence`` attribute to ``"none"``). Items that use it then require no
 evidence kind by default (so a pass counts fully towards the evidence completeness
 η), and a contract that requires one of it is refused when loaded.
 
@@ -24,22 +34,24 @@ The built-in checks live in :mod:`~bat_gym.rubrics.artifact_checks` (``file_exis
 (``command_ran``, ``pipeline_ran``, ``written_by_tool``, ``stage_artifacts_written``,
 ``unchanged``, ``task_metric_at_least``, ``pilot_quality``, ``matches_answers``),
 :mod:`~bat_gym.rubrics.repair_checks` (``unchanged_unless_repaired``,
-``upstream_repaired``, ``stages_linked``) and :mod:`~bat_gym.rubrics.tool_checks` (``tool_called``, on a benchmark's own tools); they
-register the first time the registry is consulted.
+``upstream_repaired``, ``stages_linked``) and :mod:`~bat_gym.rubrics.tool_checks`
+(``tool_called``, on a benchmark's own tools); bat_gym declares them as entry points,
+as a package declares its own.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, create_model
 
 from bat_gym.errors import CheckNotFound, PluginError, SandboxError
+from bat_gym.plugins import Expect, Registry
 from bat_gym.rubrics.context import CheckContext, CheckFailed, CheckResult, CheckUnscorable
 
 log = logging.getLogger(__name__)
@@ -52,7 +64,9 @@ def error_line(exc: BaseException) -> str:
 
 
 __all__ = [
+    "CHECKS",
     "CheckFn",
+    "RubricCheck",
     "error_line",
     "register_check",
     "get_check",
@@ -62,6 +76,8 @@ __all__ = [
     "run_check",
 ]
 
+# The modules of bat_gym's own checks (declared as entry points in its pyproject.toml;
+# the reference docs list the checks of each).
 BUILTIN_MODULES = (
     "bat_gym.rubrics.artifact_checks",
     "bat_gym.rubrics.episode_checks",
@@ -76,16 +92,29 @@ F = TypeVar("F", bound=CheckFn)
 EvidenceDeclaration = Literal["required", "none"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_checks: dict[str, CheckFn] = {}
-_schemas: dict[str, type[BaseModel]] = {}
-_evidence: dict[str, EvidenceDeclaration] = {}
 
 
-# -- registry ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RubricCheck:
+    """A loaded check: its function, the model of its ``args``, and its evidence declaration."""
+
+    fn: CheckFn
+    args: type[BaseModel]
+    evidence: EvidenceDeclaration
 
 
-def _args_model(name: str, fn: CheckFn) -> type[BaseModel]:
-    """A strict pydantic model of ``fn``'s keyword-only parameters (everything after ctx)."""
+def _as_check(name: str, fn: CheckFn) -> RubricCheck:
+    """The :class:`RubricCheck` of ``fn``: its ``args`` model from its keyword-only parameters.
+
+    Raises:
+        PluginError: ``fn`` does not take ``(ctx, *, **args)``, or its ``evidence``
+            attribute is neither ``"required"`` nor ``"none"``.
+    """
+    evidence = getattr(fn, "evidence", "required")
+    if evidence not in ("required", "none"):
+        raise PluginError(
+            f"check {name!r}: evidence must be 'required' or 'none', got {evidence!r}"
+        )
     params = list(inspect.signature(fn).parameters.values())
     if not params or params[0].kind not in (
         params[0].POSITIONAL_ONLY,
@@ -101,13 +130,21 @@ def _args_model(name: str, fn: CheckFn) -> type[BaseModel]:
             )
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (hints.get(p.name, Any), default)
-    return create_model(
+    args = create_model(
         f"{name}_args", __config__=ConfigDict(extra="forbid", frozen=True), **fields
     )
+    return RubricCheck(fn=fn, args=args, evidence=evidence)
+
+
+CHECKS: Registry[RubricCheck] = Registry(
+    "bat_gym.checks", expect=Expect("rubric check"), adapt=_as_check, not_found=CheckNotFound
+)
+"""The rubric checks, by name: those bat_gym and installed packages declare, and those
+registered in this process."""
 
 
 def register_check(name: str, *, evidence: EvidenceDeclaration = "required") -> Callable[[F], F]:
-    """Register a check under ``name`` (a decorator).
+    """Register a check under ``name`` in this process (a decorator).
 
     Args:
         name: the name contracts use, lowercase with underscores.
@@ -128,27 +165,12 @@ def register_check(name: str, *, evidence: EvidenceDeclaration = "required") -> 
         raise PluginError(f"evidence must be 'required' or 'none', got {evidence!r}")
 
     def decorate(fn: F) -> F:
-        held = _checks.get(name)
-        if held is not None and (held.__module__, held.__qualname__) != (
-            fn.__module__,
-            fn.__qualname__,
-        ):
-            raise PluginError(
-                f"check {name!r} is already registered by {held.__module__}.{held.__qualname__}"
-            )
-        _schemas[name] = _args_model(name, fn)
-        _checks[name] = fn
-        _evidence[name] = evidence
+        fn.evidence = evidence  # type: ignore[attr-defined]  # what an entry point reads too
+        _as_check(name, fn)  # a wrong signature fails here, not when a contract loads
+        CHECKS.register(name, fn, unique=True)
         return fn
 
     return decorate
-
-
-def _registry() -> dict[str, CheckFn]:
-    # Importing a module twice is a dictionary lookup; the first import registers it.
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)
-    return _checks
 
 
 def get_check(name: str) -> CheckFn:
@@ -157,16 +179,12 @@ def get_check(name: str) -> CheckFn:
     Raises:
         CheckNotFound: listing the known names and close matches.
     """
-    registry = _registry()
-    try:
-        return registry[name]
-    except KeyError:
-        raise CheckNotFound(name, list(registry)) from None
+    return CHECKS[name].fn
 
 
 def check_names() -> tuple[str, ...]:
     """Every registered check name, sorted."""
-    return tuple(sorted(_registry()))
+    return tuple(sorted(CHECKS))
 
 
 def check_evidence(name: str) -> EvidenceDeclaration:
@@ -175,8 +193,7 @@ def check_evidence(name: str) -> EvidenceDeclaration:
     Raises:
         CheckNotFound: unknown check.
     """
-    get_check(name)
-    return _evidence[name]
+    return CHECKS[name].evidence
 
 
 def validate_args(name: str, args: dict[str, Any]) -> BaseModel:
@@ -186,8 +203,7 @@ def validate_args(name: str, args: dict[str, Any]) -> BaseModel:
         CheckNotFound: unknown check.
         ValidationError: an argument is missing, unknown or of the wrong type.
     """
-    get_check(name)
-    return _schemas[name].model_validate(args)
+    return CHECKS[name].args.model_validate(args)
 
 
 def run_check(name: str, ctx: CheckContext, args: dict[str, Any]) -> CheckResult:

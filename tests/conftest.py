@@ -18,7 +18,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def toy():
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
 
     return get_benchmark("toy_pipeline")
 

@@ -33,7 +33,7 @@ def test_every_builtin_check_is_in_the_catalogue_with_its_arguments():
         if checks.get_check(name).__module__ not in checks.BUILTIN_MODULES:
             continue
         assert f"### {name}\n" in page
-        for arg in checks._schemas[name].model_fields:
+        for arg in checks.CHECKS[name].args.model_fields:
             assert f"| `{arg}` |" in page
     assert "| [`task_metric_at_least`](#task_metric_at_least) | none |" in page
 
@@ -51,8 +51,7 @@ def test_a_check_registered_by_a_plugin_stays_out_of_the_reference():
         assert "docgen_probe" not in docgen.render("checks.md")
         assert docgen.render("checks.md") == before
     finally:
-        for registry in (checks._checks, checks._schemas, checks._evidence):
-            registry.pop("docgen_probe", None)
+        checks.CHECKS.unregister("docgen_probe")
 
 
 def test_the_schema_pages_have_every_field():

@@ -4,10 +4,10 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from bat_gym.catalog import env_ids
 from bat_gym.env import Completion, StageEnv
 from bat_gym.errors import ResetNeeded, StageNotFound, StateNotFound
 from bat_gym.protocol import get_protocol
-from bat_gym.registry import env_ids
 from bat_gym.spec import Budgets
 
 HERMES = get_protocol("hermes")

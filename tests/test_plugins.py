@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
+from bat_gym import plugins
 from bat_gym.errors import (
     PluginError,
     PluginNotFound,
@@ -182,6 +184,26 @@ def test_the_shipped_plugins_arrive_through_their_entry_points():
     assert PROTOCOLS["hermes"] is HermesProtocol and SELECTORS["paper"] is PaperSelector
 
 
+def test_bat_gyms_own_checks_and_exploits_are_declared_as_they_register():
+    # Importing their modules registers each in this process (a name declared for
+    # another object is refused there); each must be declared too, so that
+    # `bat-gym plugins` lists it without importing it.
+    from bat_gym.exploits import EXPLOITS
+    from bat_gym.rubrics.checks import BUILTIN_MODULES, CHECKS
+
+    own = (*BUILTIN_MODULES, "bat_gym.envs.radiology.checks")
+    for module in own:
+        importlib.import_module(module)
+    declared = {
+        kind: {n for n, _, dist in plugins.declared(f"bat_gym.{kind}") if dist == "bat-gym"}
+        for kind in ("checks", "exploits")
+    }
+    assert {n for n in CHECKS if CHECKS[n].fn.__module__ in own} == declared["checks"]
+    assert {n for n in EXPLOITS if EXPLOITS[n].__module__.startswith("bat_gym.")} == declared[
+        "exploits"
+    ]
+
+
 def test_names_are_listed_without_loading_and_loaded_once(tmp_path, monkeypatch):
     registry: Registry[object] = Registry("acme.tests.lazy")
     registry.register("later", "acme_not_imported_yet:THING")
@@ -277,3 +299,12 @@ def test_load_target_names_what_it_cannot_find():
         load_target("json.loads")
     with pytest.raises(PluginError, match="has no attribute 'nothing'"):
         load_target("json:nothing")
+
+
+def test_a_kind_no_distribution_declares_says_to_reinstall_bat_gym(monkeypatch):
+    # bat_gym declares every kind itself; an installed metadata without them is stale.
+    monkeypatch.setattr(plugins, "_declared", lambda: {})
+    with pytest.raises(PluginError, match=r"metadata is older than its source; reinstall"):
+        Registry("bat_gym.checks")["file_exists"]
+    with pytest.raises(PluginNotFound):  # a kind of another package: simply not found
+        Registry("acme.tests.empty")["file_exists"]

@@ -2,8 +2,8 @@
 
 import pytest
 
+from bat_gym.catalog import STAGE_ENV_NAMES, get_benchmark
 from bat_gym.errors import ConfigError
-from bat_gym.registry import STAGE_ENV_NAMES, get_benchmark
 from bat_gym.scaffold import STAGE_SETS
 from bat_gym.stages import (
     REFERENCE_ARTIFACTS,

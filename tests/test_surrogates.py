@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from bat_gym.bank import SUCCESS_MIN_REWARD, StageBank, build_bank
 from bat_gym.bank.replay import replay_teacher
 from bat_gym.bank.states import initial_state
+from bat_gym.catalog import get_benchmark
 from bat_gym.cli import app
-from bat_gym.registry import get_benchmark
 from bat_gym.sandbox.snapshot import BlobStore
 from bat_gym.spec import E2E
 

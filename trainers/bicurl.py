@@ -280,7 +280,7 @@ def _grpo_block(incumbent: str, target: str, out_dir: Path, cfg: BiCuRLConfig, *
 
 def run_loop(cfg: BiCuRLConfig) -> LoopState:
     """Run (or resume) the loop; returns the final state. See the module docstring."""
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
 
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -81,7 +81,7 @@ def _sft(values: dict[str, Any]) -> None:
     from transformers import AutoTokenizer
 
     from bat_gym.bank import StageBank, default_bank
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
     from bat_gym.sft import export_sft
     from bat_gym.trainers.sft import SFTConfig, train
 

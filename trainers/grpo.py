@@ -925,7 +925,7 @@ def train(
     if cfg.bank:
         env_kwargs["states"] = cfg.bank
     if cfg.max_turns is not None:
-        from bat_gym.registry import get_benchmark
+        from bat_gym.catalog import get_benchmark
 
         base = get_benchmark(cfg.benchmark).spec.budgets
         env_kwargs["budgets"] = Budgets(**{**base.model_dump(), "max_turns": cfg.max_turns})

@@ -163,8 +163,8 @@ def benchmark_corpus(benchmark: str | None = None, *, tasks_per_track: int = 2) 
     track, every outcome the benchmark declares. A tokenizer trained on it covers the
     benchmark's text without a Stage Bank being built.
     """
+    from bat_gym.catalog import get_benchmark
     from bat_gym.protocol import get_protocol
-    from bat_gym.registry import get_benchmark
 
     bench = get_benchmark(benchmark)
     protocol = get_protocol("hermes")

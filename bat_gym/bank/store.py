@@ -167,7 +167,7 @@ class StageBank(StateLookup):
                 self._verify_service(row, bad, report)
         report.count("rows", len(self))
         if bench is None:
-            from bat_gym.registry import get_benchmark
+            from bat_gym.catalog import get_benchmark
 
             bench = get_benchmark(self.info.benchmark)
         rows = list(self)

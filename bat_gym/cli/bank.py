@@ -83,8 +83,8 @@ def build(
     rejected task.
     """
     from bat_gym.bank import OUTCOMES, build_bank
+    from bat_gym.catalog import get_benchmark
     from bat_gym.policies import make_policy
-    from bat_gym.registry import get_benchmark
 
     if default:
         given = [
@@ -229,7 +229,7 @@ def explain_cmd(
         raise typer.BadParameter("give a bank directory or --default (one of them)")
     if default:
         from bat_gym.bank import default_states
-        from bat_gym.registry import get_benchmark
+        from bat_gym.catalog import get_benchmark
 
         source = default_states(get_benchmark(benchmark))
         records = source.records()

@@ -7,7 +7,7 @@ import typer
 
 def envs() -> None:
     """List the bat/* env ids, the installed benchmarks and the default one."""
-    from bat_gym.registry import default_benchmark_name, env_ids, get_benchmark, list_benchmarks
+    from bat_gym.catalog import default_benchmark_name, env_ids, get_benchmark, list_benchmarks
 
     default = default_benchmark_name()
     typer.echo(f"env ids (default benchmark: {default}):")

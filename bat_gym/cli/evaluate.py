@@ -79,11 +79,11 @@ def evaluate(
     OUT gets report.md, report.json, stages.png and manifest.json (evaluation side), and
     aggregates.json, the only file a training loop may read.
     """
+    from bat_gym.catalog import get_benchmark
     from bat_gym.evaluation import EvalConfig
     from bat_gym.evaluation import evaluate as run_evaluation
     from bat_gym.evaluation.manifest import EvalManifest
     from bat_gym.policies import make_policy, policy_kind
-    from bat_gym.registry import get_benchmark
 
     bench = get_benchmark(benchmark)
     allowed = bench.spec.splits.heldout_repeats

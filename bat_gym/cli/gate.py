@@ -149,7 +149,7 @@ def gate(
 
     spec = None
     if SELECTORS[selector].needs_spec:
-        from bat_gym.registry import get_benchmark
+        from bat_gym.catalog import get_benchmark
 
         spec = get_benchmark(benchmark).spec
     chooser = make_selector(selector, spec=spec, seed=seed)

@@ -138,7 +138,7 @@ def evaluate(
         UnsupportedPolicy: the policy cannot play this benchmark (checked before any
             cell runs: say, ``naive`` on a benchmark without a naive baseline).
     """
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
 
     cfg = cfg or EvalConfig()
     bench = benchmark if isinstance(benchmark, Benchmark) else get_benchmark(benchmark)

@@ -158,7 +158,7 @@ def chat_template_kwargs(benchmark: Any = None) -> dict[str, Any]:
     tools = [dict(t) for t in TOOLS]
     if benchmark is not None:
         from bat_gym.benchmark import Benchmark
-        from bat_gym.registry import get_benchmark
+        from bat_gym.catalog import get_benchmark
 
         bench = benchmark if isinstance(benchmark, Benchmark) else get_benchmark(benchmark)
         tools += [t.schema() for t in bench.tools()]

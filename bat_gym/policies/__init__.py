@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from bat_gym.errors import PluginError, PolicyNotFound
-from bat_gym.plugins import Registry
+from bat_gym.plugins import Expect, Registry
 from bat_gym.policies.base import (
     EpisodeContext,
     Policy,
@@ -48,9 +48,7 @@ __all__ = [
 ]
 
 
-def _as_kind(name: str, kind: Any) -> PolicyKind:
-    if not isinstance(kind, PolicyKind):
-        raise PluginError(f"policy kind {name!r} is {kind!r}, not a PolicyKind")
+def _forms_checked(name: str, kind: PolicyKind) -> PolicyKind:
     strays = [f for f in kind.forms if f.partition(":")[0] != name]
     if not kind.forms or strays:
         raise PluginError(
@@ -71,7 +69,11 @@ def _forms_of(registry: Registry[PolicyKind]) -> list[str]:
 
 
 POLICIES: Registry[PolicyKind] = Registry(
-    "bat_gym.policies", not_found=PolicyNotFound, adapt=_as_kind, shown=_forms_of
+    "bat_gym.policies",
+    expect=Expect("policy kind", PolicyKind),
+    adapt=_forms_checked,
+    not_found=PolicyNotFound,
+    shown=_forms_of,
 )
 """The policy kinds, by name: the part of a spec before its first ``:``."""
 

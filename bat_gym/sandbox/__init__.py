@@ -8,10 +8,8 @@ under.
 
 from __future__ import annotations
 
-from typing import Any
-
-from bat_gym.errors import PluginError, SandboxBackendNotFound
-from bat_gym.plugins import Registry
+from bat_gym.errors import SandboxBackendNotFound
+from bat_gym.plugins import Expect, Registry
 from bat_gym.sandbox.base import LANGUAGES, ExecResult, Isolation, Language, Sandbox, SandboxLimits
 from bat_gym.sandbox.snapshot import (
     BlobStore,
@@ -42,19 +40,10 @@ __all__ = [
 ]
 
 
-def _as_backend(name: str, cls: Any) -> type[Sandbox]:
-    if not (isinstance(cls, type) and issubclass(cls, Sandbox)):
-        raise PluginError(f"sandbox backend {name!r} is {cls!r}, not a Sandbox subclass")
-    if getattr(cls, "backend", name) != name:
-        raise PluginError(
-            f"sandbox backend registered as {name!r} calls itself {cls.backend!r}; "
-            "set its backend attribute to the name it is registered under"
-        )
-    return cls
-
-
 BACKENDS: Registry[type[Sandbox]] = Registry(
-    "bat_gym.sandboxes", not_found=SandboxBackendNotFound, adapt=_as_backend
+    "bat_gym.sandboxes",
+    expect=Expect("sandbox backend", Sandbox, subclass=True, self_name="backend"),
+    not_found=SandboxBackendNotFound,
 )
 """The sandbox backends, by name (``local``, ``docker``, and any a package declares)."""
 

@@ -32,7 +32,7 @@ def toy_with(turns_for):
 
 
 def test_rows_of_every_focus_track_and_outcome_carry_their_outcome(tmp_path):
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
 
     med = get_benchmark("medbench_lite")
     assert med.outcomes == ("success", "recovery", "failure")
@@ -84,7 +84,7 @@ def test_a_success_the_verifier_disagrees_with_is_rejected_and_counted(tmp_path)
 _KILLED_BUILD = """
 import sys
 from bat_gym.bank import build_bank
-from bat_gym.registry import get_benchmark
+from bat_gym.catalog import get_benchmark
 build_bank(get_benchmark("toy_pipeline"), sys.argv[1], tasks_per_track=6)
 """
 

@@ -126,7 +126,7 @@ def test_a_built_trajectory_is_reused_by_the_next_process(toy, cache, monkeypatc
 def _get_in_child(args):
     root, sid, log = args
     from bat_gym.bank import default as module
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
 
     build = module.DefaultStates._build
 
@@ -218,8 +218,8 @@ def test_the_env_resolves_its_states_through_the_registry_not_the_bank(toy):
         timeout=60,
     )
     assert proc.stdout.strip() == "False", proc.stderr
+    from bat_gym.catalog import register_state_source
     from bat_gym.env import StageEnv
-    from bat_gym.registry import register_state_source
 
     seen = []
 

@@ -98,7 +98,7 @@ def _tamper(bank, row, turns):
 
 
 def test_bank_verify_replays_demonstrations_and_flags_one_below_the_bar(tmp_path):
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
 
     bench = get_benchmark("toy_pipeline")
     bank = build_bank(bench, tmp_path / "b", tracks=["lookup"])

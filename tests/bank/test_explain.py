@@ -3,8 +3,8 @@
 import pytest
 from typer.testing import CliRunner
 
+from bat_gym.catalog import register_benchmark, unregister_benchmark
 from bat_gym.cli import app
-from bat_gym.registry import register_benchmark, unregister_benchmark
 
 runner = CliRunner()
 

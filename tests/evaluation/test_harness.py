@@ -222,8 +222,8 @@ def toy_variant(name, **spec_updates):
 
 @pytest.fixture
 def three_repeats():
+    from bat_gym.catalog import register_benchmark, unregister_benchmark
     from bat_gym.envs.toy_pipeline.suite import SPEC
-    from bat_gym.registry import register_benchmark, unregister_benchmark
 
     splits = SPEC.splits.model_copy(update={"heldout_repeats": 3})
     bench = toy_variant("toy_three", splits=splits)

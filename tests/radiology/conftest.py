@@ -18,6 +18,6 @@ def orthanc():
 
 @pytest.fixture(scope="session")
 def radiology():
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
 
     return get_benchmark("radiology")

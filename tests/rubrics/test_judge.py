@@ -105,7 +105,7 @@ def test_parse_verdict_reads_one_line_per_criterion():
 
 
 def test_no_shipped_contract_uses_the_judge():
-    from bat_gym.registry import get_benchmark
+    from bat_gym.catalog import get_benchmark
 
     for name in ("medbench_lite", "toy_pipeline", "skill_ladder"):
         bench = get_benchmark(name)

@@ -3,10 +3,10 @@
 import gymnasium as gym
 import pytest
 
+from bat_gym.catalog import STAGE_ENV_NAMES
 from bat_gym.env import StageEnv
 from bat_gym.errors import RubricContractError
 from bat_gym.protocol import ToolCall, get_protocol
-from bat_gym.registry import STAGE_ENV_NAMES
 from bat_gym.rubrics.contract import REFERENCE_DIR, ContractLibrary
 from bat_gym.rubrics.reward import RubricReward
 

@@ -14,8 +14,8 @@ import pydantic
 import pytest
 
 from bat_gym.benchmark import Benchmark
+from bat_gym.catalog import get_benchmark, installed_requirements
 from bat_gym.errors import BatGymError, SandboxUnavailable
-from bat_gym.registry import get_benchmark, installed_requirements
 from bat_gym.sandbox import make_sandbox
 from bat_gym.sandbox import requirements as req_module
 from bat_gym.sandbox.docker_image import DEFAULT_TAG, PACKAGES, image_contents

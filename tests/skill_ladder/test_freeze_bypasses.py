@@ -14,11 +14,11 @@ import json
 import pytest
 
 from bat_gym.benchmark import TeacherTurn
+from bat_gym.catalog import get_benchmark, register_benchmark, unregister_benchmark
 from bat_gym.env import StageEnv
 from bat_gym.envs.skill_ladder.tasks import draw
 from bat_gym.exploits import ImportPathShadow, UnfrozenInputRewrite, UnlinkedResubmission
 from bat_gym.protocol import get_protocol
-from bat_gym.registry import get_benchmark, register_benchmark, unregister_benchmark
 from bat_gym.rubrics.reward import RubricReward
 
 from . import conftest

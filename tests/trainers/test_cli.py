@@ -17,8 +17,8 @@ pytest.importorskip("transformers")
 from typer.testing import CliRunner  # noqa: E402
 
 from bat_gym.bank import build_bank  # noqa: E402
+from bat_gym.catalog import get_benchmark  # noqa: E402
 from bat_gym.cli import app  # noqa: E402
-from bat_gym.registry import get_benchmark  # noqa: E402
 from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -24,10 +24,10 @@ pytest.importorskip("transformers")
 import gymnasium as gym  # noqa: E402
 
 from bat_gym.bank import build_bank  # noqa: E402
+from bat_gym.catalog import get_benchmark  # noqa: E402
 from bat_gym.evaluation import EvalConfig, evaluate  # noqa: E402
 from bat_gym.policies import make_policy  # noqa: E402
 from bat_gym.policies.transformers_policy import TransformersPolicy  # noqa: E402
-from bat_gym.registry import get_benchmark  # noqa: E402
 from bat_gym.sft import export_sft, sft_rows  # noqa: E402
 from bat_gym.trainers.grpo import GRPOConfig  # noqa: E402
 from bat_gym.trainers.grpo import train as grpo_train  # noqa: E402

@@ -6,9 +6,9 @@ is loaded through its entry point, as every ``bat-gym`` command loads it.
 
 import pytest
 
+from bat_gym.catalog import get_benchmark
 from bat_gym.evaluation import EvalConfig, evaluate
 from bat_gym.policies import make_policy
-from bat_gym.registry import get_benchmark
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,7 @@ import textwrap
 import gymnasium as gym
 import pytest
 
-from bat_gym.errors import BenchmarkNotFound
-from bat_gym.registry import (
+from bat_gym.catalog import (
     default_benchmark_name,
     env_ids,
     get_benchmark,
@@ -14,6 +13,7 @@ from bat_gym.registry import (
     register_benchmark,
     unregister_benchmark,
 )
+from bat_gym.errors import BenchmarkNotFound
 
 
 def run_python(code, **env):
@@ -87,7 +87,7 @@ def test_a_third_party_benchmark_registers_without_touching_the_core(tmp_path):
     proc = run_python(
         """
         import gymnasium as gym
-        from bat_gym.registry import list_benchmarks, default_benchmark_name
+        from bat_gym.catalog import list_benchmarks, default_benchmark_name
         env = gym.make("bat/Submit-v0", benchmark="mine")
         print(sorted(list_benchmarks()), default_benchmark_name(), env.unwrapped.benchmark.name)
     """,

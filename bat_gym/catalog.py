@@ -1,4 +1,4 @@
-"""Benchmarks arrive through entry points; env ids resolve to the default benchmark.
+"""The catalog: the installed benchmarks, the ``bat/*`` env ids, and where an env's states come from.
 
 A benchmark package declares, in its ``pyproject.toml``::
 
@@ -13,9 +13,10 @@ their :class:`~bat_gym.plugins.Registry`). The default benchmark is
 
 :func:`state_source` resolves where an env's states come from when it is given none
 (the benchmark's default states, built on first use) or a bank directory. The resolver
-is named here and imported on first use, so :class:`~bat_gym.env.StageEnv` never
-imports the Stage Bank, which builds its states by playing envs;
-:func:`register_state_source` replaces it.
+is the ``default`` plugin of :data:`STATE_SOURCES` (entry point group
+``bat_gym.state_sources``, where bat_gym declares the Stage Bank's), loaded on first
+use, so :class:`~bat_gym.env.StageEnv` never imports the Stage Bank, which builds its
+states by playing envs; :func:`register_state_source` replaces it in this process.
 
 :func:`register_envs` registers ``bat/Plan-v0`` .. ``bat/Submit-v0`` and ``bat/E2E-v0``
 with Gymnasium: a StageEnv wrapped in the rubric reward (``rubric_reward=False`` turns
@@ -30,8 +31,8 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.errors import BenchmarkNotFound, PluginError
-from bat_gym.plugins import Registry, load_target
+from bat_gym.errors import BenchmarkNotFound
+from bat_gym.plugins import Expect, Registry
 
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BENCHMARKS",
-    "ENTRY_POINT_GROUP",
+    "STATE_SOURCES",
     "installed_requirements",
     "STAGE_ENV_NAMES",
     "register_benchmark",
@@ -53,13 +54,10 @@ __all__ = [
     "register_state_source",
 ]
 
-ENTRY_POINT_GROUP = "bat_gym.benchmarks"
 STAGE_ENV_NAMES = ("Plan", "Setup", "Validate", "Infer", "Submit", "E2E")
 ENV_NAMESPACE = "bat"
 
 StateResolver = Callable[[Any, "Benchmark"], Any]
-_DEFAULT_RESOLVER = "bat_gym.bank.default:state_source"
-_resolver: StateResolver | str = _DEFAULT_RESOLVER
 
 
 def _spelling(name: str) -> str:
@@ -67,22 +65,11 @@ def _spelling(name: str) -> str:
     return name.strip().lower().replace("-", "_")
 
 
-def _as_benchmark(name: str, target: Any) -> Benchmark:
-    """The benchmark ``target`` is or makes, checked to call itself ``name``."""
-    from bat_gym.benchmark import Benchmark
-
-    bench = target if isinstance(target, Benchmark) else target()
-    if not isinstance(bench, Benchmark):
-        raise PluginError(
-            f"benchmark {name!r} resolved to {type(bench).__name__}, not a bat_gym Benchmark"
-        )
-    if bench.spec.name != name:
-        raise PluginError(f"benchmark registered as {name!r} calls itself {bench.spec.name!r}")
-    return bench
-
-
 BENCHMARKS: Registry[Benchmark] = Registry(
-    ENTRY_POINT_GROUP, not_found=BenchmarkNotFound, adapt=_as_benchmark, spelling=_spelling
+    "bat_gym.benchmarks",
+    expect=Expect("benchmark", "bat_gym.benchmark:Benchmark", factory=True, self_name="spec.name"),
+    not_found=BenchmarkNotFound,
+    spelling=_spelling,
 )
 """The benchmarks, by name: registered in this process or installed (entry points)."""
 
@@ -136,7 +123,7 @@ def default_benchmark_name() -> str:
                 f"skipping benchmark {name!r} when choosing the default: {exc}", stacklevel=2
             )
     if not priorities:
-        raise BenchmarkNotFound("<default>", list_benchmarks(), group=ENTRY_POINT_GROUP)
+        raise BenchmarkNotFound("<default>", list_benchmarks(), group=BENCHMARKS.group)
     return max(priorities, key=lambda n: (priorities[n], n))
 
 
@@ -165,6 +152,12 @@ def register_envs() -> None:
             )
 
 
+STATE_SOURCES: Registry[StateResolver] = Registry(
+    "bat_gym.state_sources", expect=Expect("state source")
+)
+"""The state resolvers, by name; envs use the one named ``default``."""
+
+
 def register_state_source(resolver: StateResolver | str | None) -> None:
     """Replace how envs resolve their ``states=`` argument (None restores the default).
 
@@ -173,8 +166,10 @@ def register_state_source(resolver: StateResolver | str | None) -> None:
             :class:`~bat_gym.bank.StateSource`, where ``states`` is the env's argument
             (None, a bank directory, or a source); or a ``"module:attr"`` naming one.
     """
-    global _resolver
-    _resolver = _DEFAULT_RESOLVER if resolver is None else resolver
+    if resolver is None:
+        STATE_SOURCES.unregister("default")
+    else:
+        STATE_SOURCES.register("default", resolver)
 
 
 def state_source(states: Any, benchmark: Benchmark) -> Any:
@@ -184,10 +179,7 @@ def state_source(states: Any, benchmark: Benchmark) -> Any:
     states (the default grid, each teacher trajectory built on first use and cached), a
     path the Stage Bank there, and a source is used as it is.
     """
-    resolver = _resolver
-    if isinstance(resolver, str):
-        resolver = load_target(resolver)
-    return resolver(states, benchmark)
+    return STATE_SOURCES["default"](states, benchmark)
 
 
 def installed_requirements() -> SandboxRequirements:
