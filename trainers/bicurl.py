@@ -25,10 +25,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +40,7 @@ from bat_gym.files import write_atomic
 from bat_gym.gate import GateThresholds, gate
 from bat_gym.selection import make_selector
 from bat_gym.spec import first_problem
+from bat_gym.trainers.configs import BiCuRLConfig
 
 __all__ = [
     "BiCuRLConfig",
@@ -54,66 +53,6 @@ __all__ = [
 ]
 
 STATE_FILE = "loop_state.json"
-
-
-@dataclass
-class BiCuRLConfig:
-    """Settings of a BiCuRL run."""
-
-    model: str
-    """The starting checkpoint (typically after cold-start SFT)."""
-    output_dir: str
-    """The run directory: each round's GRPO block and evaluations, the loop state and the
-    report; rerun into it to resume."""
-    benchmark: str | None = None
-    """Registered benchmark name (default: the installed default benchmark)."""
-    bank: str | None = None
-    """Stage Bank directory the rounds are drawn from (default: the benchmark's default)."""
-    rounds: int = 10
-    """Rounds (BaT: up to 10)."""
-    steps_per_round: int = 50
-    """GRPO steps per round (BaT: 50)."""
-    eval_repeats: int | None = None
-    """Held-out tasks per track in each evaluation (None: the benchmark's
-    ``splits.heldout_repeats``, 10 for MedBench-Lite as in BaT)."""
-    eval_tracks: tuple[str, ...] = ()
-    """Tracks evaluated (empty: every track of the benchmark)."""
-    eval_workers: int = 2
-    """Evaluation episodes played at once, one sandbox each."""
-    eval_max_turns: int | None = None
-    """Turn budget of evaluation episodes (None: the benchmark's)."""
-    eval_max_new_tokens: int | None = None
-    """Tokens per turn in evaluation (None: the policy's default)."""
-    eval_temperature: float | None = None
-    """Sampling temperature in evaluation (None: the policy's default)."""
-    selector: str = "paper"
-    """Target selector: a name in :data:`bat_gym.selection.SELECTORS` (``paper``: BaT's rule)."""
-    thresholds: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the promotion gate's thresholds (:class:`~bat_gym.gate.GateThresholds`)."""
-    grpo: dict[str, Any] = field(default_factory=dict)
-    """Overrides of :class:`~bat_gym.trainers.grpo.GRPOConfig` fields for every round."""
-    kl_reference: Literal["incumbent", "start"] = "incumbent"
-    """What each round's KL term pulls toward: the round's incumbent (the paper's "KL
-    penalty toward the current policy") or the starting checkpoint (``model``, the
-    cold-start SFT), which anchors every round to the same point."""
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Chat template arguments (e.g. ``{"enable_thinking": False}``) of every GRPO round
-    and every evaluation, so candidates are trained and judged on the same rendering."""
-    seed: int = 0
-    """Base seed; round ``r``'s GRPO block gets :func:`round_seed` (seed, r)."""
-
-    def __post_init__(self) -> None:
-        if (
-            self.rounds < 1
-            or self.steps_per_round < 1
-            or (self.eval_repeats is not None and self.eval_repeats < 1)
-        ):
-            raise ConfigError("rounds, steps_per_round and eval_repeats must be >= 1")
-        if self.kl_reference not in ("incumbent", "start"):
-            raise ConfigError(
-                f"kl_reference must be 'incumbent' or 'start', got {self.kl_reference!r}"
-            )
-        GateThresholds(**self.thresholds)  # fail now, not after the first GRPO block
 
 
 class RoundRecord(BaseModel):
@@ -216,29 +155,7 @@ def evaluate_checkpoint(model_dir: str, out_dir: Path, cfg: BiCuRLConfig) -> Agg
         RuntimeError: the evaluation failed or left invalid cells (its own report says
             which; the loop does not read it).
     """
-    cmd = [
-        sys.executable, "-m", "bat_gym.cli", "eval",
-        "--policy", f"hf:{model_dir}",
-        "--out", str(out_dir),
-        "--workers", str(cfg.eval_workers),
-        "--quiet",
-    ]  # fmt: skip
-    if cfg.eval_repeats is not None:
-        cmd += ["--repeats", str(cfg.eval_repeats)]
-    if cfg.benchmark:
-        cmd += ["--benchmark", cfg.benchmark]
-    for track in cfg.eval_tracks:
-        cmd += ["--track", track]
-    for flag, value in (
-        ("--max-turns", cfg.eval_max_turns),
-        ("--max-new-tokens", cfg.eval_max_new_tokens),
-        ("--temperature", cfg.eval_temperature),
-    ):
-        if value is not None:
-            cmd += [flag, str(value)]
-    if cfg.chat_template_kwargs:
-        cmd += ["--chat-template-kwargs", json.dumps(cfg.chat_template_kwargs)]
-    cmd += ["--seed", str(cfg.seed)]
+    cmd = cfg.evaluation.command(model_dir, str(out_dir))
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if done.returncode != 0:
         # Only the exit status crosses: the child's output may name tasks.
@@ -261,7 +178,8 @@ def round_seed(seed: int, round_index: int) -> int:
 
 
 def _grpo_block(incumbent: str, target: str, out_dir: Path, cfg: BiCuRLConfig, *, seed: int) -> str:
-    from bat_gym.trainers.grpo import GRPOConfig, train
+    from bat_gym.trainers.configs import GRPOConfig
+    from bat_gym.trainers.grpo import train
 
     settings: dict[str, Any] = {
         "model": incumbent,
@@ -289,7 +207,7 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
     selector = make_selector(cfg.selector, spec=spec, seed=cfg.seed)
     thresholds = GateThresholds(**cfg.thresholds)
     # Everything but the number of rounds must match to resume: a loop may be extended.
-    settings = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k != "rounds"}))
+    settings = json.loads(json.dumps({k: v for k, v in cfg.model_dump().items() if k != "rounds"}))
     if state_path.exists():
         state = LoopState.load(state_path)
         # A loop started before chat_template_kwargs existed ran with the template's defaults.

@@ -17,10 +17,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from bat_gym.integrations.episode import EpisodeResult  # noqa: E402
-from bat_gym.trainers import grpo  # noqa: E402
 from bat_gym.trainers.activation_checkpointing import set_activation_checkpointing  # noqa: E402
+from bat_gym.trainers.configs import GRPOConfig  # noqa: E402
 from bat_gym.trainers.fsdp import Dist  # noqa: E402
-from bat_gym.trainers.grpo import GRPOConfig, _batch_tensors, _logprobs, _update  # noqa: E402
+from bat_gym.trainers.grpo import logprobs  # noqa: E402
+from bat_gym.trainers.grpo.batch import batch_tensors  # noqa: E402
+from bat_gym.trainers.grpo.logprobs import batch_logprobs  # noqa: E402
+from bat_gym.trainers.grpo.update import make_optimizer, update  # noqa: E402
 
 CPU = torch.device("cpu")
 OFF = nullcontext()
@@ -55,7 +58,7 @@ def rollouts(n: int, vocab: int = 500, logprobs: float | None = None) -> list[Ep
 def scored(model, batch, chunk_size, temperature=0.7):
     """Log-probs, entropies and every parameter's gradient of sum(logp * u * mask)."""
     model.zero_grad(set_to_none=True)
-    logp, entropy = _logprobs(model, batch, temperature, OFF, chunk_size=chunk_size)
+    logp, entropy = batch_logprobs(model, batch, temperature, OFF, chunk_size=chunk_size)
     u = torch.linspace(-1.0, 2.0, logp.numel()).view_as(logp)
     (logp * u * batch["loss_mask"]).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -80,12 +83,12 @@ def chunk_sizes(batch):
 def test_the_chunked_head_equals_the_whole_logits_on_a_tied_model(tiny):
     model = load(tiny)
     assert model.config.tie_word_embeddings
-    batch = _batch_tensors(rollouts(4), 0, CPU)
+    batch = batch_tensors(rollouts(4), 0, CPU)
     assert (batch["loss_mask"] == 0).any()  # prompt, tool-reply and padding positions
     want = scored(model, batch, None)
     for size in chunk_sizes(batch):
         assert_same(scored(model, batch, size), want)
-    assert model not in grpo._WHOLE_LOGITS
+    assert model not in logprobs._WHOLE_LOGITS
 
 
 def test_an_untied_head_with_a_bias(tiny):
@@ -93,11 +96,11 @@ def test_an_untied_head_with_a_bias(tiny):
     vocab, hidden = model.lm_head.weight.shape
     torch.manual_seed(1)
     model.lm_head = torch.nn.Linear(hidden, vocab, bias=True)
-    batch = _batch_tensors(rollouts(3), 0, CPU)
+    batch = batch_tensors(rollouts(3), 0, CPU)
     want = scored(model, batch, None, temperature=1.3)
     assert "lm_head.bias" in want[2]
     assert_same(scored(model, batch, 5, temperature=1.3), want)
-    assert model not in grpo._WHOLE_LOGITS
+    assert model not in logprobs._WHOLE_LOGITS
 
 
 def test_a_soft_capped_head():
@@ -110,16 +113,16 @@ def test_a_soft_capped_head():
         final_logit_softcapping=0.5,  # small, so that the cap changes these logits a lot
     )  # fmt: skip
     model = Gemma2ForCausalLM(config).float()
-    head = grpo._chunkable_head(model)
+    head = logprobs.chunkable_head(model)
     assert head is not None and head.softcap == 0.5
-    batch = _batch_tensors(rollouts(3, vocab=97), 0, CPU)
+    batch = batch_tensors(rollouts(3, vocab=97), 0, CPU)
     want = scored(model, batch, None)
     assert_same(scored(model, batch, 4), want)
-    assert model not in grpo._WHOLE_LOGITS
+    assert model not in logprobs._WHOLE_LOGITS
 
 
 def test_a_head_it_cannot_reproduce_falls_back_to_the_whole_logits(tiny, caplog):
-    batch = _batch_tensors(rollouts(3), 0, CPU)
+    batch = batch_tensors(rollouts(3), 0, CPU)
     want = scored(load(tiny), batch, None)
 
     # Logits rescaled after the projection (as some heads do), invisible in the config.
@@ -128,7 +131,7 @@ def test_a_head_it_cannot_reproduce_falls_back_to_the_whole_logits(tiny, caplog)
     rescaled = scored(model, batch, None)
     with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.grpo"):
         assert_same(scored(model, batch, 4), rescaled)
-    assert model in grpo._WHOLE_LOGITS
+    assert model in logprobs._WHOLE_LOGITS
     assert "not the projection" in caplog.text and "whole (B, T, V) logits" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.grpo"):
@@ -152,13 +155,13 @@ def config(tiny, **kw):
 
 
 def sgd_update(tiny, rs, adv, cfg):
-    """One ``_update`` with SGD from the saved weights: the weights' change and the stats."""
+    """One ``update`` with SGD from the saved weights: the weights' change and the stats."""
     from transformers import AutoTokenizer
 
     model = load(tiny)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    stats = _update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
+    stats = update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
     return {k: v.detach() - before[k] for k, v in model.named_parameters()}, stats
 
 
@@ -231,7 +234,7 @@ def checkpointed_update(tiny, rs, adv, cfg, lr=1.0):
     calls = layer_calls(model)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    stats = _update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
+    stats = update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
     delta = {k: v.detach() - before[k] for k, v in model.named_parameters()}
     return delta, stats, model, calls
 
@@ -276,7 +279,7 @@ def test_gradient_checkpointing_leaves_sampling_alone_and_can_be_turned_off(tiny
     # The next update with the option off turns it off on the same model.
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     tok = AutoTokenizer.from_pretrained(tiny)
-    _update(model, None, opt, rs, adv, config(tiny, gradient_checkpointing=False), CPU, tok, OFF, Dist())  # fmt: skip
+    update(model, None, opt, rs, adv, config(tiny, gradient_checkpointing=False), CPU, tok, OFF, Dist())  # fmt: skip
     assert not model.is_activation_checkpointing
 
 
@@ -295,7 +298,7 @@ def test_the_optimizer_is_fused_adamw_and_steps_as_the_for_loop_one(tiny):
     fused_model, loop_model = torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)
     loop_model.load_state_dict(fused_model.state_dict())
     cfg = config(tiny, lr=1e-2, weight_decay=0.1)
-    fused = grpo._make_optimizer(fused_model, cfg, CPU)
+    fused = make_optimizer(fused_model, cfg, CPU)
     assert fused.defaults["fused"]
     loop = torch.optim.AdamW(loop_model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
     x = torch.randn(32, 16)
@@ -320,13 +323,13 @@ def test_an_update_raises_the_rewarded_rollouts_and_lowers_the_others(tiny):
 
     def sequence_logprobs():
         with torch.no_grad():
-            b = _batch_tensors(rs, 0, CPU, None)
-            logp, _ = _logprobs(model, b, cfg.temperature, OFF, chunk_size=None)
+            b = batch_tensors(rs, 0, CPU, None)
+            logp, _ = batch_logprobs(model, b, cfg.temperature, OFF, chunk_size=None)
             return (logp * b["loss_mask"]).sum(-1)
 
     before = sequence_logprobs()
-    opt = grpo._make_optimizer(model, cfg, CPU)
+    opt = make_optimizer(model, cfg, CPU)
     for _ in range(3):
-        _update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
+        update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
     change = sequence_logprobs() - before
     assert (change[adv > 0] > 0).all() and (change[adv < 0] < 0).all(), change

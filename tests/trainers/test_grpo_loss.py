@@ -6,9 +6,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from bat_gym.trainers import grpo_loss as G  # noqa: E402
+from bat_gym.trainers.grpo import logprobs  # noqa: E402
+from bat_gym.trainers.grpo.logprobs import chunked_logprobs_and_entropy  # noqa: E402
 from bat_gym.trainers.grpo_loss import (  # noqa: E402
     AGGREGATIONS,
-    chunked_logprobs_and_entropy,
     entropy_from_logits,
     filter_uniform_groups,
     group_advantages,
@@ -311,7 +312,7 @@ def whole_head(hidden, weight, targets, bias=None, temperature=1.0, softcap=None
 def test_chunked_head_equals_the_whole_logits(
     chunk_size, softcap, with_bias, vocab_slice, monkeypatch
 ):
-    monkeypatch.setattr(G, "_VOCAB_SLICE", vocab_slice)
+    monkeypatch.setattr(logprobs, "_VOCAB_SLICE", vocab_slice)
     g = torch.Generator().manual_seed(5)
     hidden = torch.randn(2, 10, 8, generator=g, requires_grad=True)
     weight = torch.randn(30, 8, generator=g, requires_grad=True)
