@@ -36,6 +36,7 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -432,6 +433,30 @@ def _accumulate(
     return float(total) / max(n_targets, 1)
 
 
+@dataclass
+class _SFTRun:
+    """What one call of :func:`train` holds: the data, the model and its optimizer."""
+
+    cfg: SFTConfig
+    out: Path
+    train_set: list[Example]
+    val_set: list[Example]
+    device: torch.device
+    use_bf16: bool
+    model: Any
+    tokenizer: Any
+    pad_id: int
+    opt: torch.optim.Optimizer
+    sched: Any
+    run: dict[str, Any]
+    """The position and history, saved in each checkpoint (``step``, ``samples_seen``,
+    ``epoch``, ``offset``, ``n_train``, ``data_fingerprint``, ``train_loss``, ``eval_loss``)."""
+
+    def ctx(self) -> Any:
+        """bf16 autocast when the run uses it, else a no-op context."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
+
+
 def train(
     cfg: SFTConfig,
     *,
@@ -460,10 +485,49 @@ def train(
         ValueError: no data, a checkpoint whose settings or data differ, or checkpoints
             present with ``resume=False``.
     """
+    t0 = time.perf_counter()
+    r, resumed_from = _start(cfg, train_rows, validation_rows)
+    start_step = r.run["step"]
+    # `stop_at` ends this call early, as a preemption would; the run's math is unchanged.
+    end = min(cfg.max_steps, stop_at) if stop_at is not None else cfg.max_steps
+    t_loop = time.perf_counter()
+    while r.run["step"] < end:
+        _step(r, end)
+
+    # ---- boilerplate: export and summary ---------------------------------------------------
+    loop_s = time.perf_counter() - t_loop
+    steps_run = r.run["step"] - start_step
+    stopped_early = r.run["step"] < cfg.max_steps
+    final_dir = None if stopped_early else _export_final(r.out, r.model, r.tokenizer)
+    summary = {
+        "step": r.run["step"],
+        "train_loss": list(r.run["train_loss"]),
+        "eval_loss": {int(k): v for k, v in r.run["eval_loss"].items()},
+        "resumed_from": resumed_from,
+        "stopped_early": stopped_early,
+        "final_dir": str(final_dir) if final_dir is not None else None,
+        "device": str(r.device),
+        "bf16": r.use_bf16,
+        "global_batch_size": cfg.global_batch_size,
+        "seconds": time.perf_counter() - t0,
+        "seconds_per_step": loop_s / steps_run if steps_run else None,
+    }
+    (r.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _start(
+    cfg: SFTConfig,
+    train_rows: Sequence[Example] | None,
+    validation_rows: Sequence[Example] | None,
+) -> tuple[_SFTRun, int | None]:
+    """Data, device, model and optimizer, restored from the newest checkpoint if any.
+
+    Returns:
+        The run, and the step it resumed from (None for a fresh run).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # ---- boilerplate: data, device, resume point -------------------------------------
-    t0 = time.perf_counter()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     _clean_partial(out)
@@ -499,82 +563,68 @@ def train(
         "train_loss": [],
         "eval_loss": {},
     }
+    r = _SFTRun(
+        cfg, out, train_set, val_set, device, use_bf16, model, tokenizer, pad_id, opt, sched, run
+    )
     if saved is not None:
-        opt.load_state_dict(saved["optimizer"])
-        sched.load_state_dict(saved["scheduler"])
-        run = saved["run"]
-        set_rng_state(saved["rng"])
-        _truncate_metrics(out / "metrics.jsonl", run["step"])
-        if saved["config"]["max_steps"] != cfg.max_steps and cfg.lr_schedule != "constant":
-            log.warning(
-                "max_steps changed from %d to %d: the lr schedule is stretched from step %d on",
-                saved["config"]["max_steps"],
-                cfg.max_steps,
-                run["step"],
-            )
-        log.info("resuming from %s (step %d)", latest, run["step"])
-    resumed_from = run["step"] if saved is not None else None
+        _restore(r, saved, latest)
     (out / "config.json").write_text(json.dumps(cfg.model_dump(), indent=1))
+    return r, (r.run["step"] if saved is not None else None)
 
-    def ctx() -> Any:
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    start_step = run["step"]
-    # `stop_at` ends this call early, as a preemption would; the run's math is unchanged.
-    end = min(cfg.max_steps, stop_at) if stop_at is not None else cfg.max_steps
-    t_loop = time.perf_counter()
-    while run["step"] < end:
-        # ---- algorithm: one optimizer step over the global batch -----------------------
-        indices = _batch_indices(
-            len(train_set), cfg.seed, run["samples_seen"], cfg.global_batch_size
+def _restore(r: _SFTRun, saved: dict[str, Any], latest: Path | None) -> None:
+    """Continue from a checkpoint: optimizer, schedule, position and RNGs."""
+    r.opt.load_state_dict(saved["optimizer"])
+    r.sched.load_state_dict(saved["scheduler"])
+    r.run = saved["run"]
+    set_rng_state(saved["rng"])
+    _truncate_metrics(r.out / "metrics.jsonl", r.run["step"])
+    if saved["config"]["max_steps"] != r.cfg.max_steps and r.cfg.lr_schedule != "constant":
+        log.warning(
+            "max_steps changed from %d to %d: the lr schedule is stretched from step %d on",
+            saved["config"]["max_steps"],
+            r.cfg.max_steps,
+            r.run["step"],
         )
-        batch_rows = [train_set[i] for i in indices]
-        # |S|: target tokens of the whole global batch, known before any forward pass
-        n_targets = sum(_n_targets(e) for e in batch_rows)
-        loss = _accumulate(model, batch_rows, cfg.micro_batch_size, n_targets, pad_id, ctx)
-        lr = sched.get_last_lr()[0]
-        clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
+    log.info("resuming from %s (step %d)", latest, r.run["step"])
 
-        # ---- boilerplate: bookkeeping, evaluation, checkpoints ---------------------------
-        run["step"] += 1
-        run["samples_seen"] += len(indices)
-        run["epoch"], run["offset"] = divmod(run["samples_seen"], len(train_set))
-        run["train_loss"].append(loss)
-        step = run["step"]
-        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
-        record["target_tokens"] = n_targets
-        if val_set and (step == cfg.max_steps or (cfg.eval_every and step % cfg.eval_every == 0)):
-            val = _evaluate(model, val_set, cfg.micro_batch_size, pad_id, ctx)
-            run["eval_loss"][str(step)] = val
-            record["eval_loss"] = val
-        _append_metrics(out / "metrics.jsonl", record)
-        if (cfg.log_every and step % cfg.log_every == 0) or step == cfg.max_steps:
-            log.info("step %d loss %.4f lr %.3g grad_norm %.3g", step, loss, lr, grad_norm)
-        if step == end or (cfg.save_every and step % cfg.save_every == 0):
-            _save_checkpoint(out, cfg, model, tokenizer, opt, sched, run)
 
-    # ---- boilerplate: export and summary ---------------------------------------------------
-    loop_s = time.perf_counter() - t_loop
-    steps_run = run["step"] - start_step
-    stopped_early = run["step"] < cfg.max_steps
-    final_dir = None if stopped_early else _export_final(out, model, tokenizer)
-    summary = {
-        "step": run["step"],
-        "train_loss": list(run["train_loss"]),
-        "eval_loss": {int(k): v for k, v in run["eval_loss"].items()},
-        "resumed_from": resumed_from,
-        "stopped_early": stopped_early,
-        "final_dir": str(final_dir) if final_dir is not None else None,
-        "device": str(device),
-        "bf16": use_bf16,
-        "global_batch_size": cfg.global_batch_size,
-        "seconds": time.perf_counter() - t0,
-        "seconds_per_step": loop_s / steps_run if steps_run else None,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
+def _step(r: _SFTRun, end: int) -> None:
+    """One optimizer step over the global batch, then its metrics and checkpoint.
+
+    Args:
+        r: the run, advanced in place.
+        end: the last step of this call (a checkpoint is written there).
+    """
+    cfg, run = r.cfg, r.run
+    # ---- algorithm: one optimizer step over the global batch -----------------------
+    indices = _batch_indices(len(r.train_set), cfg.seed, run["samples_seen"], cfg.global_batch_size)
+    batch_rows = [r.train_set[i] for i in indices]
+    # |S|: target tokens of the whole global batch, known before any forward pass
+    n_targets = sum(_n_targets(e) for e in batch_rows)
+    loss = _accumulate(r.model, batch_rows, cfg.micro_batch_size, n_targets, r.pad_id, r.ctx)
+    lr = r.sched.get_last_lr()[0]
+    clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+    params = [p for p in r.model.parameters() if p.requires_grad]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    r.opt.step()
+    r.sched.step()
+    r.opt.zero_grad(set_to_none=True)
+
+    # ---- boilerplate: bookkeeping, evaluation, checkpoints ---------------------------
+    run["step"] += 1
+    run["samples_seen"] += len(indices)
+    run["epoch"], run["offset"] = divmod(run["samples_seen"], len(r.train_set))
+    run["train_loss"].append(loss)
+    step = run["step"]
+    record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
+    record["target_tokens"] = n_targets
+    if r.val_set and (step == cfg.max_steps or (cfg.eval_every and step % cfg.eval_every == 0)):
+        val = _evaluate(r.model, r.val_set, cfg.micro_batch_size, r.pad_id, r.ctx)
+        run["eval_loss"][str(step)] = val
+        record["eval_loss"] = val
+    _append_metrics(r.out / "metrics.jsonl", record)
+    if (cfg.log_every and step % cfg.log_every == 0) or step == cfg.max_steps:
+        log.info("step %d loss %.4f lr %.3g grad_norm %.3g", step, loss, lr, grad_norm)
+    if step == end or (cfg.save_every and step % cfg.save_every == 0):
+        _save_checkpoint(r.out, cfg, r.model, r.tokenizer, r.opt, r.sched, run)
