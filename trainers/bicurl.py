@@ -37,8 +37,8 @@ from bat_gym import progress
 from bat_gym.errors import ConfigError, EvaluationFailed
 from bat_gym.evaluation.aggregates import Aggregates
 from bat_gym.files import write_atomic
-from bat_gym.gate import GateThresholds, gate
-from bat_gym.selection import make_selector
+from bat_gym.gate import GateDecision, GateThresholds, gate
+from bat_gym.selection import TargetSelector, make_selector
 from bat_gym.spec import first_problem
 from bat_gym.trainers.configs import BiCuRLConfig
 
@@ -206,27 +206,7 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
     spec = get_benchmark(cfg.benchmark).spec
     selector = make_selector(cfg.selector, spec=spec, seed=cfg.seed)
     thresholds = GateThresholds(**cfg.thresholds)
-    # Everything but the number of rounds must match to resume: a loop may be extended.
-    settings = json.loads(json.dumps({k: v for k, v in cfg.model_dump().items() if k != "rounds"}))
-    if state_path.exists():
-        state = LoopState.load(state_path)
-        # A loop started before chat_template_kwargs existed ran with the template's defaults.
-        recorded = {"chat_template_kwargs": {}, **state.settings}
-        changed = sorted(k for k in settings if recorded.get(k) != settings[k])
-        if changed:
-            raise ConfigError(
-                f"{out} holds a loop run with other {', '.join(changed)}; rerun with the same "
-                "settings to resume it (only --rounds may change), or use a new output directory"
-            )
-        selector.load_state_dict(state.selector.model_dump() if state.selector else {})
-    else:
-        state = LoopState(
-            incumbent=cfg.model,
-            incumbent_eval=str(out / "evals" / "start"),
-            selector=SelectorState.model_validate(selector.state_dict()),
-            settings=settings,
-        )
-        state.save(state_path)
+    state = _open_state(cfg, out, selector)
 
     def save() -> None:
         state.selector = SelectorState.model_validate(selector.state_dict())
@@ -248,51 +228,12 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
     try:
         while state.round < cfg.rounds:
             r = state.round
-            round_dir = out / "rounds" / f"round-{r:02d}"
             if state.phase == "train":
-                if state.target is None:
-                    raise ConfigError(
-                        f"{state_path} is in the train phase without a target stage; it was "
-                        "edited or written by another release: start the loop in a new directory"
-                    )
-                t0 = time.perf_counter()
-                candidate = _grpo_block(
-                    state.incumbent,
-                    state.target,
-                    round_dir / "grpo",
-                    cfg,
-                    seed=round_seed(cfg.seed, r),
-                )
-                state.rounds.append(
-                    RoundRecord(
-                        round=r,
-                        target=state.target,
-                        candidate=candidate,
-                        train_s=time.perf_counter() - t0,
-                    )
-                )
-                state.phase = "evaluate"
+                _train_round(state, cfg, out / "rounds" / f"round-{r:02d}" / "grpo", state_path)
                 save()
             if state.phase == "evaluate":
                 record = state.rounds[-1]
-                eval_dir = out / "evals" / f"round-{r:02d}"
-                t0 = time.perf_counter()
-                cand = evaluate_checkpoint(record.candidate, eval_dir, cfg)
-                record.eval_s = time.perf_counter() - t0
-                base = Aggregates.read(Path(state.incumbent_eval) / "aggregates.json")
-                decision = gate(base, cand, thresholds)
-                record.eval = str(eval_dir)
-                record.decision = decision.decision
-                record.failed_checks = [c.name for c in decision.failed]
-                record.candidate_overall = cand.overall
-                record.incumbent_overall = base.overall
-                record.candidate_stages = cand.stages
-                record.gate = json.loads(decision.model_dump_json())
-                if decision.promoted:
-                    state.incumbent, state.incumbent_eval = record.candidate, str(eval_dir)
-                # The retained checkpoint's overall: not a running maximum, since the gate
-                # may promote a candidate up to its overall-drop tolerance below it.
-                record.best_overall = cand.overall if decision.promoted else base.overall
+                decision = _evaluate_round(state, cfg, out / "evals" / f"round-{r:02d}", thresholds)
                 state.target = selector.select(decision)
                 record.next_target = state.target
                 state.round += 1
@@ -308,6 +249,86 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
         save()
     write_loop_report(state, out)
     return state
+
+
+def _open_state(cfg: BiCuRLConfig, out: Path, selector: TargetSelector) -> LoopState:
+    """The loop's saved state, checked against ``cfg``, or a fresh one written to disk.
+
+    Raises:
+        ConfigError: the saved loop ran with other settings (only ``rounds`` may change).
+    """
+    state_path = out / STATE_FILE
+    # Everything but the number of rounds must match to resume: a loop may be extended.
+    settings = json.loads(json.dumps({k: v for k, v in cfg.model_dump().items() if k != "rounds"}))
+    if state_path.exists():
+        state = LoopState.load(state_path)
+        # A loop started before chat_template_kwargs existed ran with the template's defaults.
+        recorded = {"chat_template_kwargs": {}, **state.settings}
+        changed = sorted(k for k in settings if recorded.get(k) != settings[k])
+        if changed:
+            raise ConfigError(
+                f"{out} holds a loop run with other {', '.join(changed)}; rerun with the same "
+                "settings to resume it (only --rounds may change), or use a new output directory"
+            )
+        selector.load_state_dict(state.selector.model_dump() if state.selector else {})
+        return state
+    state = LoopState(
+        incumbent=cfg.model,
+        incumbent_eval=str(out / "evals" / "start"),
+        selector=SelectorState.model_validate(selector.state_dict()),
+        settings=settings,
+    )
+    state.save(state_path)
+    return state
+
+
+def _train_round(state: LoopState, cfg: BiCuRLConfig, grpo_dir: Path, state_path: Path) -> None:
+    """The round's GRPO block from the incumbent on ``state.target``; records the candidate."""
+    if state.target is None:
+        raise ConfigError(
+            f"{state_path} is in the train phase without a target stage; it was "
+            "edited or written by another release: start the loop in a new directory"
+        )
+    t0 = time.perf_counter()
+    r = state.round
+    candidate = _grpo_block(
+        state.incumbent, state.target, grpo_dir, cfg, seed=round_seed(cfg.seed, r)
+    )
+    state.rounds.append(
+        RoundRecord(
+            round=r, target=state.target, candidate=candidate, train_s=time.perf_counter() - t0
+        )
+    )
+    state.phase = "evaluate"
+
+
+def _evaluate_round(
+    state: LoopState, cfg: BiCuRLConfig, eval_dir: Path, thresholds: GateThresholds
+) -> GateDecision:
+    """Evaluate the round's candidate, gate it against the incumbent, keep the winner.
+
+    Returns:
+        The gate's decision.
+    """
+    record = state.rounds[-1]
+    t0 = time.perf_counter()
+    cand = evaluate_checkpoint(record.candidate, eval_dir, cfg)
+    record.eval_s = time.perf_counter() - t0
+    base = Aggregates.read(Path(state.incumbent_eval) / "aggregates.json")
+    decision = gate(base, cand, thresholds)
+    record.eval = str(eval_dir)
+    record.decision = decision.decision
+    record.failed_checks = [c.name for c in decision.failed]
+    record.candidate_overall = cand.overall
+    record.incumbent_overall = base.overall
+    record.candidate_stages = cand.stages
+    record.gate = json.loads(decision.model_dump_json())
+    if decision.promoted:
+        state.incumbent, state.incumbent_eval = record.candidate, str(eval_dir)
+    # The retained checkpoint's overall: not a running maximum, since the gate
+    # may promote a candidate up to its overall-drop tolerance below it.
+    record.best_overall = cand.overall if decision.promoted else base.overall
+    return decision
 
 
 def write_loop_report(state: LoopState, out: Path) -> None:
