@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bat_gym.trainers.grpo.batch import chunks
 from bat_gym.trainers.grpo_loss import entropy_from_logits, token_logprobs
 
 __all__ = ["batch_logprobs", "chunkable_head", "chunked_logprobs_and_entropy"]
@@ -32,10 +33,6 @@ log = logging.getLogger(__name__)
 # Vocabulary entries per slice of a chunk's softmax sums: c x 16,384 floats of scratch
 # (64 MiB at c = 1024) next to the chunk's (c, V) logits.
 _VOCAB_SLICE = 16384
-
-
-def _chunks(n: int, size: int) -> list[slice]:
-    return [slice(s, min(n, s + size)) for s in range(0, n, size)]
 
 
 class _ChunkedHead(torch.autograd.Function):
@@ -70,7 +67,7 @@ class _ChunkedHead(torch.autograd.Function):
         valid = targets >= 0
         y = targets.clamp(min=0).unsqueeze(-1)  # (N, 1)
         compute_dtype = hidden.dtype
-        for c in _chunks(n, chunk_size):
+        for c in chunks(n, chunk_size):
             # Under autocast the projection runs in the autocast dtype, as the model's head would.
             logits = F.linear(hidden[c], weight, bias)  # (c, V)
             compute_dtype = logits.dtype
@@ -82,7 +79,7 @@ class _ChunkedHead(torch.autograd.Function):
             m = z.amax(dim=-1, keepdim=True)  # (c, 1)
             s = torch.zeros_like(picked)  # (c,) sum_v e_tv, e_tv = exp(z_tv - m_t)
             dot = torch.zeros_like(picked)  # (c,) sum_v e_tv z_tv
-            for v in _chunks(z.shape[-1], _VOCAB_SLICE):
+            for v in chunks(z.shape[-1], _VOCAB_SLICE):
                 e = torch.sub(z[:, v], m).exp_()  # (c, slice)
                 s += e.sum(dim=-1)
                 if entropy is not None:
@@ -124,7 +121,7 @@ class _ChunkedHead(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(cd)
             b = None if bias is None else bias.to(cd)
-            for c in _chunks(hidden.shape[0], ctx.chunk_size):
+            for c in chunks(hidden.shape[0], ctx.chunk_size):
                 h = hidden[c].to(cd)  # (c, H)
                 raw = F.linear(h, w, b).to(lse.dtype)  # (c, V)
                 if cap is not None:
