@@ -13,6 +13,14 @@ from bat_gym.trainers.configs.base import Aggregation, PathText, Precision, RunC
 
 __all__ = ["GRPOConfig"]
 
+# Token counts that may be None: the least value, and what None means instead. An
+# episode's context holds at least a prompt token and a sampled one.
+_OPTIONAL_TOKEN_COUNTS = {
+    "max_total_tokens": (2, "the model's context length"),
+    "mlp_chunk_size": (1, "untiled MLPs"),
+    "logprob_chunk_size": (1, "the whole logits"),
+}
+
 
 class GRPOConfig(RunConfig):
     """Settings of a GRPO run (:func:`bat_gym.trainers.grpo.train`); one option per field."""
@@ -240,11 +248,6 @@ class GRPOConfig(RunConfig):
                 f"clip widths must satisfy 0 <= low < 1 and high >= 0, got "
                 f"{self.clip_eps_low}, {self.clip_eps_high}"
             )
-        if self.max_total_tokens is not None and self.max_total_tokens < 2:
-            raise ConfigError(
-                f"max_total_tokens must hold a prompt and a token (>= 2) or be None for the "
-                f"model's context length, got {self.max_total_tokens}"
-            )
         if self.overlong_penalty < 0:
             raise ConfigError(
                 f"overlong_penalty is subtracted from the reward and must be >= 0, got "
@@ -273,13 +276,9 @@ class GRPOConfig(RunConfig):
                 "which the importance weights capped at tis_cap correct for: give a tis_cap "
                 "(e.g. 2.0) or set max_staleness=0"
             )
-        if self.mlp_chunk_size is not None and self.mlp_chunk_size < 1:
-            raise ConfigError(
-                f"mlp_chunk_size must be >= 1 token, or None for untiled MLPs, got "
-                f"{self.mlp_chunk_size}"
-            )
-        if self.logprob_chunk_size is not None and self.logprob_chunk_size < 1:
-            raise ConfigError(
-                f"logprob_chunk_size must be >= 1 token, or None for the whole logits, got "
-                f"{self.logprob_chunk_size}"
-            )
+        for name, (least, none) in _OPTIONAL_TOKEN_COUNTS.items():
+            value = getattr(self, name)
+            if value is not None and value < least:
+                raise ConfigError(
+                    f"{name} must be >= {least} tokens, or None for {none}, got {value}"
+                )
