@@ -178,22 +178,9 @@ def round_seed(seed: int, round_index: int) -> int:
 
 
 def _grpo_block(incumbent: str, target: str, out_dir: Path, cfg: BiCuRLConfig, *, seed: int) -> str:
-    from bat_gym.trainers.configs import GRPOConfig
     from bat_gym.trainers.grpo import train
 
-    settings: dict[str, Any] = {
-        "model": incumbent,
-        "output_dir": str(out_dir),
-        "benchmark": cfg.benchmark,
-        "bank": cfg.bank,
-        "target": target,
-        "steps": cfg.steps_per_round,
-        "seed": seed,
-        "kl_reference": cfg.model if cfg.kl_reference == "start" else None,
-        "chat_template_kwargs": cfg.chat_template_kwargs,
-        **cfg.grpo,
-    }
-    return train(GRPOConfig(**settings))["final"]
+    return train(cfg.round_grpo(incumbent, target, str(out_dir), seed=seed))["final"]
 
 
 def run_loop(cfg: BiCuRLConfig) -> LoopState:

@@ -37,6 +37,17 @@ def test_paths_are_kept_as_text_and_unknown_fields_are_refused(tmp_path):
         BiCuRLConfig(model="m", output_dir="o", thresholds={"no_such_threshold": 1})
 
 
+def test_the_loop_checks_its_grpo_overrides_before_the_first_round():
+    with pytest.raises(ConfigError, match="^grpo: GRPOConfig: lrr: Extra inputs"):
+        BiCuRLConfig(model="m", output_dir="o", grpo={"lrr": 1e-5})
+    with pytest.raises(ConfigError, match="^grpo: group_size must be >= 2"):
+        BiCuRLConfig(model="m", output_dir="o", grpo={"group_size": 1})
+    loop = BiCuRLConfig(model="m", output_dir="o", kl_reference="start", grpo={"steps": 3})
+    block = loop.round_grpo("inc", "S2", "o/round-00/grpo", seed=5)
+    assert (block.model, block.target, block.seed, block.steps) == ("inc", "S2", 5, 3)
+    assert block.kl_reference == "m"  # the starting checkpoint anchors every round
+
+
 def test_the_grpo_env_is_one_typed_settings_model():
     cfg = GRPOConfig(
         model="m", output_dir="o", state_ids=("s",), bank="banks/b", max_turns=3,

@@ -11,6 +11,7 @@ from bat_gym.gate import GateThresholds
 from bat_gym.spec import first_problem
 from bat_gym.trainers.configs.base import PathText, RunConfig
 from bat_gym.trainers.configs.evaluation import EvalRunConfig
+from bat_gym.trainers.configs.grpo import GRPOConfig
 
 __all__ = ["BiCuRLConfig"]
 
@@ -79,6 +80,28 @@ class BiCuRLConfig(RunConfig):
             seed=self.seed,
         )
 
+    def round_grpo(self, incumbent: str, target: str, output_dir: str, *, seed: int) -> GRPOConfig:
+        """The GRPO block of one round: from ``incumbent``, a curriculum round on ``target``.
+
+        Args:
+            incumbent: the checkpoint the round starts from.
+            target: the stage the round trains on.
+            output_dir: the block's directory.
+            seed: the round's GRPO seed (:func:`~bat_gym.trainers.bicurl.round_seed`).
+        """
+        settings: dict[str, Any] = {
+            "model": incumbent,
+            "output_dir": output_dir,
+            "benchmark": self.benchmark,
+            "bank": self.bank,
+            "target": target,
+            "steps": self.steps_per_round,
+            "seed": seed,
+            "kl_reference": self.model if self.kl_reference == "start" else None,
+            "chat_template_kwargs": self.chat_template_kwargs,
+        }
+        return GRPOConfig(**{**settings, **self.grpo})  # an override wins
+
     @model_validator(mode="after")
     def _check(self) -> BiCuRLConfig:
         if (
@@ -91,4 +114,10 @@ class BiCuRLConfig(RunConfig):
             GateThresholds(**self.thresholds)  # fail now, not after the first GRPO block
         except ValidationError as exc:
             raise ConfigError(f"thresholds: {first_problem(exc)}") from exc
+        # The GRPO overrides fail now, not after the starting evaluation. Any stage name
+        # serves: GRPO reads the target only when its curriculum starts.
+        try:
+            self.round_grpo(self.model, "S1", self.output_dir, seed=self.seed)
+        except ConfigError as exc:
+            raise ConfigError(f"grpo: {exc}") from exc
         return self
