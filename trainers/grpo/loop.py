@@ -518,55 +518,32 @@ def _async_batch(
 # ============================================================================ checkpoints
 
 
-def _checkpoint(run: _Run, step: int, history: list[dict[str, Any]]) -> None:
-    """Write the step's checkpoint from full state dicts (gathered from every rank)."""
+def _checkpoint(run: _Run, step: int, history: list[dict[str, Any]]) -> Path | None:
+    """Write the step's checkpoint from full state dicts (gathered from every rank).
+
+    Returns:
+        The checkpoint's directory on rank 0, None on the other ranks.
+    """
     weights, optim = full_state(run.model, run.opt, run.dist)
-    if run.dist.rank == 0:
-        _save(
-            run.checkpoints,
-            step,
-            run.model,
-            weights,
-            run.tokenizer,
-            optim,
-            run.sched,
-            run.sampler.state_dict() if run.source is None else run.source.resume_state(),
-            run.policy.sampling_state(),
-            history,
-            run.cfg,
-        )
-
-
-def _save(
-    checkpoints: CheckpointDir,
-    step: int,
-    model: Any,
-    weights: dict[str, torch.Tensor],
-    tokenizer: Any,
-    optim: dict[str, Any] | None,
-    sched: torch.optim.lr_scheduler.LRScheduler,
-    sampler_state: dict[str, Any],
-    sampling: dict[str, Any],
-    history: list[dict[str, Any]],
-    cfg: GRPOConfig,
-) -> Path:
-    """Write one checkpoint from full state dicts (see :func:`~bat_gym.trainers.fsdp.full_state`)."""
+    if run.dist.rank != 0:
+        return None
+    sampler = run.sampler.state_dict() if run.source is None else run.source.resume_state()
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, state_dict=weights)
-        tokenizer.save_pretrained(tmp)
+        run.model.save_pretrained(tmp, state_dict=weights)
+        run.tokenizer.save_pretrained(tmp)
         torch.save(
             {
                 "optimizer": optim,
-                "scheduler": sched.state_dict(),
-                "sampler": sampler_state,
-                "sampling": sampling,
+                "scheduler": run.sched.state_dict(),
+                "sampler": sampler,
+                "sampling": run.policy.sampling_state(),
                 "rng": rng_state(),
                 "step": step,
                 "history": history,
-                "config": cfg.model_dump(),
+                "config": run.cfg.model_dump(),
             },
             tmp / _STATE,
         )
 
-    return checkpoints.save(step, write)
+    return run.checkpoints.save(step, write)
