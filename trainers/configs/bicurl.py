@@ -7,7 +7,6 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from bat_gym.errors import ConfigError
-from bat_gym.gate import GateThresholds
 from bat_gym.spec import first_problem
 from bat_gym.trainers.configs.base import PathText, RunConfig
 from bat_gym.trainers.configs.evaluation import EvalRunConfig
@@ -110,6 +109,10 @@ class BiCuRLConfig(RunConfig):
             or (self.eval_repeats is not None and self.eval_repeats < 1)
         ):
             raise ConfigError("rounds, steps_per_round and eval_repeats must be >= 1")
+        # Imported here: the gate brings the evaluation package (numpy), which reading
+        # the config's fields for the command line does not need.
+        from bat_gym.gate import GateThresholds
+
         try:
             GateThresholds(**self.thresholds)  # fail now, not after the first GRPO block
         except ValidationError as exc:
