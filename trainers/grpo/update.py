@@ -41,6 +41,8 @@ UPDATE_STATS = (
 # Stats of an update on asynchronous rollouts: mean versions behind per trained token, and
 # the share of trained tokens sampled by older weights.
 ASYNC_STATS = ("staleness_mean", "stale_token_fraction")
+# The config fields grpo_loss takes under the same names.
+_LOSS_SETTINGS = ("clip_eps_low", "clip_eps_high", "kl_coef", "aggregation", "kl_clamp")
 # What the micro-batches add up over a step: token-weighted sums and their token counts.
 _TOTALS = (
     "loss",
@@ -222,20 +224,10 @@ def _accumulate(
         else (None, None)
     )
     loss, stats = grpo_loss(
-        logp,
-        old,
-        b["ref"],
-        b["adv"],
-        b["loss_mask"],
-        clip_eps_low=cfg.clip_eps_low,
-        clip_eps_high=cfg.clip_eps_high,
-        kl_coef=cfg.kl_coef,
-        aggregation=cfg.aggregation,
-        max_len_norm=max_len,
-        normalizer=normalizer,
-        is_weights=is_w,
-        kl_clamp=cfg.kl_clamp,
-    )
+        logp, old, b["ref"], b["adv"], b["loss_mask"],
+        max_len_norm=max_len, normalizer=normalizer, is_weights=is_w,
+        **{name: getattr(cfg, name) for name in _LOSS_SETTINGS},
+    )  # fmt: skip
     loss.backward()
     mask = b["loss_mask"]
     weight = mask.sum().item()
