@@ -14,7 +14,7 @@ mask 0), one update: forward, backward and an AdamW step, on-policy (old log-pro
 the current ones, detached), temperature 0.7, clip 0.2, no KL term (no reference model),
 sequence-mean then token-mean. The implementations:
 
-* ``bat_gym chunked``: ``bat_gym.trainers.grpo._update`` at its defaults:
+* ``bat_gym chunked``: ``bat_gym.trainers.grpo.update.update`` at its defaults:
   ``logprob_chunk_size`` 1024 (the head runs 1024 positions at a time, recomputed in
   backward), ``gradient_checkpointing`` on (AC: each decoder layer recomputed in
   backward), the optimizer ``train`` makes (torch's fused AdamW).
@@ -190,11 +190,12 @@ def make_rollouts(spec: Spec) -> tuple[list[Any], Any]:
 
 
 def bat_gym_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tuple[float, float]:
-    """``_update`` as ``train`` calls it after the rollouts; returns (loss, grad norm)."""
+    """``update`` as ``train`` calls it after the rollouts; returns (loss, grad norm)."""
     import torch
 
+    from bat_gym.trainers.configs import GRPOConfig
     from bat_gym.trainers.fsdp import Dist
-    from bat_gym.trainers.grpo import GRPOConfig, _make_optimizer, _update
+    from bat_gym.trainers.grpo.update import make_optimizer, update
 
     cfg = GRPOConfig(
         model="unused", output_dir="unused", state_ids=("bench",), temperature=TEMPERATURE,
@@ -208,11 +209,11 @@ def bat_gym_update(spec: Spec, model: Any, rollouts: list[Any], adv: Any) -> tup
             else {"mlp_chunk_size": spec.mlp_chunk_size} if spec.mlp_chunk_size else {}
         ),
     )  # fmt: skip
-    opt = _make_optimizer(model, cfg, torch.device(spec.device))  # as train() makes it
+    opt = make_optimizer(model, cfg, torch.device(spec.device))  # as train() makes it
     _SETUP["optimizer"] = "torch AdamW, fused" if opt.defaults.get("fused") else "torch AdamW"
-    tokenizer = SimpleNamespace(pad_token_id=0)  # the only thing _update asks of it
+    tokenizer = SimpleNamespace(pad_token_id=0)  # the only thing update asks of it
     mark_setup_done()
-    stats = _update(
+    stats = update(
         model, None, opt, rollouts, adv, cfg, torch.device(spec.device), tokenizer,
         nullcontext(), Dist(),
     )  # fmt: skip

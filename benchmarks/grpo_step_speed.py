@@ -9,7 +9,7 @@ step on that batch with the same settings: temperature 0.7, k3 KL 0.006 to a fro
 reference model, clip 0.2, sequence-mean then token-mean, micro-batches of 8, gradient
 clipping at 1.0, AdamW.
 
-* ``bat_gym``: ``bat_gym.trainers.grpo._update`` fed the rollouts as ``EpisodeResult``
+* ``bat_gym``: ``bat_gym.trainers.grpo.update.update`` fed the rollouts as ``EpisodeResult``
   records, i.e. what ``train`` runs per step after the rollouts: building the padded
   tensors, reference log-probabilities (and old ones when ``updates_per_batch > 1``;
   here, one pass, the current ones serve), micro-batched loss and backward, the step.
@@ -56,8 +56,10 @@ from typing import Any
 import torch
 
 from bat_gym.integrations.episode import EpisodeResult
+from bat_gym.trainers.configs import GRPOConfig
 from bat_gym.trainers.fsdp import Dist
-from bat_gym.trainers.grpo import GRPOConfig, _batch_tensors, _chunks, _update
+from bat_gym.trainers.grpo.batch import batch_tensors, chunks
+from bat_gym.trainers.grpo.update import update
 from bat_gym.trainers.grpo_loss import group_advantages
 from bat_gym.trainers.tiny_model import build_tiny_model
 
@@ -168,7 +170,7 @@ class Batch:
 
 
 class BatGymStep:
-    """``bat_gym.trainers.grpo._update``, exactly as ``train`` calls it after the rollouts."""
+    """``bat_gym.trainers.grpo.update.update``, exactly as ``train`` calls it after the rollouts."""
 
     name = "bat_gym"
 
@@ -200,13 +202,13 @@ class BatGymStep:
     def padded_positions(self) -> int:
         pad = self.batch.tokenizer.pad_token_id
         return sum(
-            _batch_tensors(self.batch.rollouts[s], pad, torch.device("cpu"))["input_ids"].numel()
-            for s in _chunks(len(self.batch.rollouts), self.batch.micro_batch)
+            batch_tensors(self.batch.rollouts[s], pad, torch.device("cpu"))["input_ids"].numel()
+            for s in chunks(len(self.batch.rollouts), self.batch.micro_batch)
         )
 
     def step(self) -> float:
         self.model.eval()  # as train() leaves it after the rollouts
-        stats = _update(
+        stats = update(
             self.model,
             self.ref,
             self.opt,
@@ -351,9 +353,9 @@ class ReferenceStep:
         self.n = len(batch.rollouts)
         pad = batch.tokenizer.pad_token_id
         self.micro = [
-            _batch_tensors(batch.rollouts[s], pad, torch.device("cpu"))
+            batch_tensors(batch.rollouts[s], pad, torch.device("cpu"))
             | {"adv": batch.advantages[s]}
-            for s in _chunks(self.n, batch.micro_batch)
+            for s in chunks(self.n, batch.micro_batch)
         ]
 
     def padded_positions(self) -> int:

@@ -25,10 +25,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,9 +37,10 @@ from bat_gym import progress
 from bat_gym.errors import ConfigError, EvaluationFailed
 from bat_gym.evaluation.aggregates import Aggregates
 from bat_gym.files import write_atomic
-from bat_gym.gate import GateThresholds, gate
-from bat_gym.selection import make_selector
+from bat_gym.gate import GateDecision, GateThresholds, gate
+from bat_gym.selection import TargetSelector, make_selector
 from bat_gym.spec import first_problem
+from bat_gym.trainers.configs import BiCuRLConfig
 
 __all__ = [
     "BiCuRLConfig",
@@ -54,66 +53,6 @@ __all__ = [
 ]
 
 STATE_FILE = "loop_state.json"
-
-
-@dataclass
-class BiCuRLConfig:
-    """Settings of a BiCuRL run."""
-
-    model: str
-    """The starting checkpoint (typically after cold-start SFT)."""
-    output_dir: str
-    """The run directory: each round's GRPO block and evaluations, the loop state and the
-    report; rerun into it to resume."""
-    benchmark: str | None = None
-    """Registered benchmark name (default: the installed default benchmark)."""
-    bank: str | None = None
-    """Stage Bank directory the rounds are drawn from (default: the benchmark's default)."""
-    rounds: int = 10
-    """Rounds (BaT: up to 10)."""
-    steps_per_round: int = 50
-    """GRPO steps per round (BaT: 50)."""
-    eval_repeats: int | None = None
-    """Held-out tasks per track in each evaluation (None: the benchmark's
-    ``splits.heldout_repeats``, 10 for MedBench-Lite as in BaT)."""
-    eval_tracks: tuple[str, ...] = ()
-    """Tracks evaluated (empty: every track of the benchmark)."""
-    eval_workers: int = 2
-    """Evaluation episodes played at once, one sandbox each."""
-    eval_max_turns: int | None = None
-    """Turn budget of evaluation episodes (None: the benchmark's)."""
-    eval_max_new_tokens: int | None = None
-    """Tokens per turn in evaluation (None: the policy's default)."""
-    eval_temperature: float | None = None
-    """Sampling temperature in evaluation (None: the policy's default)."""
-    selector: str = "paper"
-    """Target selector: a name in :data:`bat_gym.selection.SELECTORS` (``paper``: BaT's rule)."""
-    thresholds: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the promotion gate's thresholds (:class:`~bat_gym.gate.GateThresholds`)."""
-    grpo: dict[str, Any] = field(default_factory=dict)
-    """Overrides of :class:`~bat_gym.trainers.grpo.GRPOConfig` fields for every round."""
-    kl_reference: Literal["incumbent", "start"] = "incumbent"
-    """What each round's KL term pulls toward: the round's incumbent (the paper's "KL
-    penalty toward the current policy") or the starting checkpoint (``model``, the
-    cold-start SFT), which anchors every round to the same point."""
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Chat template arguments (e.g. ``{"enable_thinking": False}``) of every GRPO round
-    and every evaluation, so candidates are trained and judged on the same rendering."""
-    seed: int = 0
-    """Base seed; round ``r``'s GRPO block gets :func:`round_seed` (seed, r)."""
-
-    def __post_init__(self) -> None:
-        if (
-            self.rounds < 1
-            or self.steps_per_round < 1
-            or (self.eval_repeats is not None and self.eval_repeats < 1)
-        ):
-            raise ConfigError("rounds, steps_per_round and eval_repeats must be >= 1")
-        if self.kl_reference not in ("incumbent", "start"):
-            raise ConfigError(
-                f"kl_reference must be 'incumbent' or 'start', got {self.kl_reference!r}"
-            )
-        GateThresholds(**self.thresholds)  # fail now, not after the first GRPO block
 
 
 class RoundRecord(BaseModel):
@@ -216,29 +155,7 @@ def evaluate_checkpoint(model_dir: str, out_dir: Path, cfg: BiCuRLConfig) -> Agg
         RuntimeError: the evaluation failed or left invalid cells (its own report says
             which; the loop does not read it).
     """
-    cmd = [
-        sys.executable, "-m", "bat_gym.cli", "eval",
-        "--policy", f"hf:{model_dir}",
-        "--out", str(out_dir),
-        "--workers", str(cfg.eval_workers),
-        "--quiet",
-    ]  # fmt: skip
-    if cfg.eval_repeats is not None:
-        cmd += ["--repeats", str(cfg.eval_repeats)]
-    if cfg.benchmark:
-        cmd += ["--benchmark", cfg.benchmark]
-    for track in cfg.eval_tracks:
-        cmd += ["--track", track]
-    for flag, value in (
-        ("--max-turns", cfg.eval_max_turns),
-        ("--max-new-tokens", cfg.eval_max_new_tokens),
-        ("--temperature", cfg.eval_temperature),
-    ):
-        if value is not None:
-            cmd += [flag, str(value)]
-    if cfg.chat_template_kwargs:
-        cmd += ["--chat-template-kwargs", json.dumps(cfg.chat_template_kwargs)]
-    cmd += ["--seed", str(cfg.seed)]
+    cmd = cfg.evaluation.command(model_dir, str(out_dir))
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     if done.returncode != 0:
         # Only the exit status crosses: the child's output may name tasks.
@@ -261,21 +178,9 @@ def round_seed(seed: int, round_index: int) -> int:
 
 
 def _grpo_block(incumbent: str, target: str, out_dir: Path, cfg: BiCuRLConfig, *, seed: int) -> str:
-    from bat_gym.trainers.grpo import GRPOConfig, train
+    from bat_gym.trainers.grpo import train
 
-    settings: dict[str, Any] = {
-        "model": incumbent,
-        "output_dir": str(out_dir),
-        "benchmark": cfg.benchmark,
-        "bank": cfg.bank,
-        "target": target,
-        "steps": cfg.steps_per_round,
-        "seed": seed,
-        "kl_reference": cfg.model if cfg.kl_reference == "start" else None,
-        "chat_template_kwargs": cfg.chat_template_kwargs,
-        **cfg.grpo,
-    }
-    return train(GRPOConfig(**settings))["final"]
+    return train(cfg.round_grpo(incumbent, target, str(out_dir), seed=seed))["final"]
 
 
 def run_loop(cfg: BiCuRLConfig) -> LoopState:
@@ -288,27 +193,7 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
     spec = get_benchmark(cfg.benchmark).spec
     selector = make_selector(cfg.selector, spec=spec, seed=cfg.seed)
     thresholds = GateThresholds(**cfg.thresholds)
-    # Everything but the number of rounds must match to resume: a loop may be extended.
-    settings = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k != "rounds"}))
-    if state_path.exists():
-        state = LoopState.load(state_path)
-        # A loop started before chat_template_kwargs existed ran with the template's defaults.
-        recorded = {"chat_template_kwargs": {}, **state.settings}
-        changed = sorted(k for k in settings if recorded.get(k) != settings[k])
-        if changed:
-            raise ConfigError(
-                f"{out} holds a loop run with other {', '.join(changed)}; rerun with the same "
-                "settings to resume it (only --rounds may change), or use a new output directory"
-            )
-        selector.load_state_dict(state.selector.model_dump() if state.selector else {})
-    else:
-        state = LoopState(
-            incumbent=cfg.model,
-            incumbent_eval=str(out / "evals" / "start"),
-            selector=SelectorState.model_validate(selector.state_dict()),
-            settings=settings,
-        )
-        state.save(state_path)
+    state = _open_state(cfg, out, selector)
 
     def save() -> None:
         state.selector = SelectorState.model_validate(selector.state_dict())
@@ -330,51 +215,12 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
     try:
         while state.round < cfg.rounds:
             r = state.round
-            round_dir = out / "rounds" / f"round-{r:02d}"
             if state.phase == "train":
-                if state.target is None:
-                    raise ConfigError(
-                        f"{state_path} is in the train phase without a target stage; it was "
-                        "edited or written by another release: start the loop in a new directory"
-                    )
-                t0 = time.perf_counter()
-                candidate = _grpo_block(
-                    state.incumbent,
-                    state.target,
-                    round_dir / "grpo",
-                    cfg,
-                    seed=round_seed(cfg.seed, r),
-                )
-                state.rounds.append(
-                    RoundRecord(
-                        round=r,
-                        target=state.target,
-                        candidate=candidate,
-                        train_s=time.perf_counter() - t0,
-                    )
-                )
-                state.phase = "evaluate"
+                _train_round(state, cfg, out / "rounds" / f"round-{r:02d}" / "grpo", state_path)
                 save()
             if state.phase == "evaluate":
                 record = state.rounds[-1]
-                eval_dir = out / "evals" / f"round-{r:02d}"
-                t0 = time.perf_counter()
-                cand = evaluate_checkpoint(record.candidate, eval_dir, cfg)
-                record.eval_s = time.perf_counter() - t0
-                base = Aggregates.read(Path(state.incumbent_eval) / "aggregates.json")
-                decision = gate(base, cand, thresholds)
-                record.eval = str(eval_dir)
-                record.decision = decision.decision
-                record.failed_checks = [c.name for c in decision.failed]
-                record.candidate_overall = cand.overall
-                record.incumbent_overall = base.overall
-                record.candidate_stages = cand.stages
-                record.gate = json.loads(decision.model_dump_json())
-                if decision.promoted:
-                    state.incumbent, state.incumbent_eval = record.candidate, str(eval_dir)
-                # The retained checkpoint's overall: not a running maximum, since the gate
-                # may promote a candidate up to its overall-drop tolerance below it.
-                record.best_overall = cand.overall if decision.promoted else base.overall
+                decision = _evaluate_round(state, cfg, out / "evals" / f"round-{r:02d}", thresholds)
                 state.target = selector.select(decision)
                 record.next_target = state.target
                 state.round += 1
@@ -390,6 +236,86 @@ def run_loop(cfg: BiCuRLConfig) -> LoopState:
         save()
     write_loop_report(state, out)
     return state
+
+
+def _open_state(cfg: BiCuRLConfig, out: Path, selector: TargetSelector) -> LoopState:
+    """The loop's saved state, checked against ``cfg``, or a fresh one written to disk.
+
+    Raises:
+        ConfigError: the saved loop ran with other settings (only ``rounds`` may change).
+    """
+    state_path = out / STATE_FILE
+    # Everything but the number of rounds must match to resume: a loop may be extended.
+    settings = json.loads(json.dumps({k: v for k, v in cfg.model_dump().items() if k != "rounds"}))
+    if state_path.exists():
+        state = LoopState.load(state_path)
+        # A loop started before chat_template_kwargs existed ran with the template's defaults.
+        recorded = {"chat_template_kwargs": {}, **state.settings}
+        changed = sorted(k for k in settings if recorded.get(k) != settings[k])
+        if changed:
+            raise ConfigError(
+                f"{out} holds a loop run with other {', '.join(changed)}; rerun with the same "
+                "settings to resume it (only --rounds may change), or use a new output directory"
+            )
+        selector.load_state_dict(state.selector.model_dump() if state.selector else {})
+        return state
+    state = LoopState(
+        incumbent=cfg.model,
+        incumbent_eval=str(out / "evals" / "start"),
+        selector=SelectorState.model_validate(selector.state_dict()),
+        settings=settings,
+    )
+    state.save(state_path)
+    return state
+
+
+def _train_round(state: LoopState, cfg: BiCuRLConfig, grpo_dir: Path, state_path: Path) -> None:
+    """The round's GRPO block from the incumbent on ``state.target``; records the candidate."""
+    if state.target is None:
+        raise ConfigError(
+            f"{state_path} is in the train phase without a target stage; it was "
+            "edited or written by another release: start the loop in a new directory"
+        )
+    t0 = time.perf_counter()
+    r = state.round
+    candidate = _grpo_block(
+        state.incumbent, state.target, grpo_dir, cfg, seed=round_seed(cfg.seed, r)
+    )
+    state.rounds.append(
+        RoundRecord(
+            round=r, target=state.target, candidate=candidate, train_s=time.perf_counter() - t0
+        )
+    )
+    state.phase = "evaluate"
+
+
+def _evaluate_round(
+    state: LoopState, cfg: BiCuRLConfig, eval_dir: Path, thresholds: GateThresholds
+) -> GateDecision:
+    """Evaluate the round's candidate, gate it against the incumbent, keep the winner.
+
+    Returns:
+        The gate's decision.
+    """
+    record = state.rounds[-1]
+    t0 = time.perf_counter()
+    cand = evaluate_checkpoint(record.candidate, eval_dir, cfg)
+    record.eval_s = time.perf_counter() - t0
+    base = Aggregates.read(Path(state.incumbent_eval) / "aggregates.json")
+    decision = gate(base, cand, thresholds)
+    record.eval = str(eval_dir)
+    record.decision = decision.decision
+    record.failed_checks = [c.name for c in decision.failed]
+    record.candidate_overall = cand.overall
+    record.incumbent_overall = base.overall
+    record.candidate_stages = cand.stages
+    record.gate = json.loads(decision.model_dump_json())
+    if decision.promoted:
+        state.incumbent, state.incumbent_eval = record.candidate, str(eval_dir)
+    # The retained checkpoint's overall: not a running maximum, since the gate
+    # may promote a candidate up to its overall-drop tolerance below it.
+    record.best_overall = cand.overall if decision.promoted else base.overall
+    return decision
 
 
 def write_loop_report(state: LoopState, out: Path) -> None:

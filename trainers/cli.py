@@ -2,8 +2,9 @@
 
 Registered through the ``bat_gym.commands`` entry points, so the core CLI never imports
 a trainer; each command parses options, builds the trainer's config and calls it. The
-options are the configs' fields (:mod:`bat_gym.trainers.config_options`): names,
-defaults and help have one source, the config.
+options are the fields of the torch-free run configs (:mod:`bat_gym.trainers.configs`,
+read by :mod:`bat_gym.trainers.config_options`): names, defaults and help have one
+source, the config.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bat_gym.trainers.config_options import (
     config_values,
     field_option,
 )
+from bat_gym.trainers.configs import BiCuRLConfig, GRPOConfig, SFTConfig
 
 __all__ = ["train_app", "loop", "tiny_model"]
 
@@ -36,9 +38,9 @@ MaxLength = Annotated[
     int, typer.Option("--max-length", min=16, help="Rows longer than this are rejected.")
 ]
 
-_SFT = config_fields("bat_gym.trainers.sft", "SFTConfig")
-_GRPO = config_fields("bat_gym.trainers.grpo", "GRPOConfig")
-_BICURL = config_fields("bat_gym.trainers.bicurl", "BiCuRLConfig")
+_SFT = config_fields(SFTConfig)
+_GRPO = config_fields(GRPOConfig)
+_BICURL = config_fields(BiCuRLConfig)
 
 # Older spellings of options, kept working.
 _ALIASES = {
@@ -83,7 +85,7 @@ def _sft(values: dict[str, Any]) -> None:
     from bat_gym.bank import StageBank, default_bank
     from bat_gym.catalog import get_benchmark
     from bat_gym.sft import export_sft
-    from bat_gym.trainers.sft import SFTConfig, train
+    from bat_gym.trainers.sft import train
 
     kwargs = config_values(_SFT, values, skip=("data_dir",))
     out = Path(kwargs["output_dir"])
@@ -149,7 +151,7 @@ train_app.command("sft")(
 
 
 def _grpo(values: dict[str, Any]) -> None:
-    from bat_gym.trainers.grpo import GRPOConfig, train
+    from bat_gym.trainers.grpo import train
     from bat_gym.trainers.grpo_metrics import StepMetrics
 
     kwargs = config_values(_GRPO, values)
@@ -182,7 +184,7 @@ train_app.command("grpo")(
 
 def _loop(values: dict[str, Any]) -> None:
     from bat_gym import progress
-    from bat_gym.trainers.bicurl import BiCuRLConfig, run_loop
+    from bat_gym.trainers.bicurl import run_loop
 
     kwargs = config_values(_BICURL, values)
     overrides = {k: values[f"grpo_{k}"] for k in _LOOP_GRPO if values[f"grpo_{k}"] is not None}

@@ -1,36 +1,36 @@
-"""Command-line options derived from the trainers' config dataclasses: one source.
+"""Command-line options derived from the run configs' fields: one source.
 
-Each field of :class:`~bat_gym.trainers.grpo.GRPOConfig`, :class:`~bat_gym.trainers.sft.
-SFTConfig` and :class:`~bat_gym.trainers.bicurl.BiCuRLConfig` becomes one option: its
-name (``max_new_tokens`` -> ``--max-new-tokens``), its default and its help (the
-docstring under the field) come from the config, so a new field is on the command line
-with no second copy of its default or help to drift.
-
-The configs are read from their source (:mod:`ast`), never imported: the command line
-is built for every ``bat-gym`` command, and the trainer modules import torch.
+Each field of :class:`~bat_gym.trainers.configs.GRPOConfig`,
+:class:`~bat_gym.trainers.configs.SFTConfig` and
+:class:`~bat_gym.trainers.configs.BiCuRLConfig` becomes one option: its name
+(``max_new_tokens`` -> ``--max-new-tokens``), its default and its help (the docstring
+under the field) come from the config, so a new field is on the command line with no
+second copy of its default or help to drift. The configs import no torch, so they are
+read by importing them.
 
 Field types map to options as follows: ``int``/``float``/``str``/``bool`` as such (a
 bool is ``--flag/--no-flag``); ``X | None`` as ``X`` with ``None`` as "not given";
-``Literal[...]`` (or a module-level alias of one) as a string checked against its
-values; ``tuple[str, ...]`` as a repeatable option; ``dict[...]`` as a JSON object.
+``Literal[...]`` as a string checked against its values; ``tuple[str, ...]`` as a
+repeatable option; ``dict[...]`` as a JSON object.
 """
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import inspect
 import json
 import re
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from bat_gym.errors import ConfigError
-from bat_gym.pyparse import parse
 
 __all__ = [
     "ConfigField",
@@ -41,12 +41,12 @@ __all__ = [
     "to_config",
 ]
 
-_SCALARS: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
+_SCALARS: dict[type, str] = {int: "int", float: "float", str: "str", bool: "bool"}
 
 
 @dataclass(frozen=True)
 class ConfigField:
-    """One config field, as read from the config's source.
+    """One config field, as the command line sees it.
 
     Attributes:
         name: the field's name (``max_new_tokens``).
@@ -78,77 +78,34 @@ class ConfigField:
         return "--" + self.name.replace("_", "-")
 
 
-@cache
-def _module_tree(module: str) -> ast.Module:
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise ConfigError(f"cannot find the source of {module}; reinstall bat-gym")
-    with open(spec.origin, encoding="utf-8") as fh:
-        return parse(fh.read(), filename=spec.origin)
-
-
-def _alias(module: str, name: str) -> ast.expr:
-    """The right-hand side of ``name = ...`` in ``module``, followed through its imports."""
-    tree = _module_tree(module)
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == name for t in node.targets
-        ):
-            return node.value
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and node.target.id == name
-            and node.value is not None
-        ):
-            return node.value
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.ImportFrom)
-            and node.module
-            and node.level == 0
-            and any((a.asname or a.name) == name for a in node.names)
-        ):
-            return _alias(node.module, name)
-    raise ConfigError(f"{module}: cannot resolve the type {name!r} of a config field")
-
-
-def _kind(module: str, node: ast.expr) -> tuple[str, bool, tuple[str, ...]]:
-    """``(kind, optional, choices)`` of a field's annotation."""
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        parts = [node.left, node.right]
-        rest = [p for p in parts if not (isinstance(p, ast.Constant) and p.value is None)]
+def _kind(config: str, name: str, annotation: Any) -> tuple[str, bool, tuple[str, ...]]:
+    """``(kind, optional, choices)`` of a field's type."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _kind(config, name, get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        rest = [a for a in get_args(annotation) if a is not type(None)]
         if len(rest) != 1:
-            raise ConfigError(f"{module}: a config field of type {ast.unparse(node)} has no option")
-        kind, _, choices = _kind(module, rest[0])
+            raise ConfigError(f"{config}.{name}: a field of type {annotation} has no option")
+        kind, _, choices = _kind(config, name, rest[0])
         return kind, True, choices
-    if isinstance(node, ast.Name):
-        if node.id in _SCALARS:
-            return node.id, False, ()
-        return _kind(module, _alias(module, node.id))
-    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
-        outer = node.value.id
-        if outer == "Literal":
-            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            return "choice", False, tuple(str(ast.literal_eval(i)) for i in items)
-        if outer == "tuple":
-            return "list", False, ()
-        if outer == "dict":
-            return "json", False, ()
-    raise ConfigError(f"{module}: a config field of type {ast.unparse(node)} has no option")
+    if annotation in _SCALARS:
+        return _SCALARS[annotation], False, ()
+    if origin is Literal:
+        return "choice", False, tuple(str(v) for v in get_args(annotation))
+    if origin is tuple:
+        return "list", False, ()
+    if origin is dict:
+        return "json", False, ()
+    raise ConfigError(f"{config}.{name}: a field of type {annotation} has no option")
 
 
-def _default(node: ast.expr | None) -> Any:
-    if node is None:
+def _default(info: FieldInfo) -> Any:
+    if info.default_factory is not None:
+        return info.default_factory()  # type: ignore[call-arg]
+    if info.default is PydanticUndefined:
         return inspect.Parameter.empty
-    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "field":
-        for kw in node.keywords:
-            if kw.arg == "default_factory" and isinstance(kw.value, ast.Name):
-                return {"dict": {}, "tuple": (), "list": []}[kw.value.id]
-            if kw.arg == "default":
-                return ast.literal_eval(kw.value)
-        raise ConfigError(f"cannot read the default {ast.unparse(node)} of a config field")
-    return ast.literal_eval(node)
+    return info.default
 
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
@@ -161,40 +118,23 @@ def _clean(doc: str) -> str:
 
 
 @cache
-def config_fields(module: str, name: str) -> tuple[ConfigField, ...]:
-    """The fields of dataclass ``name`` in ``module``, in order, read from its source.
+def config_fields(config: type[BaseModel]) -> tuple[ConfigField, ...]:
+    """The fields of a run config, in order, as options.
 
     Raises:
-        ConfigError: the class is missing, or a field has a type no option maps to.
+        ConfigError: a field has a type no option maps to.
     """
-    tree = _module_tree(module)
-    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
-    if cls is None:
-        raise ConfigError(f"{module} defines no class {name}")
-    out = []
-    for i, node in enumerate(cls.body):
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        after = cls.body[i + 1] if i + 1 < len(cls.body) else None
-        doc = (
-            after.value.value
-            if isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-            else ""
+    return tuple(
+        ConfigField(
+            name=name,
+            kind=(kind := _kind(config.__name__, name, info.annotation))[0],
+            default=_default(info),
+            help=_clean(info.description or ""),
+            optional=kind[1],
+            choices=kind[2],
         )
-        kind, optional, choices = _kind(module, node.annotation)
-        out.append(
-            ConfigField(
-                name=node.target.id,
-                kind=kind,
-                default=_default(node.value),
-                help=_clean(doc),
-                optional=optional,
-                choices=choices,
-            )
-        )
-    return tuple(out)
+        for name, info in config.model_fields.items()
+    )
 
 
 def _cli_default(f: ConfigField) -> Any:

@@ -47,34 +47,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Literal
 
 try:
     import torch
-    import torch.nn.functional as F
     from torch import Tensor
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(
         "bat_gym.trainers.grpo_loss needs torch: pip install 'bat-gym[train]'"
     ) from exc
 
+from bat_gym.trainers.configs import Aggregation  # noqa: E402 - after the torch check
+
 __all__ = [
-    "Aggregation",
     "AGGREGATIONS",
     "group_advantages",
     "filter_uniform_groups",
     "kl_k3",
     "token_logprobs",
     "entropy_from_logits",
-    "chunked_logprobs_and_entropy",
     "masked_mean",
     "tis_weights",
     "behaviour_is_weights",
     "grpo_loss",
 ]
-
-Aggregation = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
-"""How per-token losses become one scalar (see :data:`AGGREGATIONS`)."""
 
 GroupIds = Tensor | Sequence[Hashable]
 
@@ -238,224 +233,7 @@ def entropy_from_logits(logits: Tensor, *, temperature: float = 1.0) -> Tensor:
     return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
 
 
-# --------------------------------------------------------------------------- chunked head
-
-
-# Vocabulary entries per slice of a chunk's softmax sums: c x 16,384 floats of scratch
-# (64 MiB at c = 1024) next to the chunk's (c, V) logits.
-_VOCAB_SLICE = 16384
-
-
-def _chunks(n: int, size: int) -> list[slice]:
-    return [slice(s, min(n, s + size)) for s in range(0, n, size)]
-
-
-class _ChunkedHead(torch.autograd.Function):
-    """Log-probs (and entropies) of ``hidden @ weight.T + bias``, one chunk of tokens at a time.
-
-    Forward keeps one float per token (``logsumexp``); backward recomputes each chunk's
-    logits and turns them, in place, into that chunk's logits gradient. So at most one
-    (chunk, V) block is alive at a time (two in a soft-capped backward), in the forward
-    and in the backward, instead of the (N, V) logits and their gradient.
-    """
-
-    @staticmethod
-    def forward(  # noqa: D102
-        ctx: Any,
-        hidden: Tensor,  # (N, H)
-        weight: Tensor,  # (V, H)
-        bias: Tensor | None,  # (V,)
-        targets: Tensor,  # (N,)
-        temperature: float,
-        chunk_size: int,
-        softcap: float | None,
-        with_entropy: bool,
-    ) -> tuple[Tensor, Tensor | None]:
-        # The entropy is a metric: no gradient, and none materialised for it in backward.
-        ctx.set_materialize_grads(False)
-        n = hidden.shape[0]
-        # float32 at least, whatever the projection's dtype (float64 stays float64).
-        fp = torch.promote_types(hidden.dtype, torch.float32)
-        logp = torch.empty(n, dtype=fp, device=hidden.device)
-        lse = torch.empty_like(logp)
-        entropy = torch.empty_like(logp) if with_entropy else None
-        valid = targets >= 0
-        y = targets.clamp(min=0).unsqueeze(-1)  # (N, 1)
-        compute_dtype = hidden.dtype
-        for c in _chunks(n, chunk_size):
-            # Under autocast the projection runs in the autocast dtype, as the model's head would.
-            logits = F.linear(hidden[c], weight, bias)  # (c, V)
-            compute_dtype = logits.dtype
-            z = _scale_logits(logits.to(fp), temperature, softcap)  # (c, V) fp32
-            del logits  # a bf16 block, once z holds its float32 copy
-            picked = z.gather(-1, y[c]).squeeze(-1)  # (c,) z_t[y_t]
-            # logsumexp_t = m_t + log sum_v exp(z_tv - m_t), m_t = max_v z_tv; the sums run
-            # over slices of the vocabulary, so exp(z - m) never needs a second (c, V) block.
-            m = z.amax(dim=-1, keepdim=True)  # (c, 1)
-            s = torch.zeros_like(picked)  # (c,) sum_v e_tv, e_tv = exp(z_tv - m_t)
-            dot = torch.zeros_like(picked)  # (c,) sum_v e_tv z_tv
-            for v in _chunks(z.shape[-1], _VOCAB_SLICE):
-                e = torch.sub(z[:, v], m).exp_()  # (c, slice)
-                s += e.sum(dim=-1)
-                if entropy is not None:
-                    dot += e.mul_(z[:, v]).sum(dim=-1)
-                del e
-            lse[c] = m.squeeze(-1) + s.log()
-            # log p(y_t) = z_t[y_t] - logsumexp_t
-            logp[c] = picked - lse[c]
-            if entropy is not None:
-                # H_t = logsumexp_t - sum_v p_tv z_tv, p_tv = e_tv / s_t
-                entropy[c] = lse[c] - dot / s
-            # Free this chunk's block before the next projection allocates its own.
-            del z
-        logp = torch.where(valid, logp, torch.zeros_like(logp))
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.temperature, ctx.chunk_size, ctx.softcap = temperature, chunk_size, softcap
-        ctx.compute_dtype = compute_dtype
-        if entropy is not None:
-            ctx.mark_non_differentiable(entropy)
-        return logp, entropy
-
-    @staticmethod
-    def backward(ctx: Any, grad_logp: Tensor | None, _grad_entropy: Tensor | None) -> tuple:  # noqa: D102
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        if grad_logp is None or not (need_h or need_w or need_b):
-            return (None,) * 8
-        tau, cap, cd = ctx.temperature, ctx.softcap, ctx.compute_dtype
-        # Ignored targets got a constant 0: no gradient from them.
-        g = torch.where(targets >= 0, grad_logp.to(lse.dtype), torch.zeros_like(lse)).unsqueeze(-1)
-        y = targets.clamp(min=0).unsqueeze(-1)  # (N, 1)
-        grad_h = torch.empty_like(hidden) if need_h else None
-        # Accumulated in fp32 (at least) across chunks, whatever the compute dtype: a bf16
-        # sum of the chunks' products would round every chunk's share.
-        acc = torch.promote_types(weight.dtype, torch.float32)
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
-        # Backward runs outside the caller's autocast: cast by hand to the forward's dtype.
-        with torch.autocast(hidden.device.type, enabled=False):
-            w = weight.to(cd)
-            b = None if bias is None else bias.to(cd)
-            for c in _chunks(hidden.shape[0], ctx.chunk_size):
-                h = hidden[c].to(cd)  # (c, H)
-                raw = F.linear(h, w, b).to(lse.dtype)  # (c, V)
-                if cap is not None:
-                    # z = cap * tanh(l / cap) / tau  ->  dz/dl = (1 - tanh^2) / tau
-                    t = raw.div_(cap).tanh_()
-                    z = t * cap
-                    if tau != 1.0:
-                        z.div_(tau)
-                else:
-                    t, z = None, raw.div_(tau) if tau != 1.0 else raw
-                # d log p(y_t) / d z_tv = 1[v = y_t] - p_tv, p_tv = exp(z_tv - logsumexp_t)
-                grad_z = z.sub_(lse[c].unsqueeze(-1)).exp_().mul_(-g[c])
-                grad_z.scatter_add_(-1, y[c], g[c])
-                if tau != 1.0:
-                    grad_z.div_(tau)
-                if t is not None:
-                    grad_z.mul_(t.mul_(t).neg_().add_(1.0))
-                gl = grad_z.to(cd)  # (c, V)
-                if grad_h is not None:
-                    grad_h[c] = (gl @ w).to(hidden.dtype)  # (c, H)
-                if grad_w is not None:
-                    if gl.dtype == acc:
-                        grad_w.addmm_(gl.t(), h)  # (V, H), in place
-                    else:
-                        grad_w += (gl.t() @ h).to(acc)
-                if grad_b is not None:
-                    grad_b += grad_z.sum(dim=0).to(acc)
-                del raw, t, z, grad_z, gl  # before the next chunk's projection
-        return (
-            grad_h,
-            None if grad_w is None else grad_w.to(weight.dtype),
-            None if grad_b is None else grad_b.to(bias.dtype),
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
-
-
-def _scale_logits(z: Tensor, temperature: float, softcap: float | None) -> Tensor:
-    """``cap * tanh(z / cap) / tau`` (the cap only when given), in place on ``z``."""
-    if softcap is not None:
-        z = z.div_(softcap).tanh_().mul_(softcap)
-    if temperature != 1.0:
-        z = z.div_(temperature)
-    return z
-
-
-def chunked_logprobs_and_entropy(
-    hidden: Tensor,
-    weight: Tensor,
-    targets: Tensor,
-    *,
-    bias: Tensor | None = None,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
-    softcap: float | None = None,
-    with_entropy: bool = True,
-) -> tuple[Tensor, Tensor | None]:
-    """:func:`token_logprobs` and :func:`entropy_from_logits` of the output projection, in chunks.
-
-    With ``l = hidden @ weight.T + bias`` the logits (never formed whole) and
-    ``z = cap * tanh(l / cap) / tau`` (the soft cap of Gemma-2-style heads, when given)::
-
-        log p(y_t) = z_t[y_t] - logsumexp(z_t)
-        H_t        = logsumexp(z_t) - sum_v softmax(z_t)_v * z_t,v
-
-    ``B * T`` token positions are taken ``chunk_size`` at a time, in the forward and
-    again in the backward, which recomputes each chunk's logits instead of storing them:
-    the memory for the head is ``O(chunk_size * V)`` instead of ``O(B * T * V)``, for
-    one more projection (matmul) in the backward. The results equal those of the whole
-    logits (to float rounding), whatever ``chunk_size``.
-
-    Args:
-        hidden: (B, T, H) the model's last hidden states at the scoring positions
-            (after the final norm, i.e. the input of the output head).
-        weight: (V, H) the output head's weight (the embedding matrix when tied).
-        targets: (B, T) token ids; negative ids (ignore labels such as -100) get log-prob 0
-            and no gradient.
-        bias: (V,) the output head's bias, if it has one.
-        temperature: divides the (capped) logits, ``tau``.
-        chunk_size: token positions per chunk; the largest block alive is
-            ``chunk_size x V`` float32 (``4 * chunk_size * V`` bytes, 620 MB for 1024 x 151,936).
-        softcap: ``final_logit_softcapping`` of the model's config, or None.
-        with_entropy: also compute the entropies (one more pass over each chunk).
-
-    Returns:
-        ``(logp, entropy)``: (B, T) log-probabilities, with gradient to ``hidden``,
-        ``weight`` and ``bias``; (B, T) entropies in nats without gradient (a metric), or
-        None without ``with_entropy``. Both float32 (float64 for float64 inputs).
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    if softcap is not None and softcap <= 0:
-        raise ValueError(f"softcap must be > 0 (or None), got {softcap}")
-    if hidden.dim() != 3 or targets.shape != hidden.shape[:2]:
-        raise ValueError(
-            f"hidden must be (B, T, H) and targets (B, T), got {tuple(hidden.shape)} and "
-            f"{tuple(targets.shape)}"
-        )
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
-        raise ValueError(f"weight must be (V, H={hidden.shape[2]}), got {tuple(weight.shape)}")
-    if bias is not None and bias.shape != weight.shape[:1]:
-        raise ValueError(f"bias must be (V,) ({weight.shape[0]},), got {tuple(bias.shape)}")
-    b, t, h = hidden.shape
-    logp, entropy = _ChunkedHead.apply(
-        hidden.reshape(b * t, h),
-        weight,
-        bias,
-        targets.reshape(b * t),
-        float(temperature),
-        int(chunk_size),
-        None if softcap is None else float(softcap),
-        with_entropy,
-    )
-    return logp.view(b, t), None if entropy is None else entropy.view(b, t)
+# --------------------------------------------------------------------------- masks and weights
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

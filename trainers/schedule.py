@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Literal
 
 import torch
 
-__all__ = ["Schedule", "lr_factor", "lr_scheduler"]
+from bat_gym.trainers.configs import Schedule
 
-Schedule = Literal["constant", "linear", "cosine"]
+__all__ = ["lr_factor", "lr_scheduler"]
 
 
 def lr_factor(step: int, *, warmup_steps: int, max_steps: int, schedule: str) -> float:

@@ -36,10 +36,10 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +63,8 @@ from bat_gym.trainers.checkpoints import (  # noqa: E402 - after the torch check
     rng_state,
     set_rng_state,
 )
-from bat_gym.trainers.schedule import Schedule, lr_scheduler  # noqa: E402
+from bat_gym.trainers.configs import SFTConfig  # noqa: E402
+from bat_gym.trainers.schedule import lr_scheduler  # noqa: E402
 from bat_gym.trainers.tiled_mlp import set_mlp_tiling  # noqa: E402
 
 __all__ = [
@@ -90,117 +91,6 @@ _FREE_ON_RESUME = frozenset(
     | {"log_every", "device", "resume", "gradient_checkpointing", "mlp_chunk_size"}
 )
 _STATE = "trainer_state.pt"
-
-
-# --------------------------------------------------------------------------- config
-
-
-@dataclass
-class SFTConfig:
-    """Everything a cold-start SFT run depends on; plain types, one field per option."""
-
-    model: str
-    """Model directory (or hub id) for ``AutoModelForCausalLM``/``AutoTokenizer``."""
-    data_dir: str | None = None
-    """The :func:`~bat_gym.sft.export_sft` output (``train.jsonl``, ``validation.jsonl``).
-    ``None`` when the rows are passed to :func:`train` directly."""
-    chat_template_kwargs: dict[str, Any] | None = None
-    """The chat template arguments the rows in ``data_dir`` were rendered with (e.g.
-    ``{"enable_thinking": False}``); when set, :func:`train` checks that
-    ``data_dir/manifest.json`` (written by :func:`~bat_gym.sft.export_sft`) records the
-    same, so the model is not fine-tuned on another rendering than GRPO and evaluation
-    use. None: no check."""
-    output_dir: str = "runs/sft"
-    """Checkpoints (``checkpoints/step-XXXXXXXX``), ``metrics.jsonl``, ``summary.json``
-    and the exported model (``final``)."""
-    lr: float = 2e-5
-    """Peak learning rate; 2e-5 is the BaT cold-start value for 4B-9B models. Tiny
-    models for tests learn with 1e-3."""
-    adam_beta1: float = 0.9
-    """AdamW first-moment decay."""
-    adam_beta2: float = 0.999
-    """AdamW second-moment decay (0.95 is common for long pretraining runs; a 200-step
-    fine-tune sees too few steps for the difference to matter)."""
-    adam_eps: float = 1e-8
-    """AdamW denominator epsilon."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay, applied to matrices only (never to norms or biases)."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this; 0 disables clipping (the norm is still logged)."""
-    micro_batch_size: int = 1
-    """Rows per forward pass (memory knob; does not change the math)."""
-    grad_accum_steps: int = 32
-    """Micro-batches per optimizer step; the global batch is their product (BaT: 32 rows)."""
-    max_steps: int = 200
-    """Optimizer steps of the whole run (BaT: 200). Epochs follow from the data size."""
-    warmup_steps: int = 10
-    """Linear warmup from 0 to ``lr`` over this many steps; 0 starts at ``lr``."""
-    lr_schedule: Schedule = "cosine"
-    """After warmup: keep ``lr``, or decay it linearly or along a half cosine to 0 at
-    ``max_steps``. The paper does not name one; cosine is the common choice."""
-    bf16: Literal["auto", "on", "off"] = "auto"
-    """bf16 autocast (weights and optimizer stay fp32). ``auto``: on for CUDA devices
-    with bf16 support, off elsewhere (CPU autocast is slow and lossy); ``on`` forces it."""
-    eval_every: int = 50
-    """Validation loss (mean NLL over target tokens) every this many steps and at the
-    end; 0 evaluates only at the end. Skipped without validation rows."""
-    save_every: int = 50
-    """Checkpoint every this many steps; 0 saves only when the call stops early. The last
-    step always leaves a checkpoint, so a finished run can be extended."""
-    keep_last: int = 2
-    """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
-    log_every: int = 10
-    """Log a training line every this many steps (metrics.jsonl gets every step)."""
-    seed: int = 0
-    """Seeds the data order (a fresh permutation per epoch) and the RNGs."""
-    device: str = "auto"
-    """``auto`` (CUDA when present, else CPU) or a torch device string such as ``cuda:1``."""
-    resume: bool = True
-    """Continue from the newest checkpoint in ``output_dir`` when there is one. False
-    refuses to start over an output directory that already holds checkpoints."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, about a third slower)."""
-    mlp_chunk_size: int | None = 1024
-    """Tokens per tile of each decoder layer's MLP in training
-    (:mod:`~bat_gym.trainers.tiled_mlp`): the MLP intermediates, the largest activations
-    of a layer at long sequences, are formed one tile at a time. The same loss and
-    gradients for one more MLP forward per step; no effect on micro-batches of fewer
-    tokens. None: untiled."""
-
-    def __post_init__(self) -> None:
-        # Catch impossible values before a model is loaded; each message names the fix.
-        positive = ("lr", "micro_batch_size", "grad_accum_steps", "max_steps", "keep_last")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("eval_every", "save_every", "log_every", "weight_decay", "max_grad_norm"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0 (0 disables), got {getattr(self, name)}")
-        if self.mlp_chunk_size is not None and self.mlp_chunk_size < 1:
-            raise ConfigError(
-                f"mlp_chunk_size must be >= 1 token, or None for untiled MLPs, got "
-                f"{self.mlp_chunk_size}"
-            )
-        if not 0 <= self.adam_beta1 < 1 or not 0 <= self.adam_beta2 < 1:
-            raise ConfigError(
-                f"AdamW betas must lie in [0, 1), got ({self.adam_beta1}, {self.adam_beta2})"
-            )
-        # Warmup must end by the last step, or the run never reaches the peak lr.
-        if not 0 <= self.warmup_steps <= self.max_steps:
-            raise ConfigError(
-                f"warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}"
-            )
-        if self.lr_schedule not in ("constant", "linear", "cosine"):
-            raise ConfigError(
-                f"lr_schedule must be constant, linear or cosine, got {self.lr_schedule!r}"
-            )
-        if self.bf16 not in ("auto", "on", "off"):
-            raise ConfigError(f"bf16 must be auto, on or off, got {self.bf16!r}")
-
-    @property
-    def global_batch_size(self) -> int:
-        """Rows per optimizer step: ``micro_batch_size * grad_accum_steps``."""
-        return self.micro_batch_size * self.grad_accum_steps
 
 
 # --------------------------------------------------------------------------- data
@@ -371,7 +261,7 @@ def _save_checkpoint(
                 "scheduler": sched.state_dict(),
                 "rng": rng_state(),
                 "run": run,
-                "config": asdict(cfg),
+                "config": cfg.model_dump(),
             },
             tmp / _STATE,
         )
@@ -393,7 +283,9 @@ def _resume_point(
             f"{out} already holds checkpoints (newest {latest.name}); set resume=True to "
             "continue that run or choose another output_dir"
         )
-    saved = load_resume_state(latest, _STATE, asdict(cfg), free=_FREE_ON_RESUME, map_location="cpu")
+    saved = load_resume_state(
+        latest, _STATE, cfg.model_dump(), free=_FREE_ON_RESUME, map_location="cpu"
+    )
     if saved["run"]["data_fingerprint"] != fingerprint:
         raise ConfigError(
             f"cannot resume from {latest}: the training rows differ from the ones it was "
@@ -541,6 +433,30 @@ def _accumulate(
     return float(total) / max(n_targets, 1)
 
 
+@dataclass
+class _SFTRun:
+    """What one call of :func:`train` holds: the data, the model and its optimizer."""
+
+    cfg: SFTConfig
+    out: Path
+    train_set: list[Example]
+    val_set: list[Example]
+    device: torch.device
+    use_bf16: bool
+    model: Any
+    tokenizer: Any
+    pad_id: int
+    opt: torch.optim.Optimizer
+    sched: Any
+    run: dict[str, Any]
+    """The position and history, saved in each checkpoint (``step``, ``samples_seen``,
+    ``epoch``, ``offset``, ``n_train``, ``data_fingerprint``, ``train_loss``, ``eval_loss``)."""
+
+    def ctx(self) -> Any:
+        """bf16 autocast when the run uses it, else a no-op context."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
+
+
 def train(
     cfg: SFTConfig,
     *,
@@ -569,10 +485,49 @@ def train(
         ValueError: no data, a checkpoint whose settings or data differ, or checkpoints
             present with ``resume=False``.
     """
+    t0 = time.perf_counter()
+    r, resumed_from = _start(cfg, train_rows, validation_rows)
+    start_step = r.run["step"]
+    # `stop_at` ends this call early, as a preemption would; the run's math is unchanged.
+    end = min(cfg.max_steps, stop_at) if stop_at is not None else cfg.max_steps
+    t_loop = time.perf_counter()
+    while r.run["step"] < end:
+        _step(r, end)
+
+    # ---- boilerplate: export and summary ---------------------------------------------------
+    loop_s = time.perf_counter() - t_loop
+    steps_run = r.run["step"] - start_step
+    stopped_early = r.run["step"] < cfg.max_steps
+    final_dir = None if stopped_early else _export_final(r.out, r.model, r.tokenizer)
+    summary = {
+        "step": r.run["step"],
+        "train_loss": list(r.run["train_loss"]),
+        "eval_loss": {int(k): v for k, v in r.run["eval_loss"].items()},
+        "resumed_from": resumed_from,
+        "stopped_early": stopped_early,
+        "final_dir": str(final_dir) if final_dir is not None else None,
+        "device": str(r.device),
+        "bf16": r.use_bf16,
+        "global_batch_size": cfg.global_batch_size,
+        "seconds": time.perf_counter() - t0,
+        "seconds_per_step": loop_s / steps_run if steps_run else None,
+    }
+    (r.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _start(
+    cfg: SFTConfig,
+    train_rows: Sequence[Example] | None,
+    validation_rows: Sequence[Example] | None,
+) -> tuple[_SFTRun, int | None]:
+    """Data, device, model and optimizer, restored from the newest checkpoint if any.
+
+    Returns:
+        The run, and the step it resumed from (None for a fresh run).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # ---- boilerplate: data, device, resume point -------------------------------------
-    t0 = time.perf_counter()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     _clean_partial(out)
@@ -608,82 +563,68 @@ def train(
         "train_loss": [],
         "eval_loss": {},
     }
+    r = _SFTRun(
+        cfg, out, train_set, val_set, device, use_bf16, model, tokenizer, pad_id, opt, sched, run
+    )
     if saved is not None:
-        opt.load_state_dict(saved["optimizer"])
-        sched.load_state_dict(saved["scheduler"])
-        run = saved["run"]
-        set_rng_state(saved["rng"])
-        _truncate_metrics(out / "metrics.jsonl", run["step"])
-        if saved["config"]["max_steps"] != cfg.max_steps and cfg.lr_schedule != "constant":
-            log.warning(
-                "max_steps changed from %d to %d: the lr schedule is stretched from step %d on",
-                saved["config"]["max_steps"],
-                cfg.max_steps,
-                run["step"],
-            )
-        log.info("resuming from %s (step %d)", latest, run["step"])
-    resumed_from = run["step"] if saved is not None else None
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+        _restore(r, saved, latest)
+    (out / "config.json").write_text(json.dumps(cfg.model_dump(), indent=1))
+    return r, (r.run["step"] if saved is not None else None)
 
-    def ctx() -> Any:
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    start_step = run["step"]
-    # `stop_at` ends this call early, as a preemption would; the run's math is unchanged.
-    end = min(cfg.max_steps, stop_at) if stop_at is not None else cfg.max_steps
-    t_loop = time.perf_counter()
-    while run["step"] < end:
-        # ---- algorithm: one optimizer step over the global batch -----------------------
-        indices = _batch_indices(
-            len(train_set), cfg.seed, run["samples_seen"], cfg.global_batch_size
+def _restore(r: _SFTRun, saved: dict[str, Any], latest: Path | None) -> None:
+    """Continue from a checkpoint: optimizer, schedule, position and RNGs."""
+    r.opt.load_state_dict(saved["optimizer"])
+    r.sched.load_state_dict(saved["scheduler"])
+    r.run = saved["run"]
+    set_rng_state(saved["rng"])
+    _truncate_metrics(r.out / "metrics.jsonl", r.run["step"])
+    if saved["config"]["max_steps"] != r.cfg.max_steps and r.cfg.lr_schedule != "constant":
+        log.warning(
+            "max_steps changed from %d to %d: the lr schedule is stretched from step %d on",
+            saved["config"]["max_steps"],
+            r.cfg.max_steps,
+            r.run["step"],
         )
-        batch_rows = [train_set[i] for i in indices]
-        # |S|: target tokens of the whole global batch, known before any forward pass
-        n_targets = sum(_n_targets(e) for e in batch_rows)
-        loss = _accumulate(model, batch_rows, cfg.micro_batch_size, n_targets, pad_id, ctx)
-        lr = sched.get_last_lr()[0]
-        clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
+    log.info("resuming from %s (step %d)", latest, r.run["step"])
 
-        # ---- boilerplate: bookkeeping, evaluation, checkpoints ---------------------------
-        run["step"] += 1
-        run["samples_seen"] += len(indices)
-        run["epoch"], run["offset"] = divmod(run["samples_seen"], len(train_set))
-        run["train_loss"].append(loss)
-        step = run["step"]
-        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
-        record["target_tokens"] = n_targets
-        if val_set and (step == cfg.max_steps or (cfg.eval_every and step % cfg.eval_every == 0)):
-            val = _evaluate(model, val_set, cfg.micro_batch_size, pad_id, ctx)
-            run["eval_loss"][str(step)] = val
-            record["eval_loss"] = val
-        _append_metrics(out / "metrics.jsonl", record)
-        if (cfg.log_every and step % cfg.log_every == 0) or step == cfg.max_steps:
-            log.info("step %d loss %.4f lr %.3g grad_norm %.3g", step, loss, lr, grad_norm)
-        if step == end or (cfg.save_every and step % cfg.save_every == 0):
-            _save_checkpoint(out, cfg, model, tokenizer, opt, sched, run)
 
-    # ---- boilerplate: export and summary ---------------------------------------------------
-    loop_s = time.perf_counter() - t_loop
-    steps_run = run["step"] - start_step
-    stopped_early = run["step"] < cfg.max_steps
-    final_dir = None if stopped_early else _export_final(out, model, tokenizer)
-    summary = {
-        "step": run["step"],
-        "train_loss": list(run["train_loss"]),
-        "eval_loss": {int(k): v for k, v in run["eval_loss"].items()},
-        "resumed_from": resumed_from,
-        "stopped_early": stopped_early,
-        "final_dir": str(final_dir) if final_dir is not None else None,
-        "device": str(device),
-        "bf16": use_bf16,
-        "global_batch_size": cfg.global_batch_size,
-        "seconds": time.perf_counter() - t0,
-        "seconds_per_step": loop_s / steps_run if steps_run else None,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
+def _step(r: _SFTRun, end: int) -> None:
+    """One optimizer step over the global batch, then its metrics and checkpoint.
+
+    Args:
+        r: the run, advanced in place.
+        end: the last step of this call (a checkpoint is written there).
+    """
+    cfg, run = r.cfg, r.run
+    # ---- algorithm: one optimizer step over the global batch -----------------------
+    indices = _batch_indices(len(r.train_set), cfg.seed, run["samples_seen"], cfg.global_batch_size)
+    batch_rows = [r.train_set[i] for i in indices]
+    # |S|: target tokens of the whole global batch, known before any forward pass
+    n_targets = sum(_n_targets(e) for e in batch_rows)
+    loss = _accumulate(r.model, batch_rows, cfg.micro_batch_size, n_targets, r.pad_id, r.ctx)
+    lr = r.sched.get_last_lr()[0]
+    clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+    params = [p for p in r.model.parameters() if p.requires_grad]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    r.opt.step()
+    r.sched.step()
+    r.opt.zero_grad(set_to_none=True)
+
+    # ---- boilerplate: bookkeeping, evaluation, checkpoints ---------------------------
+    run["step"] += 1
+    run["samples_seen"] += len(indices)
+    run["epoch"], run["offset"] = divmod(run["samples_seen"], len(r.train_set))
+    run["train_loss"].append(loss)
+    step = run["step"]
+    record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
+    record["target_tokens"] = n_targets
+    if r.val_set and (step == cfg.max_steps or (cfg.eval_every and step % cfg.eval_every == 0)):
+        val = _evaluate(r.model, r.val_set, cfg.micro_batch_size, r.pad_id, r.ctx)
+        run["eval_loss"][str(step)] = val
+        record["eval_loss"] = val
+    _append_metrics(r.out / "metrics.jsonl", record)
+    if (cfg.log_every and step % cfg.log_every == 0) or step == cfg.max_steps:
+        log.info("step %d loss %.4f lr %.3g grad_norm %.3g", step, loss, lr, grad_norm)
+    if step == end or (cfg.save_every and step % cfg.save_every == 0):
+        _save_checkpoint(r.out, cfg, r.model, r.tokenizer, r.opt, r.sched, run)

@@ -18,7 +18,6 @@ pytest.importorskip("transformers")
 
 from bat_gym.errors import ConfigError  # noqa: E402
 from bat_gym.integrations.episode import EpisodeResult  # noqa: E402
-from bat_gym.trainers import grpo  # noqa: E402
 from bat_gym.trainers.async_rollouts import (  # noqa: E402
     AsyncRollouts,
     VersionedGenerator,
@@ -27,7 +26,9 @@ from bat_gym.trainers.async_rollouts import (  # noqa: E402
     fresh_groups,
     token_versions,
 )
-from bat_gym.trainers.grpo import FixedStates, GRPOConfig, train  # noqa: E402
+from bat_gym.trainers.grpo import FixedStates, GRPOConfig, loop, train  # noqa: E402
+from bat_gym.trainers.grpo.batch import batch_tensors  # noqa: E402
+from bat_gym.trainers.grpo.logprobs import batch_logprobs  # noqa: E402
 from bat_gym.trainers.grpo_loss import behaviour_is_weights, grpo_loss  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -203,12 +204,12 @@ def test_an_episode_spanning_an_update_keeps_each_tokens_behaviour_logprobs(
     first_v1 = int((versions == 1).nonzero()[0])
     assert (versions[:first_v1] == 0).all() and (versions[first_v1:] == 1).all()
     # Each token's recorded log-prob is that of the weights that sampled it.
-    batch = grpo._batch_tensors([r], 0, CPU, [got.token_versions])
+    batch = batch_tensors([r], 0, CPU, [got.token_versions])
     recorded = batch["sample_logprobs"][0]
     for version, weights in ((0, v0), (1, v1)):
         model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
         model.load_state_dict(weights)
-        scored, _ = grpo._logprobs(model.eval(), batch, 0.7, nullcontext(), with_entropy=False)
+        scored, _ = batch_logprobs(model.eval(), batch, 0.7, nullcontext(), with_entropy=False)
         on = (batch["version"][0] == version) & batch["loss_mask"][0].bool()
         assert on.sum() > 0
         torch.testing.assert_close(scored[0][on], recorded[on], atol=1e-4, rtol=1e-4)
@@ -234,7 +235,7 @@ def test_k0_through_the_async_machinery_equals_the_synchronous_trainer(
     # weights (5% a step): a generator a version behind would sample other tokens.
     kw = dict(steps=3, num_envs=2, max_turns=2, lr=0.05, weight_decay=1.0)
     sync = train(config(tiny, toy_bank, tmp_path / "sync", **kw))["history"]
-    monkeypatch.setattr(grpo, "_ASYNC_FROM", 0)  # the producer slots and weight copy, lockstep
+    monkeypatch.setattr(loop, "_ASYNC_FROM", 0)  # the producer slots and weight copy, lockstep
     lockstep = train(config(tiny, toy_bank, tmp_path / "async", max_staleness=0, **kw))["history"]
     assert all("staleness_mean" in h for h in lockstep) and "staleness_mean" not in sync[0]
     assert all(h["staleness_mean"] == 0 and h["stale_dropped_groups"] == 0 for h in lockstep)

@@ -1,9 +1,10 @@
-"""The trainer's log-probs through the chunked output head, on real (tiny) models.
+"""The trainer's log-probs through the chunked output head, on tensors and tiny models.
 
-The chunked path must give the log-probs, entropies and gradients of the whole-logits
-path (tied and untied heads, a bias, a soft cap), fall back to it with a log line for a
+On hand-built tensors the chunked head gives the log-probs, entropies and gradients of
+the whole (B, T, V) logits. On models the chunked path gives those of the whole-logits
+path (tied and untied heads, a bias, a soft cap), falls back to it with a log line for a
 head it cannot reproduce, and the update's importance correction (TIS) and gap alarm
-must act as configured.
+act as configured.
 """
 
 from __future__ import annotations
@@ -17,10 +18,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from bat_gym.integrations.episode import EpisodeResult  # noqa: E402
-from bat_gym.trainers import grpo  # noqa: E402
 from bat_gym.trainers.activation_checkpointing import set_activation_checkpointing  # noqa: E402
+from bat_gym.trainers.configs import GRPOConfig  # noqa: E402
 from bat_gym.trainers.fsdp import Dist  # noqa: E402
-from bat_gym.trainers.grpo import GRPOConfig, _batch_tensors, _logprobs, _update  # noqa: E402
+from bat_gym.trainers.grpo import logprobs  # noqa: E402
+from bat_gym.trainers.grpo.batch import batch_tensors  # noqa: E402
+from bat_gym.trainers.grpo.logprobs import (  # noqa: E402
+    batch_logprobs,
+    chunked_logprobs_and_entropy,
+)
+from bat_gym.trainers.grpo.update import make_optimizer, update  # noqa: E402
+from bat_gym.trainers.grpo_loss import entropy_from_logits, token_logprobs  # noqa: E402
 
 CPU = torch.device("cpu")
 OFF = nullcontext()
@@ -55,7 +63,7 @@ def rollouts(n: int, vocab: int = 500, logprobs: float | None = None) -> list[Ep
 def scored(model, batch, chunk_size, temperature=0.7):
     """Log-probs, entropies and every parameter's gradient of sum(logp * u * mask)."""
     model.zero_grad(set_to_none=True)
-    logp, entropy = _logprobs(model, batch, temperature, OFF, chunk_size=chunk_size)
+    logp, entropy = batch_logprobs(model, batch, temperature, OFF, chunk_size=chunk_size)
     u = torch.linspace(-1.0, 2.0, logp.numel()).view_as(logp)
     (logp * u * batch["loss_mask"]).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -80,12 +88,12 @@ def chunk_sizes(batch):
 def test_the_chunked_head_equals_the_whole_logits_on_a_tied_model(tiny):
     model = load(tiny)
     assert model.config.tie_word_embeddings
-    batch = _batch_tensors(rollouts(4), 0, CPU)
+    batch = batch_tensors(rollouts(4), 0, CPU)
     assert (batch["loss_mask"] == 0).any()  # prompt, tool-reply and padding positions
     want = scored(model, batch, None)
     for size in chunk_sizes(batch):
         assert_same(scored(model, batch, size), want)
-    assert model not in grpo._WHOLE_LOGITS
+    assert model not in logprobs._WHOLE_LOGITS
 
 
 def test_an_untied_head_with_a_bias(tiny):
@@ -93,11 +101,11 @@ def test_an_untied_head_with_a_bias(tiny):
     vocab, hidden = model.lm_head.weight.shape
     torch.manual_seed(1)
     model.lm_head = torch.nn.Linear(hidden, vocab, bias=True)
-    batch = _batch_tensors(rollouts(3), 0, CPU)
+    batch = batch_tensors(rollouts(3), 0, CPU)
     want = scored(model, batch, None, temperature=1.3)
     assert "lm_head.bias" in want[2]
     assert_same(scored(model, batch, 5, temperature=1.3), want)
-    assert model not in grpo._WHOLE_LOGITS
+    assert model not in logprobs._WHOLE_LOGITS
 
 
 def test_a_soft_capped_head():
@@ -110,16 +118,16 @@ def test_a_soft_capped_head():
         final_logit_softcapping=0.5,  # small, so that the cap changes these logits a lot
     )  # fmt: skip
     model = Gemma2ForCausalLM(config).float()
-    head = grpo._chunkable_head(model)
+    head = logprobs.chunkable_head(model)
     assert head is not None and head.softcap == 0.5
-    batch = _batch_tensors(rollouts(3, vocab=97), 0, CPU)
+    batch = batch_tensors(rollouts(3, vocab=97), 0, CPU)
     want = scored(model, batch, None)
     assert_same(scored(model, batch, 4), want)
-    assert model not in grpo._WHOLE_LOGITS
+    assert model not in logprobs._WHOLE_LOGITS
 
 
 def test_a_head_it_cannot_reproduce_falls_back_to_the_whole_logits(tiny, caplog):
-    batch = _batch_tensors(rollouts(3), 0, CPU)
+    batch = batch_tensors(rollouts(3), 0, CPU)
     want = scored(load(tiny), batch, None)
 
     # Logits rescaled after the projection (as some heads do), invisible in the config.
@@ -128,7 +136,7 @@ def test_a_head_it_cannot_reproduce_falls_back_to_the_whole_logits(tiny, caplog)
     rescaled = scored(model, batch, None)
     with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.grpo"):
         assert_same(scored(model, batch, 4), rescaled)
-    assert model in grpo._WHOLE_LOGITS
+    assert model in logprobs._WHOLE_LOGITS
     assert "not the projection" in caplog.text and "whole (B, T, V) logits" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="bat_gym.trainers.grpo"):
@@ -152,13 +160,13 @@ def config(tiny, **kw):
 
 
 def sgd_update(tiny, rs, adv, cfg):
-    """One ``_update`` with SGD from the saved weights: the weights' change and the stats."""
+    """One ``update`` with SGD from the saved weights: the weights' change and the stats."""
     from transformers import AutoTokenizer
 
     model = load(tiny)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    stats = _update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
+    stats = update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
     return {k: v.detach() - before[k] for k, v in model.named_parameters()}, stats
 
 
@@ -231,7 +239,7 @@ def checkpointed_update(tiny, rs, adv, cfg, lr=1.0):
     calls = layer_calls(model)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    stats = _update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
+    stats = update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
     delta = {k: v.detach() - before[k] for k, v in model.named_parameters()}
     return delta, stats, model, calls
 
@@ -276,7 +284,7 @@ def test_gradient_checkpointing_leaves_sampling_alone_and_can_be_turned_off(tiny
     # The next update with the option off turns it off on the same model.
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     tok = AutoTokenizer.from_pretrained(tiny)
-    _update(model, None, opt, rs, adv, config(tiny, gradient_checkpointing=False), CPU, tok, OFF, Dist())  # fmt: skip
+    update(model, None, opt, rs, adv, config(tiny, gradient_checkpointing=False), CPU, tok, OFF, Dist())  # fmt: skip
     assert not model.is_activation_checkpointing
 
 
@@ -295,7 +303,7 @@ def test_the_optimizer_is_fused_adamw_and_steps_as_the_for_loop_one(tiny):
     fused_model, loop_model = torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)
     loop_model.load_state_dict(fused_model.state_dict())
     cfg = config(tiny, lr=1e-2, weight_decay=0.1)
-    fused = grpo._make_optimizer(fused_model, cfg, CPU)
+    fused = make_optimizer(fused_model, cfg, CPU)
     assert fused.defaults["fused"]
     loop = torch.optim.AdamW(loop_model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
     x = torch.randn(32, 16)
@@ -320,13 +328,111 @@ def test_an_update_raises_the_rewarded_rollouts_and_lowers_the_others(tiny):
 
     def sequence_logprobs():
         with torch.no_grad():
-            b = _batch_tensors(rs, 0, CPU, None)
-            logp, _ = _logprobs(model, b, cfg.temperature, OFF, chunk_size=None)
+            b = batch_tensors(rs, 0, CPU, None)
+            logp, _ = batch_logprobs(model, b, cfg.temperature, OFF, chunk_size=None)
             return (logp * b["loss_mask"]).sum(-1)
 
     before = sequence_logprobs()
-    opt = grpo._make_optimizer(model, cfg, CPU)
+    opt = make_optimizer(model, cfg, CPU)
     for _ in range(3):
-        _update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
+        update(model, None, opt, rs, adv, cfg, CPU, AutoTokenizer.from_pretrained(tiny), OFF, Dist())  # fmt: skip
     change = sequence_logprobs() - before
     assert (change[adv > 0] > 0).all() and (change[adv < 0] < 0).all(), change
+
+
+# --------------------------------------------------------------------------- chunked head
+
+
+def whole_head(hidden, weight, targets, bias=None, temperature=1.0, softcap=None):
+    """The reference: the whole (B, T, V) logits, then token_logprobs / entropy_from_logits."""
+    logits = hidden @ weight.T + (0.0 if bias is None else bias)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return (
+        token_logprobs(logits, targets, temperature=temperature),
+        entropy_from_logits(logits.detach(), temperature=temperature),
+    )
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 7, 10, 1000])  # 2 x 10 tokens: divides or not
+@pytest.mark.parametrize("softcap", [None, 2.0])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("vocab_slice", [7, 16384])  # softmax sums over 5 slices of V, or 1
+def test_chunked_head_equals_the_whole_logits(
+    chunk_size, softcap, with_bias, vocab_slice, monkeypatch
+):
+    monkeypatch.setattr(logprobs, "_VOCAB_SLICE", vocab_slice)
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(2, 10, 8, generator=g, requires_grad=True)
+    weight = torch.randn(30, 8, generator=g, requires_grad=True)
+    bias = torch.randn(30, generator=g, requires_grad=True) if with_bias else None
+    targets = torch.randint(0, 30, (2, 10), generator=g)
+    targets[0, 7:] = -100  # ignored labels (padding)
+    upstream = torch.randn(2, 10, generator=g)  # any weighting of the log-probs
+    leaves = [x for x in (hidden, weight, bias) if x is not None]
+
+    def run(fn):
+        logp, entropy = fn()
+        (logp * upstream).sum().backward()
+        grads = [x.grad.clone() for x in leaves]
+        for x in leaves:
+            x.grad = None
+        return logp.detach(), entropy, grads
+
+    kw = {"bias": bias, "temperature": 0.7, "softcap": softcap}
+    want = run(lambda: whole_head(hidden, weight, targets, **kw))
+    got = run(
+        lambda: chunked_logprobs_and_entropy(hidden, weight, targets, chunk_size=chunk_size, **kw)
+    )
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
+    for a, b in zip(got[2], want[2], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert (got[0][0, 7:] == 0).all()
+    assert not got[1].requires_grad  # the entropy is a metric
+
+
+def test_chunked_head_gradcheck_and_options():
+    g = torch.Generator().manual_seed(6)
+    hidden = torch.randn(1, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([[0, 5, -100, 2, 3]])
+
+    def f(h, w, b):
+        return chunked_logprobs_and_entropy(
+            h, w, targets, bias=b, temperature=1.3, chunk_size=2, softcap=3.0
+        )[0]
+
+    assert torch.autograd.gradcheck(f, (hidden, weight, bias))
+    logp, entropy = chunked_logprobs_and_entropy(hidden, weight, targets, with_entropy=False)
+    assert entropy is None and logp.shape == (1, 5)
+    for bad, match in (
+        ({"chunk_size": 0}, "chunk_size"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"softcap": 0.0}, "softcap"),
+        ({"bias": torch.zeros(5)}, "bias"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            chunked_logprobs_and_entropy(hidden, weight, targets, **bad)
+    with pytest.raises(ValueError, match="weight"):
+        chunked_logprobs_and_entropy(hidden, weight[:, :3], targets)
+
+
+def test_chunked_head_under_bf16_autocast_matches_the_whole_bf16_logits():
+    # The projection runs in the autocast dtype, as the model's own head would.
+    g = torch.Generator().manual_seed(7)
+    hidden = torch.randn(2, 6, 16, generator=g, requires_grad=True)
+    weight = torch.randn(40, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, 40, (2, 6), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = token_logprobs(torch.nn.functional.linear(hidden, weight), targets)
+        got, _ = chunked_logprobs_and_entropy(hidden, weight, targets, chunk_size=5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    want.sum().backward()
+    expected = [hidden.grad.clone(), weight.grad.clone()]
+    hidden.grad = weight.grad = None
+    got.sum().backward()
+    # bf16 matmuls in both; the chunked one sums the weight gradient in fp32.
+    torch.testing.assert_close(hidden.grad, expected[0], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(weight.grad, expected[1], atol=2e-2, rtol=2e-2)

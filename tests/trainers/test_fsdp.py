@@ -21,8 +21,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from bat_gym.integrations.episode import EpisodeResult  # noqa: E402
+from bat_gym.trainers.configs import GRPOConfig  # noqa: E402
 from bat_gym.trainers.fsdp import Dist  # noqa: E402
-from bat_gym.trainers.grpo import GRPOConfig, _update  # noqa: E402
+from bat_gym.trainers.grpo.update import update  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,7 @@ def torchrun(script: str, tmp_path: Path, timeout: float = 300) -> subprocess.Co
     return proc
 
 
-def test_a_sharded_update_equals_the_one_process_update(tiny, tmp_path):
+def test_a_sharded_update_equals_the_one_processupdate(tiny, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     # One process, all six rollouts.
@@ -78,7 +79,7 @@ def test_a_sharded_update_equals_the_one_process_update(tiny, tmp_path):
     # would blow up sign flips of near-zero gradients).
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     rs, adv = rollouts(6)
-    stats = _update(
+    stats = update(
         model, None, opt, rs, adv, config(tiny), torch.device("cpu"),
         AutoTokenizer.from_pretrained(tiny), torch.autocast("cpu", enabled=False), Dist(),
     )  # fmt: skip
@@ -91,9 +92,9 @@ def test_a_sharded_update_equals_the_one_process_update(tiny, tmp_path):
         f"""
         import torch, json
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from bat_gym.trainers import grpo
+        from bat_gym.trainers.grpo import logprobs
         from bat_gym.trainers.fsdp import full_state, gathered, init_distributed, shard
-        from bat_gym.trainers.grpo import _update
+        from bat_gym.trainers.grpo.update import update
         import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_fsdp import config, rollouts
 
@@ -104,7 +105,7 @@ def test_a_sharded_update_equals_the_one_process_update(tiny, tmp_path):
         mine = [0, 1, 2, 3] if dist.rank == 0 else [4, 5]
         with gathered(model, dist):  # as train() does for the rollouts before each update
             pass
-        stats = _update(
+        stats = update(
             # MLPs tiled 5 tokens at a time under FSDP; the one-process update is untiled.
             model, None, opt, [rs[i] for i in mine], adv[mine], config({str(tiny)!r}, 5),
             torch.device("cpu"), AutoTokenizer.from_pretrained({str(tiny)!r}),
@@ -112,7 +113,7 @@ def test_a_sharded_update_equals_the_one_process_update(tiny, tmp_path):
         )
         weights, _ = full_state(model, None, dist)
         # The output head ran in chunks (no fallback to whole logits) under FSDP too.
-        stats["chunked"] = model not in grpo._WHOLE_LOGITS
+        stats["chunked"] = model not in logprobs._WHOLE_LOGITS
         if dist.rank == 0:
             torch.save(weights, "weights.pt")
             json.dump(stats, open("stats.json", "w"))

@@ -18,12 +18,8 @@ from chat_templates import CHATML, qwen_model  # noqa: E402
 
 from bat_gym.errors import BatGymError, ConfigError  # noqa: E402
 from bat_gym.integrations import EpisodeResult  # noqa: E402
-from bat_gym.trainers.grpo import (  # noqa: E402
-    GRPOConfig,
-    _mask_overlong,
-    _shaped_reward,
-    train,
-)
+from bat_gym.trainers.grpo import GRPOConfig, train  # noqa: E402
+from bat_gym.trainers.grpo.batch import mask_overlong, shaped_reward  # noqa: E402
 from bat_gym.trainers.grpo_metrics import read_metrics  # noqa: E402
 from bat_gym.trainers.rollout import RolloutWorkers  # noqa: E402
 
@@ -112,16 +108,16 @@ def test_episodes_a_token_limit_ended_are_masked_penalized_or_kept(tiny, toy_ban
     rollouts = [episode("terminated", 1.0), episode("length", 0.4), episode("truncated", 0.0)]
     # penalize: the advantages see the reward less the penalty; the env's reward is kept.
     cfg = config(tiny, toy_bank, tmp_path, overlong="penalize", overlong_penalty=0.5)
-    assert [_shaped_reward(r, cfg) for r in rollouts] == pytest.approx([1.0, -0.1, 0.0])
+    assert [shaped_reward(r, cfg) for r in rollouts] == pytest.approx([1.0, -0.1, 0.0])
     assert rollouts[1].reward == 0.4
     for mode in ("keep", "mask"):
         cfg = config(tiny, toy_bank, tmp_path, overlong=mode)
-        assert [_shaped_reward(r, cfg) for r in rollouts] == pytest.approx([1.0, 0.4, 0.0])
+        assert [shaped_reward(r, cfg) for r in rollouts] == pytest.approx([1.0, 0.4, 0.0])
     # mask: the cut episode leaves the update with its advantage; the env's own
     # truncation (a turn budget) is an outcome like any other and stays.
-    kept, adv = _mask_overlong(rollouts, torch.tensor([0.5, -0.1, -0.4]))
+    kept, adv = mask_overlong(rollouts, torch.tensor([0.5, -0.1, -0.4]))
     assert kept == [rollouts[0], rollouts[2]] and adv.tolist() == pytest.approx([0.5, -0.4])
-    kept, adv = _mask_overlong(rollouts[1:2], torch.tensor([0.3]))
+    kept, adv = mask_overlong(rollouts[1:2], torch.tensor([0.3]))
     assert kept == [] and adv.shape == (0,)
 
 
@@ -130,7 +126,7 @@ def test_grpo_gives_the_episodes_the_samplers_stop_tokens_and_masks_cut_ones(
 ):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import bat_gym.trainers.grpo as grpo
+    from bat_gym.trainers.grpo import loop
 
     # A Qwen base tokenizer: eos <|endoftext|>, chat turns end in <|im_end|>.
     texts = (ROOT / "README.md").read_text().splitlines()
@@ -143,7 +139,7 @@ def test_grpo_gives_the_episodes_the_samplers_stop_tokens_and_masks_cut_ones(
             seen.update(kwargs)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(grpo, "RolloutWorkers", Spy)
+    monkeypatch.setattr(loop, "RolloutWorkers", Spy)
     template = {"enable_thinking": False}
     cfg = config(start, toy_bank, tmp_path / "run", steps=1, max_new_tokens=8,
                  overlong="mask", kl_coef=0.0, chat_template_kwargs=template)  # fmt: skip
@@ -169,14 +165,14 @@ def test_a_bf16_checkpoint_trains_fp32_master_weights_at_the_reference_lr(
     below bf16's spacing, so a bf16 master copy would round nearly all of it away."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bat_gym.trainers import grpo
+    from bat_gym.trainers.grpo import batch
 
     start = tmp_path / "bf16"
     AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.bfloat16).save_pretrained(start)
     AutoTokenizer.from_pretrained(tiny).save_pretrained(start)
     # Rewards of a random tiny model are all 0; fixed advantages give every step a
     # policy gradient, which is what this test is about.
-    monkeypatch.setattr(grpo, "group_advantages", lambda r, g, **_: torch.linspace(-1, 1, len(r)))
+    monkeypatch.setattr(batch, "group_advantages", lambda r, g, **_: torch.linspace(-1, 1, len(r)))
     cfg = config(start, toy_bank, tmp_path / "run", steps=1, lr=2.5e-7, kl_coef=0.0)
     summary = train(cfg)
     before = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).state_dict()

@@ -8,7 +8,6 @@ torch = pytest.importorskip("torch")
 from bat_gym.trainers import grpo_loss as G  # noqa: E402
 from bat_gym.trainers.grpo_loss import (  # noqa: E402
     AGGREGATIONS,
-    chunked_logprobs_and_entropy,
     entropy_from_logits,
     filter_uniform_groups,
     group_advantages,
@@ -288,104 +287,6 @@ def test_shape_and_argument_errors():
 
 def test_doctests():
     assert doctest.testmod(G, raise_on_error=True).failed == 0
-
-
-# --------------------------------------------------------------------------- chunked head
-
-
-def whole_head(hidden, weight, targets, bias=None, temperature=1.0, softcap=None):
-    """The reference: the whole (B, T, V) logits, then token_logprobs / entropy_from_logits."""
-    logits = hidden @ weight.T + (0.0 if bias is None else bias)
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    return (
-        token_logprobs(logits, targets, temperature=temperature),
-        entropy_from_logits(logits.detach(), temperature=temperature),
-    )
-
-
-@pytest.mark.parametrize("chunk_size", [1, 4, 7, 10, 1000])  # 2 x 10 tokens: divides or not
-@pytest.mark.parametrize("softcap", [None, 2.0])
-@pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("vocab_slice", [7, 16384])  # softmax sums over 5 slices of V, or 1
-def test_chunked_head_equals_the_whole_logits(
-    chunk_size, softcap, with_bias, vocab_slice, monkeypatch
-):
-    monkeypatch.setattr(G, "_VOCAB_SLICE", vocab_slice)
-    g = torch.Generator().manual_seed(5)
-    hidden = torch.randn(2, 10, 8, generator=g, requires_grad=True)
-    weight = torch.randn(30, 8, generator=g, requires_grad=True)
-    bias = torch.randn(30, generator=g, requires_grad=True) if with_bias else None
-    targets = torch.randint(0, 30, (2, 10), generator=g)
-    targets[0, 7:] = -100  # ignored labels (padding)
-    upstream = torch.randn(2, 10, generator=g)  # any weighting of the log-probs
-    leaves = [x for x in (hidden, weight, bias) if x is not None]
-
-    def run(fn):
-        logp, entropy = fn()
-        (logp * upstream).sum().backward()
-        grads = [x.grad.clone() for x in leaves]
-        for x in leaves:
-            x.grad = None
-        return logp.detach(), entropy, grads
-
-    kw = {"bias": bias, "temperature": 0.7, "softcap": softcap}
-    want = run(lambda: whole_head(hidden, weight, targets, **kw))
-    got = run(
-        lambda: chunked_logprobs_and_entropy(hidden, weight, targets, chunk_size=chunk_size, **kw)
-    )
-    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
-    for a, b in zip(got[2], want[2], strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    assert (got[0][0, 7:] == 0).all()
-    assert not got[1].requires_grad  # the entropy is a metric
-
-
-def test_chunked_head_gradcheck_and_options():
-    g = torch.Generator().manual_seed(6)
-    hidden = torch.randn(1, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
-    targets = torch.tensor([[0, 5, -100, 2, 3]])
-
-    def f(h, w, b):
-        return chunked_logprobs_and_entropy(
-            h, w, targets, bias=b, temperature=1.3, chunk_size=2, softcap=3.0
-        )[0]
-
-    assert torch.autograd.gradcheck(f, (hidden, weight, bias))
-    logp, entropy = chunked_logprobs_and_entropy(hidden, weight, targets, with_entropy=False)
-    assert entropy is None and logp.shape == (1, 5)
-    for bad, match in (
-        ({"chunk_size": 0}, "chunk_size"),
-        ({"temperature": 0.0}, "temperature"),
-        ({"softcap": 0.0}, "softcap"),
-        ({"bias": torch.zeros(5)}, "bias"),
-    ):
-        with pytest.raises(ValueError, match=match):
-            chunked_logprobs_and_entropy(hidden, weight, targets, **bad)
-    with pytest.raises(ValueError, match="weight"):
-        chunked_logprobs_and_entropy(hidden, weight[:, :3], targets)
-
-
-def test_chunked_head_under_bf16_autocast_matches_the_whole_bf16_logits():
-    # The projection runs in the autocast dtype, as the model's own head would.
-    g = torch.Generator().manual_seed(7)
-    hidden = torch.randn(2, 6, 16, generator=g, requires_grad=True)
-    weight = torch.randn(40, 16, generator=g, requires_grad=True)
-    targets = torch.randint(0, 40, (2, 6), generator=g)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = token_logprobs(torch.nn.functional.linear(hidden, weight), targets)
-        got, _ = chunked_logprobs_and_entropy(hidden, weight, targets, chunk_size=5)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    want.sum().backward()
-    expected = [hidden.grad.clone(), weight.grad.clone()]
-    hidden.grad = weight.grad = None
-    got.sum().backward()
-    # bf16 matmuls in both; the chunked one sums the weight gradient in fp32.
-    torch.testing.assert_close(hidden.grad, expected[0], atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(weight.grad, expected[1], atol=2e-2, rtol=2e-2)
 
 
 # --------------------------------------------------------------------------- TIS, k3 clamp
