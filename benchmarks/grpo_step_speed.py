@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from bat_gym.integrations.episode import EpisodeResult
+from bat_gym.rollout import EpisodeResult
 from bat_gym.trainers.fsdp import Dist
 from bat_gym.trainers.grpo import GRPOConfig, _batch_tensors, _chunks, _update
 from bat_gym.trainers.grpo_loss import group_advantages

@@ -8,7 +8,7 @@ bat_gym plugs into two of ``GRPOTrainer``'s arguments, used together:
   its state. The environment has no public tool methods: bat_gym's env parses and runs
   the tool calls, so TRL's own tool loop stays off.
 * ``rollout_func``: :class:`BatRollout` plays those envs turn by turn with the trainer's
-  model through :class:`~bat_gym.integrations.episode.TokenEpisode` and returns the
+  model through :class:`~bat_gym.rollout.TokenEpisode` and returns the
   token sequences, with ``env_mask`` 0 on the env's replies (TRL multiplies it into the
   loss mask, so tool results never enter the loss).
 
@@ -37,12 +37,8 @@ from bat_gym.integrations._states import (
     state_id_of,
     state_rows,
 )
-from bat_gym.integrations.episode import (
-    CutTurn,
-    EpisodeResult,
-    TokenEpisode,
-    default_stop_token_ids,
-)
+from bat_gym.rollout.chat_tokens import default_stop_token_ids
+from bat_gym.rollout.token_episode import CutTurn, EpisodeResult, TokenEpisode
 
 if TYPE_CHECKING:
     import datasets
@@ -170,7 +166,7 @@ class BatRollout:
             template's end-of-turn token; the default generator stops at them.
         cut_turn: a turn that ends without a stop token (``max_new_tokens_per_turn`` ran
             out): ``"end"`` the rollout there, or ``"act"`` on its text (see
-            :class:`~bat_gym.integrations.TokenEpisode`).
+            :class:`~bat_gym.rollout.TokenEpisode`).
     """
 
     def __init__(

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from bat_gym.integrations.episode import EpisodeResult  # noqa: E402
+from bat_gym.rollout import EpisodeResult  # noqa: E402
 from bat_gym.trainers import grpo  # noqa: E402
 from bat_gym.trainers.activation_checkpointing import set_activation_checkpointing  # noqa: E402
 from bat_gym.trainers.fsdp import Dist  # noqa: E402
