@@ -55,7 +55,8 @@ class RolloutWorkers:
     """A pool of envs that plays many token-level episodes concurrently.
 
     Args:
-        make_env: builds one env (called lazily, at most ``num_envs`` times).
+        make_env: builds one env (called lazily, once per slot of ``num_envs``, and
+            again for a slot whose env broke).
         generate_batch: continues a batch of token sequences, e.g.
             ``lambda p, n, **kw: policy.generate_tokens(p, max_new_tokens=n, **kw)``;
             it is passed ``seed_keys=`` only for batches with a keyed episode in them.
@@ -94,8 +95,10 @@ class RolloutWorkers:
         cut_turn: CutTurn = "end",
         rerendering: Rerendering = "follow_sampled",
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        # Checks num_envs (>= 1) before anything starts.
+        self.runner = Runner(
+            make_env, workers=num_envs, max_attempts=LOST_ENV_ATTEMPTS, name="bat-rollout"
+        )
         self.make_env = make_env
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -115,9 +118,6 @@ class RolloutWorkers:
             max_batch_size=max_batch_size,
             wait_s=wait_s,
             name="bat-gym-rollout-generate",
-        )
-        self.runner = Runner(
-            make_env, workers=num_envs, max_attempts=LOST_ENV_ATTEMPTS, name="bat-rollout"
         )
 
     def _generate(self, requests: list[GenerationRequest]) -> list[TokenGeneration]:

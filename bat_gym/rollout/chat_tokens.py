@@ -236,23 +236,14 @@ def delta_ids(
     before: Sequence[dict[str, Any]],
     new: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]] | None,
-    *,
-    stop_token_ids: Collection[int],
-    chat_template_kwargs: dict[str, Any] | None = None,
+    **options: Any,
 ) -> list[int]:
-    """:func:`reply_delta` of a prefix-preserving template; refuses any other.
+    """:func:`reply_delta` (same arguments) of a prefix-preserving template; refuses any other.
 
     Raises:
         ChatTemplateError: the template is not prefix-preserving.
     """
-    delta = reply_delta(
-        tokenizer,
-        before,
-        new,
-        tools,
-        stop_token_ids=stop_token_ids,
-        chat_template_kwargs=chat_template_kwargs,
-    )
+    delta = reply_delta(tokenizer, before, new, tools, **options)
     if delta.rerendered:
         raise ChatTemplateError(RERENDERED_TEMPLATE)
     return delta.ids

@@ -98,10 +98,9 @@ class Runner:
         ray: str | None = None,
         name: str = "bat-runner",
     ) -> None:
-        if workers < 1:
-            raise ConfigError(f"workers must be >= 1, got {workers}")
-        if max_attempts < 1:
-            raise ConfigError(f"max_attempts must be >= 1, got {max_attempts}")
+        for setting, value in (("workers", workers), ("max_attempts", max_attempts)):
+            if value < 1:  # no slot could play, or no episode would be played at all
+                raise ConfigError(f"{setting} must be >= 1, got {value}")
         self.workers = workers
         self.max_attempts = max_attempts
         self.name = name
