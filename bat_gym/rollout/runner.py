@@ -15,7 +15,8 @@ counts an attempt (:attr:`Played.attempts`); after ``max_attempts`` the last err
 the answer. Any other error is a bug or a setting, which playing again cannot fix: it
 ends the episode at once. A sandbox error, or any error not in the rule, also replaces
 the slot's env (closed, rebuilt at the next play); the others leave it in place (the
-sandbox was restarted, a lost actor is replaced at its next call, the policy failed).
+sandbox was restarted, a lost actor is replaced at its next call, the policy failed),
+and so does an env on a Ray actor, which its pool renews.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +48,18 @@ REPLAYABLE: tuple[type[BaseException], ...] = (EnvLost, SandboxError, SandboxRes
 # After these the slot's env is still good: the sandbox was restarted in place, a lost
 # Ray actor is replaced at the env's next call, and a policy failure left the env as is.
 _ENV_SURVIVES: tuple[type[BaseException], ...] = (EnvLost, SandboxRestarted, PolicyError)
+
+
+def _renewed_by_its_pool(env: Any) -> bool:
+    """Whether ``env`` is a view of a Ray actor (an ``ActorEnv``), kept after any error.
+
+    Its pool renews the actor behind it (a lost one is replaced at its next call) and
+    closing it does nothing; a new view would need a free actor index, which a caller's
+    ``make_env`` (the GRPO trainer's hands each index out once) may not have.
+    """
+    # Looked up, not imported: without Ray's extra installed no env can be one.
+    actor_env = sys.modules.get("bat_gym.distributed.actor_env")
+    return actor_env is not None and isinstance(env, actor_env.ActorEnv)
 
 
 def replayable(exc: BaseException) -> bool:
@@ -185,7 +199,7 @@ class Runner:
 
     def _failed(self, slot: int, exc: Exception, attempt: int, what: str) -> Played[Any] | None:
         """The retry rule for a failed attempt: the final outcome, or None to play again."""
-        if not isinstance(exc, _ENV_SURVIVES):
+        if not isinstance(exc, _ENV_SURVIVES) and not _renewed_by_its_pool(self._envs[slot]):
             self._replace(slot)
         if not replayable(exc) or attempt == self.max_attempts:
             return Played(None, attempt, exc)

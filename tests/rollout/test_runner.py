@@ -106,3 +106,18 @@ def test_settings_are_checked():
         Runner(Env, workers=0)
     with pytest.raises(ConfigError, match="max_attempts"):
         Runner(Env, workers=1, max_attempts=0)
+
+
+def test_an_env_on_a_ray_actor_is_kept_its_pool_renews_the_actor():
+    from bat_gym.distributed import ActorEnv
+
+    class ViewOfAnActor(ActorEnv):
+        def __init__(self) -> None:  # no pool needed: the runner only keeps or closes it
+            self.id = next(Env.ids)
+
+    built: list[ViewOfAnActor] = []
+    runner = Runner(lambda: built.append(ViewOfAnActor()) or built[-1], workers=1, max_attempts=2)
+    play, seen = failing([SandboxCrashed("gone")])
+    assert runner.attempt(play).attempts == 2
+    assert len(built) == 1 and seen[0] is seen[1]
+    runner.close()
