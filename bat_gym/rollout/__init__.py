@@ -27,7 +27,13 @@ from bat_gym.rollout.loop import (
     step,
 )
 from bat_gym.rollout.runner import Played, Runner
-from bat_gym.rollout.token_episode import EpisodeResult, PromptTooLong, TokenEpisode
+from bat_gym.rollout.token_episode import (
+    BatchGenerate,
+    EpisodeResult,
+    PromptTooLong,
+    TokenEpisode,
+    play_in_lockstep,
+)
 
 __all__ = [
     # the loop
@@ -42,11 +48,13 @@ __all__ = [
     "sandbox_restarted",
     "step",
     # token episodes
+    "BatchGenerate",
     "ChatTemplateError",
     "EpisodeResult",
     "PromptTooLong",
     "TokenEpisode",
     "default_stop_token_ids",
+    "play_in_lockstep",
     "render_ids",
     # many episodes
     "Played",

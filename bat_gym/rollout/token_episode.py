@@ -68,6 +68,7 @@ from bat_gym.rollout.loop import Rollout, Step, TurnHooks, advance, episode_loop
 
 __all__ = [
     "AsyncGenerate",
+    "BatchGenerate",
     "CutTurn",
     "EpisodeResult",
     "Generate",
@@ -76,6 +77,7 @@ __all__ = [
     "Rerendering",
     "StopReason",
     "TokenEpisode",
+    "play_in_lockstep",
     "rubric_wrapper",
 ]
 
@@ -99,6 +101,9 @@ the reply from the template (see the module doc), or raise :class:`ChatTemplateE
 
 Generate = Callable[[list[int], int | None], Sequence[int]]
 """``generate(context_ids, max_new_tokens) -> sampled token ids`` (None: no limit)."""
+
+BatchGenerate = Callable[[list[list[int]], list[int | None]], Sequence[Sequence[int]]]
+"""``generate(contexts, max_new_tokens) -> one turn's sampled ids per context``."""
 
 AsyncGenerate = Callable[
     [list[int], int | None], Awaitable[tuple[Sequence[int], Sequence[float] | None]]
@@ -559,3 +564,23 @@ class TokenEpisode(TurnHooks):
             rerendered_replies=self.rerendered_replies,
         )
         return True
+
+
+def play_in_lockstep(
+    episodes: Sequence[TokenEpisode], generate: BatchGenerate
+) -> list[EpisodeResult]:
+    """Play begun episodes to their ends, each turn sampling the unfinished ones as one batch.
+
+    Args:
+        episodes: episodes after :meth:`TokenEpisode.begin` (or ``reset``).
+        generate: continues each context (token ids) with one turn of at most its
+            ``max_new_tokens`` (None: no limit).
+
+    Returns:
+        The episodes' results, in the order of ``episodes``.
+    """
+    while active := [e for e in episodes if not e.done]:
+        turns = generate([e.context_ids for e in active], [e.max_new_tokens for e in active])
+        for episode, tokens in zip(active, turns, strict=True):
+            episode.advance(tokens)
+    return [e.result() for e in episodes]
