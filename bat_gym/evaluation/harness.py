@@ -259,8 +259,6 @@ def run_cells(
         One result per cell, in the order of ``cells``.
     """
     from bat_gym.bank import task_states
-    from bat_gym.env import StageEnv
-    from bat_gym.rubrics.reward import RubricReward
     from bat_gym.sandbox.snapshot import BlobStore
 
     out = Path(out_dir)
@@ -275,74 +273,96 @@ def run_cells(
         states = {
             (s.track, s.provenance["seed"]): s for s in (source.get(i) for i in source.select())
         }
-
-        def default_env(states_source: Any) -> Any:
-            return RubricReward(
-                StageEnv(
-                    "E2E",
-                    benchmark=bench,
-                    states=states_source,
-                    backend=cfg.backend,
-                    protocol=cfg.protocol,
-                    budgets=budgets,
-                    sandbox_options=cfg.sandbox_options,
-                )
-            )
-
         # Ray actors build their envs from this factory (pickled), states and all.
-        ray = cfg.ray if make_env is None else None
+        build = (
+            functools.partial(_rubric_env, bench, cfg, budgets) if make_env is None else make_env
+        )
         runner = Runner(
-            functools.partial(make_env or default_env, source),
+            functools.partial(build, source),
             workers=cfg.workers,
             max_attempts=cfg.max_attempts,
-            ray=ray,
+            ray=cfg.ray if make_env is None else None,
             name="bat-eval",
         )
-        progress_ = progress.task(
+        shown = progress.task(
             "evaluating: held-out cells", len(cells), done=len(done), shown=cfg.progress
         )
         if done:
-            progress_.note(f"[{len(done)}/{len(cells)}] already finished, resuming")
-
-        def run_one(cell: Cell) -> CellResult:
-            state = states[(cell.track, cell.seed)]
-            tier = _tier_of(bench, state)
-
-            def play(env: Any) -> CellResult:
-                start = time.perf_counter()
-                info, finished = play_episode(env, policy, state, bench, seed_key=cell.seed_key)
-                scored = _score(info, finished, bench, budgets)
-                wall_s = time.perf_counter() - start
-                # After wall_s: keeping the trace is not the episode's time.
-                write_episode(out, cell.key, info, env)
-                return CellResult(
-                    cell=cell, task_id=state.task_id, tier=tier, valid=True, wall_s=wall_s, **scored
-                )
-
-            played = runner.attempt(play, what=f"cell {cell.key}")
-            if played.error is None:
-                result = played.value.model_copy(update={"attempts": played.attempts})
-                write_atomic(out / CELLS_DIR / f"{cell.key}.json", result.model_dump_json(indent=1))
-            else:
-                result = CellResult(
-                    cell=cell,
-                    task_id=state.task_id,
-                    tier=tier,
-                    valid=False,
-                    error=infrastructure_error(played.error),
-                    attempts=played.attempts,
-                    failures=("infrastructure",),
-                )
-            progress_.count(_cell_line(result))
-            return result
-
+            shown.note(f"[{len(done)}/{len(cells)}] already finished, resuming")
+        play = _CellPlay(bench, policy, budgets, out, runner, states, shown)
         try:
-            fresh = {r.cell.key: r for r in runner.map(run_one, todo)}
+            done.update((r.cell.key, r) for r in runner.map(play, todo))
         finally:
-            progress_.close()
+            shown.close()
             runner.close()
-        done.update(fresh)
     return [done[c.key] for c in cells if c.key in done]
+
+
+def _rubric_env(bench: Benchmark, cfg: EvalConfig, budgets: Budgets, states: Any) -> Any:
+    """The default evaluation env: a rubric-wrapped E2E StageEnv over the state source."""
+    from bat_gym.env import StageEnv
+    from bat_gym.rubrics.reward import RubricReward
+
+    return RubricReward(
+        StageEnv(
+            "E2E",
+            benchmark=bench,
+            states=states,
+            backend=cfg.backend,
+            protocol=cfg.protocol,
+            budgets=budgets,
+            sandbox_options=cfg.sandbox_options,
+        )
+    )
+
+
+@dataclass
+class _CellPlay:
+    """Plays one cell on the runner and keeps its result (``cells/<key>.json``, its episode)."""
+
+    bench: Benchmark
+    policy: Policy
+    budgets: Budgets
+    out: Path
+    runner: Runner
+    states: dict[tuple[str, Any], StageState]
+    shown: progress.ProgressTask
+
+    def __call__(self, cell: Cell) -> CellResult:
+        """The cell's result: scored, or invalid when no attempt could play it."""
+        state = self.states[(cell.track, cell.seed)]
+        tier = _tier_of(self.bench, state)
+        play = functools.partial(self._score, cell, state, tier)
+        played = self.runner.attempt(play, what=f"cell {cell.key}")
+        if played.error is None:
+            result = played.value.model_copy(update={"attempts": played.attempts})
+            write_atomic(
+                self.out / CELLS_DIR / f"{cell.key}.json", result.model_dump_json(indent=1)
+            )
+        else:
+            result = CellResult(
+                cell=cell,
+                task_id=state.task_id,
+                tier=tier,
+                valid=False,
+                error=infrastructure_error(played.error),
+                attempts=played.attempts,
+                failures=("infrastructure",),
+            )
+        self.shown.count(_cell_line(result))
+        return result
+
+    def _score(self, cell: Cell, state: StageState, tier: str | None, env: Any) -> CellResult:
+        """One attempt: play the cell's episode on ``env`` and score it."""
+        start = time.perf_counter()
+        info, finished = play_episode(env, self.policy, state, self.bench, seed_key=cell.seed_key)
+        scored = _score(info, finished, self.bench, self.budgets)
+        wall_s = time.perf_counter() - start
+        # After wall_s: keeping the trace is not the episode's time.
+        write_episode(self.out, cell.key, info, env)
+        return CellResult(
+            cell=cell, task_id=state.task_id, tier=tier, valid=True, wall_s=wall_s, **scored
+        )
 
 
 def _cell_line(result: CellResult) -> str:
