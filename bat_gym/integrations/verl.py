@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
@@ -210,6 +210,26 @@ def agent_loop_fields(result: EpisodeResult) -> dict[str, Any]:
     }
 
 
+async def _play_sample(
+    build_env: Callable[[], Any], tokenizer: Any, generate: AsyncGenerate, **episode: Any
+) -> EpisodeResult:
+    """One sample's episode (:func:`run_episode`'s keywords) on its own env, under the retry rule.
+
+    A crashed sandbox or a lost env plays the episode again
+    (:class:`~bat_gym.rollout.Runner`); the env is closed at the end.
+    """
+
+    async def play(env: Any) -> EpisodeResult:
+        return await run_episode(env, tokenizer, generate, on_restart="raise", **episode)
+
+    runner = Runner(build_env, workers=1)
+    try:
+        played = await runner.arun(play, what=f"an episode from {episode['state_id']}")
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, runner.close)
+    return played.unwrap()
+
+
 def _missing_for_agent_loop(exc: ImportError) -> str:
     """What to install when verl's agent loop cannot be imported, from the failed import."""
     missing = (exc.name or "").split(".")[0]
@@ -296,27 +316,17 @@ def _build_agent_loop() -> type:
                 )
                 return list(out.token_ids), out.log_probs
 
-            async def play(env: Any) -> EpisodeResult:
-                return await run_episode(
-                    env,
-                    self.tokenizer,
-                    generate,
-                    state_id=state_id,
-                    max_response_tokens=self.response_length,
-                    max_new_tokens_per_turn=self.max_new_tokens_per_turn,
-                    chat_template_kwargs=self.chat_template_kwargs,
-                    stop_token_ids=self.stop_token_ids,
-                    cut_turn=self.cut_turn,
-                    on_restart="raise",
-                )
-
-            # One env for the sample; a crashed sandbox or a lost env plays it again.
-            runner = Runner(functools.partial(make_env, self.env_id, self.env_kwargs), workers=1)
-            try:
-                played = await runner.arun(play, what=f"an episode from {state_id}")
-            finally:
-                await asyncio.get_running_loop().run_in_executor(None, runner.close)
-            result = played.unwrap()
+            result = await _play_sample(
+                functools.partial(make_env, self.env_id, self.env_kwargs),
+                self.tokenizer,
+                generate,
+                state_id=state_id,
+                max_response_tokens=self.response_length,
+                max_new_tokens_per_turn=self.max_new_tokens_per_turn,
+                chat_template_kwargs=self.chat_template_kwargs,
+                stop_token_ids=self.stop_token_ids,
+                cut_turn=self.cut_turn,
+            )
             return AgentLoopOutput(**agent_loop_fields(result), metrics=AgentLoopMetrics())
 
     BatAgentLoop.__module__ = __name__
