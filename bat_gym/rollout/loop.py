@@ -11,8 +11,10 @@ a token sampler, a versioned sampler, an async server) and *what a consumer keep
 both are hooks (:class:`TurnHooks`, overridden by subclasses such as
 :class:`~bat_gym.rollout.token_episode.TokenEpisode`), and the loop never changes.
 The loop is a generator: it yields each turn's request and is sent the source's reply,
-so one loop serves a plain call (:func:`drive`), an event loop (:func:`adrive`), and
-many episodes advanced in lockstep by one batched call.
+so one loop serves a plain call (:func:`drive`), an event loop
+(:meth:`TokenEpisode.arun <bat_gym.rollout.token_episode.TokenEpisode.arun>`), and many
+episodes advanced in lockstep by one batched call
+(:func:`~bat_gym.rollout.token_episode.play_in_lockstep`).
 
 The guarantee: nothing a policy writes makes a step raise. The env turns every
 message, malformed or hostile, into an observation (a ``[tool call error]`` reply, a
@@ -28,8 +30,7 @@ carry on, so a crash is never scored as the policy's failure (the
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,6 @@ __all__ = [
     "SandboxRestarted",
     "Step",
     "TurnHooks",
-    "adrive",
     "advance",
     "drive",
     "episode_loop",
@@ -255,21 +255,6 @@ def drive(loop: Generator[Any, Any, Rollout], answer: Callable[[Any], Any]) -> R
     done, value = advance(loop)
     while not done:
         done, value = advance(loop, answer(value))
-    return value
-
-
-async def adrive(
-    loop: Generator[Any, Any, Rollout], answer: Callable[[Any], Awaitable[Any]]
-) -> Rollout:
-    """:func:`drive` on an event loop: ``await answer(request)``; env steps in the executor.
-
-    The env's steps block on the sandbox, so they run in the default executor and the
-    event loop serves other episodes' generations meanwhile.
-    """
-    run = asyncio.get_running_loop().run_in_executor
-    done, value = await run(None, advance, loop, None)
-    while not done:
-        done, value = await run(None, advance, loop, await answer(value))
     return value
 
 
