@@ -29,12 +29,9 @@ from __future__ import annotations
 import contextlib
 import random
 import tempfile
-import threading
 import time
-import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -410,35 +407,28 @@ def _play_stage_rows(
     workers: int,
     progress: display.ProgressTask,
 ) -> list[AuditEpisode]:
-    """Play each (policy name, policy, state) once, ``workers`` at a time."""
-    from bat_gym.evaluation.harness import play_episode
+    """Play each (policy name, policy, state) once, ``workers`` at a time.
 
-    local = threading.local()
-    envs: list[Any] = []
-    lock = threading.Lock()
+    An episode that cannot be played (the runner's retry rule, two attempts) is an
+    invalid row, never a reward.
+    """
+    from bat_gym.evaluation.harness import infrastructure_error, play_episode
+    from bat_gym.rollout import Runner
 
-    def env() -> Any:
-        if not hasattr(local, "env"):
-            local.env = make_env()
-            with lock:
-                envs.append(local.env)
-        return local.env
+    runner = Runner(make_env, workers=workers, max_attempts=2, name="bat-audit")
 
     def play(job: tuple[str, Policy, Any]) -> AuditEpisode:
         name, policy, state = job
-        error = ""
-        for _ in range(2):
+
+        def once(env: Any) -> AuditEpisode:
             start = time.perf_counter()
-            try:
-                info, _ = play_episode(env(), policy, state, bench)
-                e = _episode(
-                    name, state.focus, state, state.state_id, info, time.perf_counter() - start
-                )
-                break
-            except Exception as exc:  # noqa: BLE001 - any env failure is infrastructure
-                error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
-                local.__dict__.pop("env", None)  # a broken env is rebuilt (closed at the end)
-        else:
+            info, _ = play_episode(env, policy, state, bench)
+            wall_s = time.perf_counter() - start
+            return _episode(name, state.focus, state, state.state_id, info, wall_s)
+
+        played = runner.attempt(once, what=f"{name} on {state.state_id}")
+        e = played.value
+        if played.error is not None:
             e = AuditEpisode(
                 policy=name,
                 stage=state.focus,
@@ -446,17 +436,15 @@ def _play_stage_rows(
                 where=state.state_id,
                 reward=None,
                 valid=False,
-                error=error,
+                error=infrastructure_error(played.error),
             )
         progress.count(_episode_line(e))
         return e
 
     try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bat-audit") as pool:
-            return list(pool.map(play, jobs))
+        return runner.map(play, jobs)
     finally:
-        for e in envs:
-            e.close()
+        runner.close()
 
 
 class _VerdictTap(gym.Wrapper):

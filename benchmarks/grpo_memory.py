@@ -164,7 +164,7 @@ def make_rollouts(spec: Spec) -> tuple[list[Any], Any]:
 
     import torch
 
-    from bat_gym.integrations.episode import EpisodeResult
+    from bat_gym.rollout import EpisodeResult
 
     rng = random.Random(0)
     out = []

@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from bat_gym.integrations.episode import EpisodeResult
+from bat_gym.rollout import EpisodeResult
 from bat_gym.trainers.configs import GRPOConfig
 from bat_gym.trainers.fsdp import Dist
 from bat_gym.trainers.grpo.batch import batch_tensors, chunks

@@ -2,7 +2,7 @@
 
 Plays the toy_pipeline teacher's E2E episodes (every turn a tool call, then ``finish``)
 twice per state: through the native env API (``reset`` + ``step`` with the text), and
-through :class:`~bat_gym.integrations.TokenEpisode` with a generator that returns the
+through :class:`~bat_gym.rollout.TokenEpisode` with a generator that returns the
 same turns as tokens, so the difference is the adapter's own work: rendering the
 prompt, decoding each turn, and rendering each reply as a chat-template delta (two
 renders of the whole conversation per turn, so it grows with the conversation).
@@ -25,9 +25,9 @@ import gymnasium as gym
 
 from bat_gym.bank import build_bank
 from bat_gym.catalog import get_benchmark
-from bat_gym.integrations import TokenEpisode
 from bat_gym.policies import EpisodeContext, PolicyRequest, ScriptedPolicy
 from bat_gym.protocol import get_protocol
+from bat_gym.rollout import TokenEpisode
 from bat_gym.trainers.tiny_model import build_tokenizer
 
 

@@ -56,16 +56,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bat_gym.integrations.episode import EpisodeResult
 from bat_gym.policies.base import SeedKey
 from bat_gym.policies.local import TokenGeneration
+from bat_gym.rollout import EpisodeResult
 from bat_gym.trainers.rollout import (
     GenerateBatch,
     GenerationRequest,
     RolloutWorkers,
     call_generate,
     cut,
-    turn_key,
 )
 
 __all__ = [
@@ -218,7 +217,8 @@ class VersionedWorkers(RolloutWorkers):
 
     Takes a :class:`VersionedGenerator` in place of ``generate_batch``; the other
     arguments are those of :class:`~bat_gym.trainers.rollout.RolloutWorkers`.
-    :meth:`play_one` (and so :meth:`play`) returns :class:`VersionedRollout` records.
+    :meth:`play_one` (and so :meth:`play`) returns :class:`VersionedRollout` records:
+    the same episodes, through the hooks :meth:`_sample` and :meth:`_result`.
     """
 
     def __init__(
@@ -236,17 +236,15 @@ class VersionedWorkers(RolloutWorkers):
         gens, version = call_generate(self.generator, requests)
         return [(cut(gen, n), version) for gen, (_, n, _) in zip(gens, requests, strict=True)]
 
-    def _play(self, episode: Any, seed_key: SeedKey | None = None) -> VersionedRollout:  # type: ignore[override]
-        """As the base class's, with each token stamped with the version that sampled it."""
-        starts: list[tuple[int, int]] = []
-        while not episode.done:
-            cap = episode.max_new_tokens or self.max_new_tokens
-            key = turn_key(seed_key, len(starts))
-            sample, version = self.batcher((episode.context_ids, cap, key))  # type: ignore[misc]
-            starts.append((len(episode.response_ids), version))
-            episode.advance(sample.token_ids, sample.logprobs)
-        result = episode.result()
-        return VersionedRollout(result, token_versions(starts, len(result.response_ids)))
+    def _sample(self, request: GenerationRequest) -> tuple[TokenGeneration, int | None]:
+        return self.batcher(request)  # type: ignore[return-value]  # (turn, version) pairs
+
+    def _result(
+        self, result: EpisodeResult, turn_starts: list[tuple[int, int | None]]
+    ) -> VersionedRollout:
+        """The episode with each token stamped with the version that sampled it."""
+        versions = token_versions(turn_starts, len(result.response_ids))  # type: ignore[arg-type]
+        return VersionedRollout(result, versions)
 
 
 # ============================================================================ producer/consumer

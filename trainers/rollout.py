@@ -1,10 +1,12 @@
 """Many token-level episodes at once, for the GRPO trainer.
 
-Each episode is a :class:`~bat_gym.integrations.TokenEpisode`: the exact ids the
+Each episode is a :class:`~bat_gym.rollout.TokenEpisode`: the exact ids the
 policy was conditioned on and sampled, tool replies appended as chat-template deltas
 with mask 0 (token in, token out; the same bookkeeping every trainer adapter uses).
 
-Episodes run in threads, each on its own env from a pool; their generation requests
+Episodes run in threads, each on its own env from a :class:`~bat_gym.rollout.Runner`
+(whose retry rule plays an episode again when its env is lost, its sandbox crashed or
+its policy backend failed); their generation requests
 meet in a :class:`~bat_gym.policies.batching.MicroBatcher`, so the model decodes them
 in batches while a slow tool call holds up only its own episode.
 
@@ -16,23 +18,15 @@ tokens whatever else is in its batch and whichever episode's turn arrives first.
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bat_gym.errors import EnvLost
-from bat_gym.integrations.episode import (
-    CutTurn,
-    EpisodeResult,
-    Rerendering,
-    TokenEpisode,
-    default_stop_token_ids,
-)
 from bat_gym.policies.base import SeedKey
 from bat_gym.policies.batching import MicroBatcher
 from bat_gym.policies.local import TokenGeneration
+from bat_gym.rollout.chat_tokens import default_stop_token_ids
+from bat_gym.rollout.runner import Runner
+from bat_gym.rollout.token_episode import CutTurn, EpisodeResult, Rerendering, TokenEpisode
 
 __all__ = [
     "LOST_ENV_ATTEMPTS",
@@ -44,10 +38,8 @@ __all__ = [
     "turn_key",
 ]
 
-log = logging.getLogger(__name__)
-
-# Plays of one episode when its env is lost (a Ray actor or node died) before the
-# GRPO step gives up; a replacement actor starts at the env's next call.
+# Plays of one episode when its env is lost (a Ray actor or node died), its sandbox
+# crashed or its policy backend failed, before the GRPO step gives up.
 LOST_ENV_ATTEMPTS = 3
 
 #: Continues each prompt (token ids) with one assistant turn of at most ``max_new_tokens``.
@@ -63,7 +55,8 @@ class RolloutWorkers:
     """A pool of envs that plays many token-level episodes concurrently.
 
     Args:
-        make_env: builds one env (called lazily, at most ``num_envs`` times).
+        make_env: builds one env (called lazily, once per slot of ``num_envs``, and
+            again for a slot whose env broke).
         generate_batch: continues a batch of token sequences, e.g.
             ``lambda p, n, **kw: policy.generate_tokens(p, max_new_tokens=n, **kw)``;
             it is passed ``seed_keys=`` only for batches with a keyed episode in them.
@@ -75,12 +68,12 @@ class RolloutWorkers:
         stop_token_ids: the tokens ``generate_batch`` stops at (``policy.stop_token_ids``),
             so that episodes know a finished turn from a cut one; default: the chat
             template's end-of-turn token and the tokenizer's eos
-            (:func:`~bat_gym.integrations.episode.default_stop_token_ids`).
+            (:func:`~bat_gym.rollout.chat_tokens.default_stop_token_ids`).
         chat_template_kwargs: extra ``apply_chat_template`` arguments (e.g.
             ``{"enable_thinking": False}``), the same the policy renders prompts with.
         max_total_tokens: cap on prompt plus response tokens of an episode (None: none).
         cut_turn: what a turn cut by ``max_new_tokens`` does (see
-            :class:`~bat_gym.integrations.TokenEpisode`): ``"end"`` the episode or
+            :class:`~bat_gym.rollout.TokenEpisode`): ``"end"`` the episode or
             ``"act"`` on it.
         rerendering: what a chat template that re-renders earlier turns does:
             ``"follow_sampled"`` or ``"error"``.
@@ -102,8 +95,10 @@ class RolloutWorkers:
         cut_turn: CutTurn = "end",
         rerendering: Rerendering = "follow_sampled",
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        # Checks num_envs (>= 1) before anything starts.
+        self.runner = Runner(
+            make_env, workers=num_envs, max_attempts=LOST_ENV_ATTEMPTS, name="bat-rollout"
+        )
         self.make_env = make_env
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -124,9 +119,6 @@ class RolloutWorkers:
             wait_s=wait_s,
             name="bat-gym-rollout-generate",
         )
-        self._free: list[Any] = []
-        self._all: list[Any] = []
-        self._lock = threading.Lock()
 
     def _generate(self, requests: list[GenerationRequest]) -> list[TokenGeneration]:
         """One call for the batch at its largest cap; each turn is then cut to its own.
@@ -141,21 +133,26 @@ class RolloutWorkers:
             )
         ]
 
-    def _acquire(self) -> Any:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        env = self.make_env()
-        with self._lock:
-            self._all.append(env)
-        return env
+    def _sample(self, request: GenerationRequest) -> tuple[TokenGeneration, int | None]:
+        """One turn from the batcher, and the version of the weights that sampled it (None)."""
+        return self.batcher(request), None
 
-    def _release(self, env: Any) -> None:
-        with self._lock:
-            self._free.append(env)
+    def _result(self, result: EpisodeResult, turn_starts: list[tuple[int, int | None]]) -> Any:
+        """What :meth:`play_one` returns for a finished episode (here: the episode itself).
+
+        Args:
+            result: the episode.
+            turn_starts: per turn, where its tokens begin in ``result.response_ids`` and
+                the version that sampled it.
+        """
+        return result
 
     def episode(self, env: Any) -> TokenEpisode:
-        """A :class:`~bat_gym.integrations.TokenEpisode` on ``env`` with these settings."""
+        """A :class:`~bat_gym.rollout.TokenEpisode` on ``env`` with these settings.
+
+        A tool call that crashes the sandbox raises
+        :class:`~bat_gym.rollout.SandboxRestarted`, so the runner plays the episode again.
+        """
         return TokenEpisode(
             env,
             self.tokenizer,
@@ -165,45 +162,43 @@ class RolloutWorkers:
             chat_template_kwargs=self.chat_template_kwargs,
             cut_turn=self.cut_turn,
             rerendering=self.rerendering,
+            on_restart="raise",
         )
 
     def play_one(self, state_id: str, seed_key: SeedKey | None = None) -> EpisodeResult:
         """One episode from ``state_id`` on a pooled env.
 
         An episode whose env is lost (:class:`~bat_gym.errors.EnvLost`: a Ray actor or
-        its node died) is played again from the start, up to ``LOST_ENV_ATTEMPTS``
-        times in all (with the same ``seed_key``, so the same draws); it is never
-        scored as the policy's failure.
+        its node died), whose sandbox crashed, or whose policy backend failed is played
+        again from the start by the runner's retry rule
+        (:mod:`bat_gym.rollout.runner`), up to ``LOST_ENV_ATTEMPTS`` times in all (with
+        the same ``seed_key``, so the same draws); it is never scored as the policy's
+        failure.
 
         Args:
             state_id: the start state.
             seed_key: names the episode to a seeded policy (see the module doc); None:
                 the policy's own sequence.
         """
-        env = self._acquire()
-        try:
-            for attempt in range(1, LOST_ENV_ATTEMPTS + 1):
-                try:
-                    episode = self.episode(env)
-                    episode.reset(state_id)
-                    return self._play(episode, seed_key)
-                except EnvLost:
-                    if attempt == LOST_ENV_ATTEMPTS:
-                        raise
-                    log.warning("env lost during an episode from %s; replaying it", state_id)
-            raise AssertionError("unreachable")  # pragma: no cover
-        finally:
-            self._release(env)
 
-    def _play(self, episode: TokenEpisode, seed_key: SeedKey | None = None) -> EpisodeResult:
-        """Sample turns into a reset ``episode`` until it is done; its result."""
-        turn = 0
+        def play(env: Any) -> Any:
+            episode = self.episode(env)
+            episode.reset(state_id)
+            return self._play(episode, seed_key)
+
+        return self.runner.run(play, what=f"an episode from {state_id}")
+
+    def _play(self, episode: TokenEpisode, seed_key: SeedKey | None = None) -> Any:
+        """Sample turns into a reset ``episode`` until it is done; its :meth:`_result`."""
+        starts: list[tuple[int, int | None]] = []
         while not episode.done:
             cap = episode.max_new_tokens or self.max_new_tokens
-            sample = self.batcher((episode.context_ids, cap, turn_key(seed_key, turn)))
+            sample, version = self._sample(
+                (episode.context_ids, cap, turn_key(seed_key, len(starts)))
+            )
+            starts.append((len(episode.response_ids), version))
             episode.advance(sample.token_ids, sample.logprobs)
-            turn += 1
-        return episode.result()
+        return self._result(episode.result(), starts)
 
     def play(
         self, state_ids: Sequence[str], seed_keys: Sequence[SeedKey] | None = None
@@ -218,16 +213,14 @@ class RolloutWorkers:
         keys = [None] * len(state_ids) if seed_keys is None else list(seed_keys)
         if len(keys) != len(state_ids):
             raise ValueError(f"got {len(keys)} seed keys for {len(state_ids)} episodes")
-        with ThreadPoolExecutor(self.num_envs, thread_name_prefix="bat-rollout") as pool:
-            return list(pool.map(self.play_one, state_ids, keys))
+        return self.runner.map(
+            lambda job: self.play_one(*job), list(zip(state_ids, keys, strict=True))
+        )
 
     def close(self) -> None:
         """Stop generation and close every env."""
         self.batcher.close()
-        for env in self._all:
-            env.close()
-        self._all.clear()
-        self._free.clear()
+        self.runner.close()
 
 
 def turn_key(seed_key: SeedKey | None, turn: int) -> SeedKey | None:

@@ -80,7 +80,7 @@ def log_rollouts(
     Args:
         out_dir: the GRPO run directory.
         step: the step number (1-based, as logged in ``metrics.jsonl``).
-        rollouts: the step's :class:`~bat_gym.integrations.EpisodeResult` s, (N,).
+        rollouts: the step's :class:`~bat_gym.rollout.EpisodeResult` s, (N,).
         pools: each rollout's pool, (N,).
         shaped: each rollout's shaped reward, (N,); default the reward.
         keep: the most rollouts kept.

@@ -1,7 +1,7 @@
 """ActorEnv: one env of a :class:`~bat_gym.distributed.RayEnvPool` as a plain, blocking env.
 
 Code written against ``env.reset`` / ``env.step`` (an episode loop, a
-:class:`~bat_gym.integrations.TokenEpisode`, the evaluation harness, the GRPO rollout
+:class:`~bat_gym.rollout.TokenEpisode`, the evaluation harness, the GRPO rollout
 workers) runs unchanged on a Ray actor through it: each call is submitted to the
 env's actor and waited for. Many threads, each holding the ``ActorEnv`` of a different
 index, step their envs concurrently; the pool owns the actors and closes them.

@@ -12,9 +12,11 @@ and a rerun skips every cell already there. Each cell's requests carry its
 same way with one worker or many, and in a resumed run as in an uninterrupted one. Each scored cell's episode (conversation,
 execution record, verdict, the files it wrote) goes to ``OUT/episodes/<key>.json``
 (:mod:`bat_gym.evaluation.episodes`) for ``bat-gym view``. An infrastructure failure (a sandbox that
-crashed, a policy backend that raised :class:`~bat_gym.policies.PolicyError`, an env
-error) is retried up to ``max_attempts`` times and, if it persists, recorded as an
-*invalid* cell: never scored as a model failure, and it keeps the run from the gate.
+crashed, a policy backend that raised :class:`~bat_gym.policies.PolicyError`, a lost
+env) is played again by the :class:`~bat_gym.rollout.Runner`'s retry rule, up to
+``max_attempts`` times, and, if it persists (or an env error that playing again cannot
+fix ends it), recorded as an *invalid* cell: never scored as a model failure, and it
+keeps the run from the gate.
 """
 
 from __future__ import annotations
@@ -22,11 +24,9 @@ from __future__ import annotations
 import functools
 import re
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from bat_gym.evaluation.cells import Cell, CellResult, FailureCategory
 from bat_gym.evaluation.episodes import write_episode
 from bat_gym.files import write_atomic
 from bat_gym.policies.base import Policy, PolicyError, SeedKey
-from bat_gym.rollout import SandboxRestarted, policy_actor, run_episode
+from bat_gym.rollout import Runner, SandboxRestarted, policy_actor, run_episode
 from bat_gym.spec import Budgets, StageState
 
 __all__ = ["EvalConfig", "held_out_cells", "run_cells", "play_episode"]
@@ -110,10 +110,6 @@ def held_out_cells(bench: Benchmark, cfg: EvalConfig) -> list[Cell]:
     return [Cell(track=t, seed=seeds[r], repeat=r) for t in tracks for r in range(repeats)]
 
 
-class _Infrastructure(Exception):
-    """The episode could not be played for a reason that is not the policy's answer."""
-
-
 def play_episode(
     env: Any,
     policy: Policy,
@@ -137,21 +133,22 @@ def play_episode(
         The final step's ``info`` and whether the policy finished (``terminated``).
 
     Raises:
-        _Infrastructure: the policy backend failed or the sandbox crashed mid-episode.
+        PolicyError: the policy backend failed.
+        SandboxRestarted: the sandbox crashed mid-episode.
     """
-    ask = policy_actor(policy, bench, state, seed_key=seed_key)
-
-    def act(info: dict[str, Any]) -> Any:
-        try:
-            return ask(info)
-        except PolicyError as exc:  # the backend's failure, not the model's answer
-            raise _Infrastructure(f"policy failed: {exc}") from exc
-
-    try:
-        end = run_episode(env, act, state_id=state.state_id)
-    except SandboxRestarted as exc:
-        raise _Infrastructure("the sandbox crashed during a tool call and was restarted") from exc
+    act = policy_actor(policy, bench, state, seed_key=seed_key)
+    end = run_episode(env, act, state_id=state.state_id)
     return end.info, end.finished
+
+
+def infrastructure_error(exc: Exception) -> str:
+    """How an episode that could not be played is described in its invalid record."""
+    if isinstance(exc, PolicyError):  # the backend's failure, not the model's answer
+        return f"policy failed: {exc}"
+    if isinstance(exc, SandboxRestarted):
+        return "the sandbox crashed during a tool call and was restarted"
+    trace = "".join(traceback.format_exception(exc, limit=3))
+    return f"{type(exc).__name__}: {exc}\n{trace}"
 
 
 def _failures(
@@ -262,8 +259,6 @@ def run_cells(
         One result per cell, in the order of ``cells``.
     """
     from bat_gym.bank import task_states
-    from bat_gym.env import StageEnv
-    from bat_gym.rubrics.reward import RubricReward
     from bat_gym.sandbox.snapshot import BlobStore
 
     out = Path(out_dir)
@@ -278,122 +273,96 @@ def run_cells(
         states = {
             (s.track, s.provenance["seed"]): s for s in (source.get(i) for i in source.select())
         }
-
-        def default_env(states_source: Any) -> Any:
-            return RubricReward(
-                StageEnv(
-                    "E2E",
-                    benchmark=bench,
-                    states=states_source,
-                    backend=cfg.backend,
-                    protocol=cfg.protocol,
-                    budgets=budgets,
-                    sandbox_options=cfg.sandbox_options,
-                )
-            )
-
-        build = make_env or default_env
-        actors = None
-        if cfg.ray is not None and make_env is None:
-            from bat_gym.distributed import ActorEnv, RayEnvPool
-
-            # Each actor builds its env from this factory (pickled), states and all.
-            actors = RayEnvPool(
-                functools.partial(default_env, source),
-                cfg.workers,
-                ray_address=None if cfg.ray == "local" else cfg.ray,
-            )
-            slots = iter(range(cfg.workers))
-            slots_lock = threading.Lock()
-            slot_of_thread = threading.local()
-
-            def build(_: Any) -> Any:
-                # Each worker thread keeps its actor, also when its env is rebuilt.
-                if not hasattr(slot_of_thread, "index"):
-                    with slots_lock:
-                        slot_of_thread.index = next(slots)
-                return ActorEnv(actors, slot_of_thread.index)
-
-        local = threading.local()
-        envs: list[Any] = []
-        lock = threading.Lock()
-        progress_ = progress.task(
+        # Ray actors build their envs from this factory (pickled), states and all.
+        build = (
+            functools.partial(_rubric_env, bench, cfg, budgets) if make_env is None else make_env
+        )
+        runner = Runner(
+            functools.partial(build, source),
+            workers=cfg.workers,
+            max_attempts=cfg.max_attempts,
+            ray=cfg.ray if make_env is None else None,
+            name="bat-eval",
+        )
+        shown = progress.task(
             "evaluating: held-out cells", len(cells), done=len(done), shown=cfg.progress
         )
         if done:
-            progress_.note(f"[{len(done)}/{len(cells)}] already finished, resuming")
-
-        def env_of_thread() -> Any:
-            if not hasattr(local, "env"):
-                local.env = build(source)
-                with lock:
-                    envs.append(local.env)
-            return local.env
-
-        def run_one(cell: Cell) -> CellResult:
-            state = states[(cell.track, cell.seed)]
-            tier = _tier_of(bench, state)
-            error = ""
-            for attempt in range(1, cfg.max_attempts + 1):
-                start = time.perf_counter()
-                try:
-                    info, finished = play_episode(
-                        env_of_thread(), policy, state, bench, seed_key=cell.seed_key
-                    )
-                    scored = _score(info, finished, bench, budgets)
-                    result = CellResult(
-                        cell=cell,
-                        task_id=state.task_id,
-                        tier=tier,
-                        valid=True,
-                        attempts=attempt,
-                        wall_s=time.perf_counter() - start,
-                        **scored,
-                    )
-                    # After wall_s: keeping the trace is not the episode's time.
-                    write_episode(out, cell.key, info, env_of_thread())
-                    break
-                except _Infrastructure as exc:
-                    error = str(exc)
-                except Exception as exc:  # noqa: BLE001 - any env failure is infrastructure
-                    error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
-                    # A broken env is rebuilt for the next attempt.
-                    _drop_env(local)
-            else:
-                result = CellResult(
-                    cell=cell,
-                    task_id=state.task_id,
-                    tier=tier,
-                    valid=False,
-                    error=error,
-                    attempts=cfg.max_attempts,
-                    failures=("infrastructure",),
-                )
-            if result.valid:
-                write_atomic(out / CELLS_DIR / f"{cell.key}.json", result.model_dump_json(indent=1))
-            progress_.count(_cell_line(result))
-            return result
-
+            shown.note(f"[{len(done)}/{len(cells)}] already finished, resuming")
+        play = _CellPlay(bench, policy, budgets, out, runner, states, shown)
         try:
-            with ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="bat-eval") as pool:
-                fresh = {r.cell.key: r for r in pool.map(run_one, todo)}
+            done.update((r.cell.key, r) for r in runner.map(play, todo))
         finally:
-            progress_.close()
-            for env in envs:
-                env.close()
-            if actors is not None:
-                actors.close()
-        done.update(fresh)
+            shown.close()
+            runner.close()
     return [done[c.key] for c in cells if c.key in done]
 
 
-def _drop_env(local: threading.local) -> None:
-    env = getattr(local, "env", None)
-    if env is not None:
-        try:
-            env.close()
-        finally:
-            del local.env
+def _rubric_env(bench: Benchmark, cfg: EvalConfig, budgets: Budgets, states: Any) -> Any:
+    """The default evaluation env: a rubric-wrapped E2E StageEnv over the state source."""
+    from bat_gym.env import StageEnv
+    from bat_gym.rubrics.reward import RubricReward
+
+    return RubricReward(
+        StageEnv(
+            "E2E",
+            benchmark=bench,
+            states=states,
+            backend=cfg.backend,
+            protocol=cfg.protocol,
+            budgets=budgets,
+            sandbox_options=cfg.sandbox_options,
+        )
+    )
+
+
+@dataclass
+class _CellPlay:
+    """Plays one cell on the runner and keeps its result (``cells/<key>.json``, its episode)."""
+
+    bench: Benchmark
+    policy: Policy
+    budgets: Budgets
+    out: Path
+    runner: Runner
+    states: dict[tuple[str, Any], StageState]
+    shown: progress.ProgressTask
+
+    def __call__(self, cell: Cell) -> CellResult:
+        """The cell's result: scored, or invalid when no attempt could play it."""
+        state = self.states[(cell.track, cell.seed)]
+        tier = _tier_of(self.bench, state)
+        play = functools.partial(self._score, cell, state, tier)
+        played = self.runner.attempt(play, what=f"cell {cell.key}")
+        if played.error is None:
+            result = played.value.model_copy(update={"attempts": played.attempts})
+            write_atomic(
+                self.out / CELLS_DIR / f"{cell.key}.json", result.model_dump_json(indent=1)
+            )
+        else:
+            result = CellResult(
+                cell=cell,
+                task_id=state.task_id,
+                tier=tier,
+                valid=False,
+                error=infrastructure_error(played.error),
+                attempts=played.attempts,
+                failures=("infrastructure",),
+            )
+        self.shown.count(_cell_line(result))
+        return result
+
+    def _score(self, cell: Cell, state: StageState, tier: str | None, env: Any) -> CellResult:
+        """One attempt: play the cell's episode on ``env`` and score it."""
+        start = time.perf_counter()
+        info, finished = play_episode(env, self.policy, state, self.bench, seed_key=cell.seed_key)
+        scored = _score(info, finished, self.bench, self.budgets)
+        wall_s = time.perf_counter() - start
+        # After wall_s: keeping the trace is not the episode's time.
+        write_episode(self.out, cell.key, info, env)
+        return CellResult(
+            cell=cell, task_id=state.task_id, tier=tier, valid=True, wall_s=wall_s, **scored
+        )
 
 
 def _cell_line(result: CellResult) -> str:

@@ -1,8 +1,9 @@
 """Adapters that plug bat_gym envs into third-party RL trainers.
 
-Each adapter is thin: the env stays the single source of prompts, tool semantics and
+Each adapter is glue: the env stays the single source of prompts, tool semantics and
 rewards, and the token bookkeeping (prompt ids, sampled tokens with mask 1, env
-replies with mask 0, the rubric reward) is one shared class, :class:`TokenEpisode`.
+replies with mask 0, the rubric reward) is one shared class,
+:class:`bat_gym.rollout.TokenEpisode`, played by the one episode loop.
 
 * :mod:`bat_gym.integrations.trl`: TRL ``GRPOTrainer`` (``rollout_func`` plus
   ``environment_factory``), ``bat_dataset`` and the ``rubric_reward`` function.
@@ -17,20 +18,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = [
-    "ChatTemplateError",
-    "EpisodeResult",
-    "TokenEpisode",
-    "default_stop_token_ids",
-    "make_env",
-    "state_rows",
-]
+__all__ = ["make_env", "state_rows"]
 
 _EXPORTS = {
-    "ChatTemplateError": "bat_gym.integrations.episode",
-    "EpisodeResult": "bat_gym.integrations.episode",
-    "TokenEpisode": "bat_gym.integrations.episode",
-    "default_stop_token_ids": "bat_gym.integrations.episode",
     "make_env": "bat_gym.integrations._states",
     "state_rows": "bat_gym.integrations._states",
 }

@@ -8,7 +8,7 @@ bat_gym plugs into two of ``GRPOTrainer``'s arguments, used together:
   its state. The environment has no public tool methods: bat_gym's env parses and runs
   the tool calls, so TRL's own tool loop stays off.
 * ``rollout_func``: :class:`BatRollout` plays those envs turn by turn with the trainer's
-  model through :class:`~bat_gym.integrations.episode.TokenEpisode` and returns the
+  model through :class:`~bat_gym.rollout.TokenEpisode` and returns the
   token sequences, with ``env_mask`` 0 on the env's replies (TRL multiplies it into the
   loss mask, so tool results never enter the loss).
 
@@ -26,7 +26,7 @@ group baseline.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import BatGymError
@@ -37,21 +37,20 @@ from bat_gym.integrations._states import (
     state_id_of,
     state_rows,
 )
-from bat_gym.integrations.episode import (
+from bat_gym.rollout.chat_tokens import default_stop_token_ids
+from bat_gym.rollout.token_episode import (
+    BatchGenerate,
     CutTurn,
     EpisodeResult,
     TokenEpisode,
-    default_stop_token_ids,
+    play_in_lockstep,
 )
 
 if TYPE_CHECKING:
     import datasets
     import gymnasium as gym
 
-__all__ = ["BatEnvironment", "BatRollout", "GenerateBatch", "bat_dataset", "rubric_reward"]
-
-GenerateBatch = Callable[[list[list[int]], list[int | None]], list[list[int]]]
-"""``generate(contexts, max_new_tokens) -> one turn's sampled ids per context``."""
+__all__ = ["BatEnvironment", "BatRollout", "bat_dataset", "rubric_reward"]
 
 
 def bat_dataset(
@@ -170,7 +169,7 @@ class BatRollout:
             template's end-of-turn token; the default generator stops at them.
         cut_turn: a turn that ends without a stop token (``max_new_tokens_per_turn`` ran
             out): ``"end"`` the rollout there, or ``"act"`` on its text (see
-            :class:`~bat_gym.integrations.TokenEpisode`).
+            :class:`~bat_gym.rollout.TokenEpisode`).
     """
 
     def __init__(
@@ -180,7 +179,7 @@ class BatRollout:
         env_kwargs: Mapping[str, Any] | None = None,
         max_response_tokens: int | None = None,
         max_new_tokens_per_turn: int | None = None,
-        generate: GenerateBatch | None = None,
+        generate: BatchGenerate | None = None,
         stop_token_ids: Sequence[int] | None = None,
         cut_turn: CutTurn = "end",
     ) -> None:
@@ -243,12 +242,7 @@ class BatRollout:
             )
             episode.begin(environment.info)
             episodes.append(episode)
-        generate = self.generate or _model_generator(trainer, stops)
-        while active := [e for e in episodes if not e.done]:
-            outputs = generate([e.context_ids for e in active], [e.max_new_tokens for e in active])
-            for episode, tokens in zip(active, outputs, strict=True):
-                episode.advance(tokens)
-        results = [e.result() for e in episodes]
+        results = play_in_lockstep(episodes, self.generate or _model_generator(trainer, stops))
         self.last_results = results
         return {
             "prompt_ids": [r.prompt_ids for r in results],
@@ -274,7 +268,7 @@ class BatRollout:
         self.close()
 
 
-def _model_generator(trainer: Any, stops: Sequence[int]) -> GenerateBatch:
+def _model_generator(trainer: Any, stops: Sequence[int]) -> BatchGenerate:
     """Sample one turn per context with the trainer's model and generation config."""
     if getattr(trainer, "use_vllm", False):
         raise BatGymError(

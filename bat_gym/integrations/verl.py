@@ -15,21 +15,23 @@ from :func:`agent_loop_config`, and in the trainer config
 ``actor_rollout_ref.rollout.mode=async``,
 ``actor_rollout_ref.rollout.agent.agent_loop_config_path=<that file>``.
 
-The token bookkeeping is :class:`~bat_gym.integrations.episode.TokenEpisode`, shared
-with the other adapters; :func:`run_episode` and :func:`agent_loop_fields` are the
+The token bookkeeping is :class:`~bat_gym.rollout.TokenEpisode` on the one episode
+loop, shared with the other adapters; :func:`run_episode` and :func:`agent_loop_fields` are the
 parts of the loop that need no verl.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from bat_gym.integrations._states import conversation_text, make_env, state_id_of, state_rows
-from bat_gym.integrations.episode import CutTurn, EpisodeResult, TokenEpisode
+from bat_gym.rollout.runner import Runner
+from bat_gym.rollout.token_episode import AsyncGenerate, CutTurn, EpisodeResult, TokenEpisode
 
 if TYPE_CHECKING:
     import datasets
@@ -47,11 +49,6 @@ __all__ = [
 
 AGENT_NAME = "bat_gym"
 """The ``agent_name`` rows carry and the agent loop config registers."""
-
-AsyncGenerate = Callable[
-    [list[int], int | None], Awaitable[tuple[Sequence[int], Sequence[float] | None]]
-]
-"""``await generate(context_ids, max_new_tokens) -> (token_ids, logprobs or None)``."""
 
 
 def verl_dataset(
@@ -161,20 +158,17 @@ async def run_episode(
     chat_template_kwargs: dict[str, Any] | None = None,
     stop_token_ids: Sequence[int] | None = None,
     cut_turn: CutTurn = "end",
+    on_restart: str = "ignore",
 ) -> EpisodeResult:
-    """Play one episode from ``state_id`` with an async generator.
-
-    The env's reset and steps run in the default executor: they block on the sandbox,
-    and the event loop serves the other samples' generations meanwhile.
+    """Play one episode from ``state_id`` with an async generator (:meth:`TokenEpisode.arun`).
 
     ``stop_token_ids`` are the tokens the generator stops at; default: the chat
     template's end-of-turn token and the tokenizer's eos. Pass the server's own when it
     stops at more (verl's vLLM and SGLang servers also stop at the model's generation
     config's eos ids): a turn ending in a token the episode does not know looks cut.
-    ``cut_turn`` is what a turn that ends without a stop token does (see
-    :class:`~bat_gym.integrations.TokenEpisode`).
+    ``cut_turn`` is what a turn that ends without a stop token does, ``on_restart``
+    what a sandbox restarted by a tool call does (see :class:`~bat_gym.rollout.TokenEpisode`).
     """
-    loop = asyncio.get_running_loop()
     episode = TokenEpisode(
         env,
         tokenizer,
@@ -183,12 +177,9 @@ async def run_episode(
         stop_token_ids=stop_token_ids,
         chat_template_kwargs=chat_template_kwargs,
         cut_turn=cut_turn,
+        on_restart=on_restart,
     )
-    await loop.run_in_executor(None, episode.reset, state_id)
-    while not episode.done:
-        tokens, logprobs = await generate(episode.context_ids, episode.max_new_tokens)
-        await loop.run_in_executor(None, episode.advance, list(tokens), logprobs)
-    return episode.result()
+    return await episode.arun(generate, state_id=state_id)
 
 
 def agent_loop_fields(result: EpisodeResult) -> dict[str, Any]:
@@ -217,6 +208,26 @@ def agent_loop_fields(result: EpisodeResult) -> dict[str, Any]:
             },
         },
     }
+
+
+async def _play_sample(
+    build_env: Callable[[], Any], tokenizer: Any, generate: AsyncGenerate, **episode: Any
+) -> EpisodeResult:
+    """One sample's episode (:func:`run_episode`'s keywords) on its own env, under the retry rule.
+
+    A crashed sandbox or a lost env plays the episode again
+    (:class:`~bat_gym.rollout.Runner`); the env is closed at the end.
+    """
+
+    async def play(env: Any) -> EpisodeResult:
+        return await run_episode(env, tokenizer, generate, on_restart="raise", **episode)
+
+    runner = Runner(build_env, workers=1)
+    try:
+        played = await runner.arun(play, what=f"an episode from {episode['state_id']}")
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, runner.close)
+    return played.unwrap()
 
 
 def _missing_for_agent_loop(exc: ImportError) -> str:
@@ -305,22 +316,17 @@ def _build_agent_loop() -> type:
                 )
                 return list(out.token_ids), out.log_probs
 
-            loop = asyncio.get_running_loop()
-            env = await loop.run_in_executor(None, make_env, self.env_id, self.env_kwargs)
-            try:
-                result = await run_episode(
-                    env,
-                    self.tokenizer,
-                    generate,
-                    state_id=state_id,
-                    max_response_tokens=self.response_length,
-                    max_new_tokens_per_turn=self.max_new_tokens_per_turn,
-                    chat_template_kwargs=self.chat_template_kwargs,
-                    stop_token_ids=self.stop_token_ids,
-                    cut_turn=self.cut_turn,
-                )
-            finally:
-                await loop.run_in_executor(None, env.close)
+            result = await _play_sample(
+                functools.partial(make_env, self.env_id, self.env_kwargs),
+                self.tokenizer,
+                generate,
+                state_id=state_id,
+                max_response_tokens=self.response_length,
+                max_new_tokens_per_turn=self.max_new_tokens_per_turn,
+                chat_template_kwargs=self.chat_template_kwargs,
+                stop_token_ids=self.stop_token_ids,
+                cut_turn=self.cut_turn,
+            )
             return AgentLoopOutput(**agent_loop_fields(result), metrics=AgentLoopMetrics())
 
     BatAgentLoop.__module__ = __name__

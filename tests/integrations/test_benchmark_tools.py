@@ -16,8 +16,8 @@ import pytest
 from tool_bench import ToolBench
 
 from bat_gym.bank.states import MemoryStates, initial_state
-from bat_gym.integrations import TokenEpisode
-from bat_gym.integrations.episode import render_ids
+from bat_gym.rollout import TokenEpisode
+from bat_gym.rollout.chat_tokens import render_ids
 from bat_gym.sandbox.snapshot import BlobStore
 
 pytest.importorskip("transformers")

@@ -11,8 +11,8 @@ import asyncio
 import gymnasium as gym
 import pytest
 
-from bat_gym.integrations import TokenEpisode
-from bat_gym.integrations.episode import render_ids
+from bat_gym.rollout import TokenEpisode
+from bat_gym.rollout.chat_tokens import render_ids
 
 pytest.importorskip("transformers")
 

@@ -6,8 +6,8 @@ import pytest
 
 from bat_gym import StageCurriculum
 from bat_gym.errors import BatGymError
-from bat_gym.integrations.episode import render_ids
 from bat_gym.integrations.trl import BatEnvironment, BatRollout, bat_dataset, rubric_reward
+from bat_gym.rollout.chat_tokens import render_ids
 
 pytest.importorskip("datasets")
 pytest.importorskip("transformers")

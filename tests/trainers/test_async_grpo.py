@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from bat_gym.errors import ConfigError  # noqa: E402
-from bat_gym.integrations.episode import EpisodeResult  # noqa: E402
+from bat_gym.rollout import EpisodeResult  # noqa: E402
 from bat_gym.trainers.async_rollouts import (  # noqa: E402
     AsyncRollouts,
     VersionedGenerator,

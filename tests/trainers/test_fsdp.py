@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from bat_gym.integrations.episode import EpisodeResult  # noqa: E402
+from bat_gym.rollout import EpisodeResult  # noqa: E402
 from bat_gym.trainers.configs import GRPOConfig  # noqa: E402
 from bat_gym.trainers.fsdp import Dist  # noqa: E402
 from bat_gym.trainers.grpo.update import update  # noqa: E402

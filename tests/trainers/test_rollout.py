@@ -82,7 +82,7 @@ def test_every_turn_is_trained_on_exactly_the_ids_that_were_sampled(toy, toy_ban
     env = make_env(toy, toy_bank)
     _, info = env.reset(options={"state_id": state_id})
     env.close()
-    from bat_gym.integrations.episode import render_ids
+    from bat_gym.rollout.chat_tokens import render_ids
 
     prompt = render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
     gen.prompt_turns = prompt.count(tokenizer.eos_token_id)
@@ -106,17 +106,18 @@ def test_group_episodes_meet_in_one_generation_batch(toy, toy_bank, tokenizer):
     env = make_env(toy, toy_bank)
     _, info = env.reset(options={"state_id": state_id})
     env.close()
-    from bat_gym.integrations.episode import render_ids
+    from bat_gym.rollout.chat_tokens import render_ids
 
     prompt = render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
     gen.prompt_turns = prompt.count(tokenizer.eos_token_id)
+    built = []
+
+    def build():
+        built.append(make_env(toy, toy_bank))
+        return built[-1]
+
     workers = RolloutWorkers(
-        lambda: make_env(toy, toy_bank),
-        gen,
-        tokenizer,
-        max_new_tokens=TEACHER_TURN_TOKENS,
-        num_envs=4,
-        wait_s=0.05,
+        build, gen, tokenizer, max_new_tokens=TEACHER_TURN_TOKENS, num_envs=4, wait_s=0.05
     )
     try:
         results = workers.play([state_id] * 4)
@@ -125,12 +126,12 @@ def test_group_episodes_meet_in_one_generation_batch(toy, toy_bank, tokenizer):
     assert [r.state_id for r in results] == [state_id] * 4
     assert all(r.reward == pytest.approx(1.0) for r in results)
     assert max(gen.batches) > 1  # concurrent episodes were decoded together
-    assert len(workers._all) <= 4
+    assert len(built) <= 4
 
 
 def prompt_ids(toy, toy_bank, tokenizer, state_id):
     """The rendered prompt of ``state_id``."""
-    from bat_gym.integrations.episode import render_ids
+    from bat_gym.rollout.chat_tokens import render_ids
 
     env = make_env(toy, toy_bank)
     _, info = env.reset(options={"state_id": state_id})
@@ -255,7 +256,7 @@ def test_an_episode_whose_env_is_lost_is_played_again_from_its_start(
     gen.script = gen.turns(state_id)
     env = make_env(toy, toy_bank)
     _, info = env.reset(options={"state_id": state_id})
-    from bat_gym.integrations.episode import render_ids
+    from bat_gym.rollout.chat_tokens import render_ids
 
     prompt = render_ids(tokenizer, info["messages"], info["tools"], add_generation_prompt=True)
     gen.prompt_turns = prompt.count(tokenizer.eos_token_id)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from bat_gym.integrations.episode import EpisodeResult
+from bat_gym.rollout import EpisodeResult
 from bat_gym.trainers.configs import GRPOConfig
 from bat_gym.trainers.fsdp import Dist
 from bat_gym.trainers.grpo_loss import filter_uniform_groups, group_advantages

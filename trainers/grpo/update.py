@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from bat_gym.integrations.episode import EpisodeResult
+from bat_gym.rollout import EpisodeResult
 from bat_gym.trainers.activation_checkpointing import set_activation_checkpointing
 from bat_gym.trainers.configs import GRPOConfig
 from bat_gym.trainers.fsdp import Dist

@@ -2,17 +2,11 @@ import gymnasium as gym
 import pytest
 
 from bat_gym.env import StageEnv
-from bat_gym.integrations import ChatTemplateError, TokenEpisode
-from bat_gym.integrations.episode import (
-    PromptTooLong,
-    default_stop_token_ids,
-    delta_ids,
-    render_ids,
-    reply_delta,
-    rubric_wrapper,
-)
 from bat_gym.policies import PolicyRequest
 from bat_gym.policies.local import chat_messages
+from bat_gym.rollout import ChatTemplateError, TokenEpisode
+from bat_gym.rollout.chat_tokens import default_stop_token_ids, delta_ids, render_ids, reply_delta
+from bat_gym.rollout.token_episode import PromptTooLong, rubric_wrapper
 
 pytest.importorskip("transformers")
 

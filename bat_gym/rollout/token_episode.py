@@ -2,14 +2,17 @@ r"""TokenEpisode: one bat_gym episode as the token sequence a trainer learns fro
 
 Every trainer adapter shares this bookkeeping, so prompts, tool results, masks and
 rewards cannot drift between frameworks. The env stays the only source of prompts,
-tool semantics and rewards; this class only turns its text into tokens:
+tool semantics and rewards; the episode is played by the one loop
+(:func:`bat_gym.rollout.loop.episode_loop`), and this class is its token hooks:
 
 * the prompt is the env's conversation (``info["messages"]``, ``info["tools"]``)
   rendered by the tokenizer's chat template with the generation prompt;
 * a turn's sampled tokens are appended as they are (token in, token out), with
   ``response_mask`` 1, and their text is the env's action;
 * the env's reply is appended with ``response_mask`` 0, as the chat-template delta
-  between the conversation with and without the new messages (see :func:`reply_delta`).
+  between the conversation with and without the new messages
+  (:func:`~bat_gym.rollout.chat_tokens.reply_delta`, which also says what ends a turn
+  and how templates that re-render earlier turns are handled).
 
 Formally, with ``g_t`` the tokens sampled at turn ``t`` and ``o_t`` the reply's tokens::
 
@@ -20,14 +23,6 @@ and turn ``t`` is sampled from exactly ``prompt_ids + g_1 + o_1 + ... + o_{t-1}`
 The last reply (e.g. ``finish``'s "Finished.") is not appended: nothing is generated
 after it. The reward is the env's final-step reward (the rubric verdict under
 :class:`~bat_gym.rubrics.reward.RubricReward`).
-
-**What ends a turn.** The episode and the sampler must agree on the stop tokens: a
-turn whose last token is one of ``stop_token_ids`` is complete; any other turn was cut
-by a token limit. Give the sampler's own ids (``policy.stop_token_ids``); the default,
-:func:`default_stop_token_ids`, is the template's end-of-turn token (``<|im_end|>``
-for ChatML, found by rendering a probe conversation) and the tokenizer's
-``eos_token_id``, which for Qwen base tokenizers is ``<|endoftext|>``, not the token
-that ends a chat turn.
 
 **Token limits.** An episode ends with ``stop_reason == "length"`` when a token limit
 leaves no room for another turn, and ``EpisodeResult.length_limit`` says which:
@@ -44,32 +39,6 @@ leaves no room for another turn, and ``EpisodeResult.length_limit`` says which:
 A ``length`` episode is scored as it stands (the rubric on the workspace), as the env
 does when one of its own budgets truncates the episode (``"truncated"``).
 
-**Templates that re-render earlier turns.** Some chat templates render a turn one way
-while it is the last message and another way once messages follow (Qwen3's drops an
-empty ``<think></think>`` block from assistant turns that are not last, and the
-reasoning of every assistant turn before the last user message). The sampled tokens
-then are not what the template renders for the conversation, and the reply cannot be
-the plain difference of two renderings. The episode keeps the sampled tokens (they are
-what the model was conditioned on and what it is trained on) and takes the reply
-tokens from the template: the tokens after the end of the assistant turn in the
-rendering with the new messages, an end found by rendering a marker in place of the
-assistant's text (:func:`reply_delta`). Such replies are counted in
-``EpisodeResult.rerendered_replies``. Limits:
-
-* the training context then differs from what the template renders for the whole
-  conversation, which is what an evaluation that re-renders each turn conditions on:
-  with Qwen3 and ``enable_thinking=False``, earlier assistant turns keep the empty
-  ``<think>\n\n</think>\n\n`` the generation prompt put before them; with thinking on,
-  an assistant turn with empty reasoning, and the reasoning of turns before a later user
-  message (bat_gym's tool-call errors are user messages), stay in the context. In an
-  agent episode (one user message, then assistant and tool turns whose reasoning is not
-  empty) Qwen3's template keeps the reasoning of every turn, and training and
-  evaluation see the same tokens;
-* a template that does not write the assistant's text as it is, or ends an assistant
-  turn with none of the stop tokens, cannot be aligned this way:
-  :class:`ChatTemplateError` names it. ``rerendering="error"`` refuses every
-  re-rendering template, for runs that must train on exactly what evaluation renders.
-
 >>> episode = TokenEpisode(env, tokenizer, max_response_tokens=4096)  # doctest: +SKIP
 >>> result = episode.run(lambda context_ids, max_new: sample(context_ids, max_new))  # doctest: +SKIP
 >>> result.reward, sum(result.response_mask)  # doctest: +SKIP
@@ -77,33 +46,38 @@ assistant's text (:func:`reply_delta`). Such replies are counted in
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import gymnasium as gym
 
 from bat_gym.completion import Completion
 from bat_gym.errors import BatGymError, ConfigError
-from bat_gym.rollout import step
+from bat_gym.rollout.chat_tokens import (
+    RERENDERED_TEMPLATE,
+    ChatTemplateError,
+    default_stop_token_ids,
+    end_of_turn_id,
+    render_ids,
+    reply_delta,
+)
+from bat_gym.rollout.loop import Rollout, Step, TurnHooks, advance, episode_loop, reset_info
 
 __all__ = [
-    "ChatTemplateError",
-    "PromptTooLong",
+    "AsyncGenerate",
+    "BatchGenerate",
     "CutTurn",
     "EpisodeResult",
     "Generate",
     "LengthLimit",
-    "ReplyDelta",
+    "PromptTooLong",
     "Rerendering",
     "StopReason",
     "TokenEpisode",
-    "default_stop_token_ids",
-    "delta_ids",
-    "end_of_turn_id",
-    "render_ids",
-    "reply_delta",
+    "play_in_lockstep",
     "rubric_wrapper",
 ]
 
@@ -128,18 +102,13 @@ the reply from the template (see the module doc), or raise :class:`ChatTemplateE
 Generate = Callable[[list[int], int | None], Sequence[int]]
 """``generate(context_ids, max_new_tokens) -> sampled token ids`` (None: no limit)."""
 
-# Texts no template writes itself: the assistant's and the reply's content in the
-# renderings that locate a turn's end-of-turn token.
-_PROBE = "bat-gym end-of-turn probe"
-_REPLY_PROBE = "bat-gym reply probe"
+BatchGenerate = Callable[[list[list[int]], list[int | None]], Sequence[Sequence[int]]]
+"""``generate(contexts, max_new_tokens) -> one turn's sampled ids per context``."""
 
-
-class ChatTemplateError(BatGymError, ValueError):
-    """The chat template cannot give the tokens of an env reply after a sampled turn.
-
-    Token-in-token-out training appends each env reply after the sampled tokens; the
-    reply's tokens are what the template writes after the assistant turn.
-    """
+AsyncGenerate = Callable[
+    [list[int], int | None], Awaitable[tuple[Sequence[int], Sequence[float] | None]]
+]
+"""``await generate(context_ids, max_new_tokens) -> (token_ids, logprobs or None)``."""
 
 
 class PromptTooLong(BatGymError, ValueError):
@@ -211,201 +180,6 @@ class EpisodeResult:
         return self.reward
 
 
-def render_ids(
-    tokenizer: Any,
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[dict[str, Any]] | None,
-    *,
-    add_generation_prompt: bool,
-    chat_template_kwargs: dict[str, Any] | None = None,
-) -> list[int]:
-    """Token ids of ``messages`` rendered by the tokenizer's chat template."""
-    ids = tokenizer.apply_chat_template(
-        list(messages),
-        tools=list(tools) if tools else None,
-        add_generation_prompt=add_generation_prompt,
-        tokenize=True,
-        return_dict=False,
-        **(chat_template_kwargs or {}),
-    )
-    return [int(i) for i in ids]
-
-
-def _special_ids(tokenizer: Any) -> set[int]:
-    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", None) or ()}
-    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    ids.update(int(i) for i, token in added.items() if getattr(token, "special", False))
-    return ids
-
-
-def end_of_turn_id(
-    tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
-) -> int | None:
-    """The special token the chat template closes an assistant turn with, or None.
-
-    Found by rendering a user turn and an assistant turn: the first special token after
-    the assistant's text (``<|im_end|>`` for ChatML, ``<|eot_id|>`` for Llama 3,
-    ``<end_of_turn>`` for Gemma). None when the template writes no special token there
-    or cannot render the probe.
-    """
-    probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": _PROBE}]
-    try:
-        text = tokenizer.apply_chat_template(
-            probe, tokenize=False, add_generation_prompt=False, **(chat_template_kwargs or {})
-        )
-    except Exception:  # jinja raises its own types; then there is no token to find
-        return None
-    at = text.rfind(_PROBE) if isinstance(text, str) else -1
-    if at < 0:
-        return None
-    special = _special_ids(tokenizer)
-    tail = tokenizer.encode(text[at + len(_PROBE) :], add_special_tokens=False)
-    return next((int(t) for t in tail if int(t) in special), None)
-
-
-def default_stop_token_ids(
-    tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
-) -> list[int]:
-    """The tokens that end a turn in this tokenizer's chat format, end-of-turn first.
-
-    The template's end-of-turn token (:func:`end_of_turn_id`) and ``eos_token_id``:
-    what a sampler of chat turns stops at when it is given no stop ids of its own.
-    """
-    ids: list[int] = []
-    eot = end_of_turn_id(tokenizer, chat_template_kwargs)
-    if eot is not None:
-        ids.append(eot)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(eos, int) and eos not in ids:
-        ids.append(eos)
-    return ids
-
-
-class ReplyDelta(NamedTuple):
-    """The tokens of an env reply, and whether the template re-rendered earlier turns."""
-
-    ids: list[int]
-    """What the template writes after the assistant turn, generation prompt included."""
-    rerendered: bool
-    """True when the rendering with the reply does not start with the one without it."""
-
-
-def reply_delta(
-    tokenizer: Any,
-    before: Sequence[dict[str, Any]],
-    new: Sequence[dict[str, Any]],
-    tools: Sequence[dict[str, Any]] | None,
-    *,
-    stop_token_ids: Collection[int],
-    chat_template_kwargs: dict[str, Any] | None = None,
-) -> ReplyDelta:
-    """The tokens the template writes after a generated turn when ``new`` messages follow.
-
-    ``before`` ends with the assistant turn. Its rendering is cut after its last stop
-    token (the end-of-turn token the model sampled), so what the template writes after
-    that token (e.g. the newline after Qwen's ``<|im_end|>``) belongs to the reply, as the
-    model never sampled it.
-
-    When the rendering of ``before + new`` starts with that of ``before`` (a
-    prefix-preserving template), the reply is the rest. Otherwise the template
-    re-rendered earlier turns or the assistant turn itself, and the stop token that
-    closes the assistant turn in the rendering of ``before + new`` is found by rendering
-    it once more with markers as the assistant's text and the first reply's: the earlier
-    turns are rendered as in ``full``, so the closing token is the ``k+1``-th stop token
-    of ``full``, with ``k`` the stop tokens before the assistant's marker, and it must
-    lie between the two markers.
-
-    Raises:
-        ChatTemplateError: the template re-renders earlier turns and does not write the
-            assistant's text, or does not end its turn with one of ``stop_token_ids``,
-            so the reply cannot be located.
-    """
-    kwargs = chat_template_kwargs or {}
-    head = render_ids(
-        tokenizer, before, tools, add_generation_prompt=False, chat_template_kwargs=kwargs
-    )
-    full = render_ids(
-        tokenizer, [*before, *new], tools, add_generation_prompt=True, chat_template_kwargs=kwargs
-    )
-    stops = [i for i, t in enumerate(head) if t in stop_token_ids]
-    if stops:
-        head = head[: stops[-1] + 1]
-    if full[: len(head)] == head:
-        return ReplyDelta(full[len(head) :], False)
-    # Mark the assistant's text (and the reply's) and render again: the stop tokens
-    # before the marker are the earlier turns', in the same rendering as ``full``.
-    marked_new = [dict(m) for m in new]
-    if marked_new and isinstance(marked_new[0].get("content"), str):
-        marked_new[0]["content"] = _REPLY_PROBE
-    text = tokenizer.apply_chat_template(
-        [*before[:-1], {**before[-1], "content": _PROBE}, *marked_new],
-        tools=list(tools) if tools else None,
-        add_generation_prompt=True,
-        tokenize=False,
-        **kwargs,
-    )
-    at = text.find(_PROBE)
-    reply_at = text.find(_REPLY_PROBE, at) if at >= 0 else -1
-    if reply_at < 0:  # no marked reply text to bound the turn with
-        reply_at = len(text)
-    earlier = sum(
-        1
-        for t in tokenizer.encode(text[: max(at, 0)], add_special_tokens=False)
-        if t in stop_token_ids
-    )
-    closed = any(
-        t in stop_token_ids
-        for t in tokenizer.encode(text[at + len(_PROBE) : reply_at], add_special_tokens=False)
-    )
-    full_stops = [i for i, t in enumerate(full) if t in stop_token_ids]
-    if at < 0 or not closed or earlier >= len(full_stops):
-        raise ChatTemplateError(
-            "the chat template renders earlier turns differently once the env's reply is "
-            "appended, and the end of the assistant turn cannot be found in the new "
-            "rendering: the template does not write the assistant's text as it is, or does "
-            f"not end the turn with one of the stop tokens {sorted(stop_token_ids)} before "
-            "the reply; pass the template's end-of-turn token in stop_token_ids, or use a "
-            "prefix-preserving template"
-        )
-    return ReplyDelta(full[full_stops[earlier] + 1 :], True)
-
-
-def delta_ids(
-    tokenizer: Any,
-    before: Sequence[dict[str, Any]],
-    new: Sequence[dict[str, Any]],
-    tools: Sequence[dict[str, Any]] | None,
-    *,
-    stop_token_ids: Collection[int],
-    chat_template_kwargs: dict[str, Any] | None = None,
-) -> list[int]:
-    """:func:`reply_delta` of a prefix-preserving template; refuses any other.
-
-    Raises:
-        ChatTemplateError: the template is not prefix-preserving.
-    """
-    delta = reply_delta(
-        tokenizer,
-        before,
-        new,
-        tools,
-        stop_token_ids=stop_token_ids,
-        chat_template_kwargs=chat_template_kwargs,
-    )
-    if delta.rerendered:
-        raise ChatTemplateError(_RERENDERED)
-    return delta.ids
-
-
-_RERENDERED = (
-    "the chat template renders the conversation differently once tool results are "
-    "appended (it is not prefix-preserving), so the context the model was sampled from "
-    "differs from what the template renders for the conversation; use a prefix-preserving "
-    "template (for thinking models, one that keeps earlier turns' reasoning), or "
-    "rerendering='follow_sampled' to train on the sampled context"
-)
-
-
 def rubric_wrapper(env: gym.Env[str, str]) -> Any:
     """The :class:`~bat_gym.rubrics.reward.RubricReward` in ``env``'s wrapper stack, or None."""
     from bat_gym.rubrics.reward import RubricReward
@@ -419,8 +193,8 @@ def rubric_wrapper(env: gym.Env[str, str]) -> Any:
         env = inner
 
 
-class TokenEpisode:
-    """Drive one bat_gym env through reset/step on token ids.
+class TokenEpisode(TurnHooks):
+    """One bat_gym env played on token ids: the token hooks of the one episode loop.
 
     Use :meth:`run` with a ``generate`` callable, or, for batched or async
     generation, :meth:`reset` (or :meth:`begin`) then :meth:`advance` with each turn's
@@ -444,8 +218,12 @@ class TokenEpisode:
             ``{"enable_thinking": False}``).
         cut_turn: what a turn that ends without a stop token does (see the module doc):
             ``"end"`` the episode, or ``"act"`` on its text.
-        rerendering: what a template that re-renders earlier turns does (see the module
-            doc): ``"follow_sampled"`` or ``"error"``.
+        rerendering: what a template that re-renders earlier turns does (see
+            :mod:`~bat_gym.rollout.chat_tokens`): ``"follow_sampled"`` or ``"error"``.
+        on_restart: a tool call that crashed and restarted the sandbox: ``"ignore"``
+            (the episode goes on) or ``"raise"``
+            :class:`~bat_gym.rollout.loop.SandboxRestarted`, for a runner that plays
+            the episode again.
     """
 
     def __init__(
@@ -460,6 +238,7 @@ class TokenEpisode:
         chat_template_kwargs: dict[str, Any] | None = None,
         cut_turn: CutTurn = "end",
         rerendering: Rerendering = "follow_sampled",
+        on_restart: str = "ignore",
     ) -> None:
         for name, value in (
             ("max_response_tokens", max_response_tokens),
@@ -471,6 +250,8 @@ class TokenEpisode:
                 raise ValueError(f"{name} must be a positive number of tokens or None, got {value}")
         if cut_turn not in ("end", "act"):
             raise ConfigError(f"cut_turn must be 'end' or 'act', got {cut_turn!r}")
+        if on_restart not in ("raise", "ignore"):
+            raise ConfigError(f"on_restart must be 'raise' or 'ignore', got {on_restart!r}")
         if rerendering not in ("follow_sampled", "error"):
             raise ConfigError(
                 f"rerendering must be 'follow_sampled' or 'error', got {rerendering!r}"
@@ -493,7 +274,10 @@ class TokenEpisode:
         self.cut_turn: CutTurn = cut_turn
         self.rerendering: Rerendering = rerendering
         self._close: int | None = None
-        self._info: dict[str, Any] | None = None
+        self.on_restart = on_restart
+        self._loop: Generator[Any, Any, Rollout] | None = None
+        self._stopped = True  # whether the last sampled turn ended in a stop token
+        self._info: dict[str, Any] = {}
         self._result: EpisodeResult | None = None
         self._tools: list[dict[str, Any]] = []
         self.prompt_ids: list[int] = []
@@ -503,13 +287,11 @@ class TokenEpisode:
         self.observations: list[str] = []
         self.num_turns = self.num_replies = self.rerendered_replies = 0
 
-    # -- stepping ------------------------------------------------------------------------
+    # -- playing -------------------------------------------------------------------------
 
     def reset(self, state_id: str | None = None, *, seed: int | None = None) -> list[int]:
         """Reset the env (to ``state_id`` when given) and return the prompt ids."""
-        options = None if state_id is None else {"state_id": state_id}
-        _, info = self.env.reset(seed=seed, options=options)
-        return self.begin(info)
+        return self.begin(reset_info(self.env, state_id, seed=seed))
 
     def begin(self, info: dict[str, Any]) -> list[int]:
         """Start from an env that was just reset, given the ``info`` its reset returned.
@@ -540,6 +322,8 @@ class TokenEpisode:
         room = self.remaining_tokens
         if room is not None and room < 1:
             self._finish("length", info, None, self._binding_limit())
+        self._loop = episode_loop(self.env, self, info, on_restart=self.on_restart)
+        advance(self._loop)
         return list(self.prompt_ids)
 
     @property
@@ -565,7 +349,7 @@ class TokenEpisode:
         return min(caps) if caps else None
 
     def advance(self, token_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> bool:
-        """Append one turn's sampled tokens, step the env with their text, append its reply.
+        """Play one turn: append its sampled tokens, step the env with their text, append its reply.
 
         Args:
             token_ids: the tokens sampled for this turn (a stop token at the end, if any,
@@ -577,48 +361,86 @@ class TokenEpisode:
 
         Raises:
             ChatTemplateError: the template's reply cannot be placed after the sampled
-                tokens (see :func:`reply_delta`), or it re-renders earlier turns and
-                ``rerendering="error"``.
+                tokens (see :func:`~bat_gym.rollout.chat_tokens.reply_delta`), or it
+                re-renders earlier turns and ``rerendering="error"``.
+            SandboxRestarted: the step's tool call crashed the sandbox and
+                ``on_restart="raise"``.
         """
-        if self._info is None or self._result is not None:
+        if self._loop is None or self._result is not None:
             raise RuntimeError("advance() needs a started, unfinished episode: call reset() first")
         tokens = [int(t) for t in token_ids]
         if logprobs is not None and len(logprobs) != len(tokens):
             raise ValueError(
                 f"expected one logprob per sampled token ({len(tokens)}), got {len(logprobs)}"
             )
+        advance(self._loop, (tokens, logprobs))
+        return self.done
+
+    def run(self, generate: Generate, *, state_id: str | None = None) -> EpisodeResult:
+        """Play one episode with ``generate(context_ids, max_new_tokens) -> token ids``.
+
+        Resets the env to ``state_id`` first, unless an episode was already begun.
+        """
+        if self._loop is None or self._result is not None:
+            self.reset(state_id)
+        while not self.done:
+            self.advance(generate(self.context_ids, self.max_new_tokens))
+        return self.result()
+
+    async def arun(self, generate: AsyncGenerate, *, state_id: str) -> EpisodeResult:
+        """:meth:`run` on an event loop, with ``await generate(...) -> (ids, logprobs)``.
+
+        The env's reset and steps run in the default executor: they block on the
+        sandbox, and the event loop serves the other episodes' generations meanwhile.
+        """
+        run = asyncio.get_running_loop().run_in_executor
+        await run(None, self.reset, state_id)
+        while not self.done:
+            tokens, logprobs = await generate(self.context_ids, self.max_new_tokens)
+            await run(None, self.advance, list(tokens), logprobs)
+        return self.result()
+
+    def result(self) -> EpisodeResult:
+        """The finished episode."""
+        if self._result is None:
+            raise RuntimeError("the episode has not ended yet; call advance() until done")
+        return self._result
+
+    # -- the loop's hooks ----------------------------------------------------------------
+
+    def request(self, info: dict[str, Any]) -> TokenEpisode | None:
+        """The episode itself (read :attr:`context_ids`, :attr:`max_new_tokens`); None: done."""
+        return None if self.done else self
+
+    def action(self, reply: tuple[list[int], Sequence[float] | None]) -> Completion | None:
+        """Append a turn's sampled tokens; the message to step with, or None if a limit cut it."""
+        tokens, logprobs = reply
         room = self.remaining_tokens
-        stopped = bool(tokens) and tokens[-1] in self.stop_token_ids
+        self._stopped = bool(tokens) and tokens[-1] in self.stop_token_ids
         # A turn the budget cut is not a complete message: keep its tokens (the model
         # sampled them) but do not act on it.
-        cut = room is not None and (len(tokens) > room or (len(tokens) == room and not stopped))
-        if cut:
+        if room is not None and (len(tokens) > room or (len(tokens) == room and not self._stopped)):
             limit = self._binding_limit()
-            tokens = tokens[:room]
-            logprobs = None if logprobs is None else list(logprobs)[:room]
-            self._append(tokens, 1, logprobs)
+            self._append(tokens[:room], 1, None if logprobs is None else list(logprobs)[:room])
             self.num_turns += 1
-            return self._finish("length", self._info, None, limit)
-        if not stopped:
+            self._finish("length", self._info, None, limit)
+            return None
+        if not self._stopped:
             self._check_unstopped(tokens)
-            if self.cut_turn == "end":
-                self._append(tokens, 1, logprobs)
-                self.num_turns += 1
-                return self._finish("length", self._info, None, "turn")
         self._append(tokens, 1, logprobs)
         self.num_turns += 1
+        if not self._stopped and self.cut_turn == "end":
+            self._finish("length", self._info, None, "turn")
+            return None
+        return Completion(self._action_text(tokens), num_tokens=len(tokens))
 
-        text = self._action_text(tokens)
-        before = list(self._info["messages"])
-        # The env's one step (bat_gym.rollout): nothing the sampled text says makes it raise.
-        answer = step(self.env, Completion(text, num_tokens=len(tokens)), turn=self.num_turns)
-        info = answer.info
-        self._info = info
-        self.observations.append(answer.observation)
-        if answer.done:
-            reason: StopReason = "terminated" if answer.terminated else "truncated"
-            return self._finish(reason, info, answer.reward)
-
+    def observe(self, step: Step) -> bool:
+        """Append the env's reply to a stepped turn; True when the episode ended."""
+        before = self._info["messages"]
+        self._info = info = step.info
+        self.observations.append(step.observation)
+        if step.done:
+            return self._finish("terminated" if step.terminated else "truncated", info, step.reward)
         messages = info["messages"]
         delta = reply_delta(
             self.tokenizer,
@@ -630,10 +452,10 @@ class TokenEpisode:
         )
         if delta.rerendered:
             if self.rerendering == "error":
-                raise ChatTemplateError(_RERENDERED)
+                raise ChatTemplateError(RERENDERED_TEMPLATE)
             self.rerendered_replies += 1
         reply = delta.ids
-        if not stopped:
+        if not self._stopped:
             # cut_turn="act": the turn ended without its end-of-turn token (a per-turn
             # cap); close it here so the context stays well formed. The model did not
             # sample it, so it is a reply token (mask 0).
@@ -645,23 +467,6 @@ class TokenEpisode:
         self._append(reply, 0, None)
         self.num_replies += 1
         return False
-
-    def run(self, generate: Generate, *, state_id: str | None = None) -> EpisodeResult:
-        """Play one episode with ``generate(context_ids, max_new_tokens) -> token ids``.
-
-        Resets the env to ``state_id`` first, unless an episode was already begun.
-        """
-        if self._info is None or self._result is not None:
-            self.reset(state_id)
-        while not self.done:
-            self.advance(generate(self.context_ids, self.max_new_tokens))
-        return self.result()
-
-    def result(self) -> EpisodeResult:
-        """The finished episode."""
-        if self._result is None:
-            raise RuntimeError("the episode has not ended yet; call advance() until done")
-        return self._result
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -759,3 +564,23 @@ class TokenEpisode:
             rerendered_replies=self.rerendered_replies,
         )
         return True
+
+
+def play_in_lockstep(
+    episodes: Sequence[TokenEpisode], generate: BatchGenerate
+) -> list[EpisodeResult]:
+    """Play begun episodes to their ends, each turn sampling the unfinished ones as one batch.
+
+    Args:
+        episodes: episodes after :meth:`TokenEpisode.begin` (or ``reset``).
+        generate: continues each context (token ids) with one turn of at most its
+            ``max_new_tokens`` (None: no limit).
+
+    Returns:
+        The episodes' results, in the order of ``episodes``.
+    """
+    while active := [e for e in episodes if not e.done]:
+        turns = generate([e.context_ids for e in active], [e.max_new_tokens for e in active])
+        for episode, tokens in zip(active, turns, strict=True):
+            episode.advance(tokens)
+    return [e.result() for e in episodes]

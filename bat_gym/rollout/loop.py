@@ -1,12 +1,20 @@
-"""Rollouts: the one episode loop (act, step, restart check, record) every consumer uses.
+"""The one episode loop: reset, then act, step, restart check, end check, every consumer.
 
 An episode is ``reset`` to a state, then turns of *act* (a policy, a recorded
 trajectory, a token sampler produces the assistant's message) and *step* (the env runs
 the tool calls it holds) until the policy calls ``finish`` (``terminated``), a budget
-runs out (``truncated``), or the actor has nothing more to say. The evaluation harness,
-the Stage Bank's teachers and replays, the SFT rows and the trainers' token-level
-episodes (:class:`bat_gym.integrations.episode.TokenEpisode`) all play through
-:func:`run_episode` or :func:`step`, so the loop and its guarantees live here once.
+runs out (``truncated``), or the actor has nothing more to say.
+
+:func:`episode_loop` is that loop, written once. What varies between consumers is
+*where a turn comes from* (the turn source: a text :class:`~bat_gym.policies.Policy`,
+a token sampler, a versioned sampler, an async server) and *what a consumer keeps*;
+both are hooks (:class:`TurnHooks`, overridden by subclasses such as
+:class:`~bat_gym.rollout.token_episode.TokenEpisode`), and the loop never changes.
+The loop is a generator: it yields each turn's request and is sent the source's reply,
+so one loop serves a plain call (:func:`drive`), an event loop
+(:meth:`TokenEpisode.arun <bat_gym.rollout.token_episode.TokenEpisode.arun>`), and many
+episodes advanced in lockstep by one batched call
+(:func:`~bat_gym.rollout.token_episode.play_in_lockstep`).
 
 The guarantee: nothing a policy writes makes a step raise. The env turns every
 message, malformed or hostile, into an observation (a ``[tool call error]`` reply, a
@@ -15,13 +23,14 @@ call ``env.step``. What still raises from it is never the policy's doing: a call
 bug (:class:`~bat_gym.errors.ResetNeeded`, :class:`~bat_gym.errors.NotAnAction`) or
 infrastructure (a sandbox that could not run). A sandbox that crashed during a tool
 call and was restarted is infrastructure too; the step reports it
-(:attr:`Step.restarted`) and :func:`run_episode` raises :class:`SandboxRestarted`
-unless told to carry on, so a crash is never scored as the policy's failure.
+(:attr:`Step.restarted`) and the loop raises :class:`SandboxRestarted` unless told to
+carry on, so a crash is never scored as the policy's failure (the
+:class:`~bat_gym.rollout.runner.Runner` plays such an episode again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +43,17 @@ if TYPE_CHECKING:
     from bat_gym.spec import StageState
 
 __all__ = [
+    "Action",
     "Actor",
     "Rollout",
     "SandboxRestarted",
     "Step",
+    "TurnHooks",
+    "advance",
+    "drive",
+    "episode_loop",
     "policy_actor",
+    "reset_info",
     "run_episode",
     "sandbox_restarted",
     "step",
@@ -156,6 +171,112 @@ def step(env: Any, action: Action, *, turn: int = 0) -> Step:
     )
 
 
+class TurnHooks:
+    """What an episode does around each turn; subclass and override, the loop stays.
+
+    The defaults play text turns: the turn source is asked with the env's latest
+    ``info`` and answers with the assistant's message.
+    """
+
+    def request(self, info: dict[str, Any]) -> Any | None:
+        """What the turn source is asked for the next turn; None ends the episode here.
+
+        Args:
+            info: the env's latest ``info`` (``messages``, ``tools``, ``turns``).
+        """
+        return info
+
+    def action(self, reply: Any) -> Action | None:
+        """The turn source's reply as the message to step the env with; None ends here."""
+        return reply
+
+    def observe(self, step: Step) -> bool:
+        """Called with every step, after the restart check; True ends the episode here."""
+        return False
+
+
+def episode_loop(
+    env: Any, hooks: TurnHooks, info: dict[str, Any], *, on_restart: str = "raise"
+) -> Generator[Any, Any, Rollout]:
+    """The one episode loop, from a reset env: yields each turn's request, is sent the reply.
+
+    Args:
+        env: a StageEnv or a wrapper stack over one, just reset.
+        hooks: the consumer's hooks (see :class:`TurnHooks`).
+        info: the ``info`` the reset returned.
+        on_restart: ``"raise"`` :class:`SandboxRestarted` when a step's tool call
+            crashed the sandbox, or ``"ignore"`` to carry on (the step still reports
+            it in :attr:`Step.restarted`).
+
+    Returns:
+        (as the generator's return value) how the episode ended.
+
+    Raises:
+        SandboxRestarted: a tool call crashed the sandbox and ``on_restart="raise"``.
+    """
+    if on_restart not in ("raise", "ignore"):
+        raise ValueError(f"on_restart must be 'raise' or 'ignore', got {on_restart!r}")
+    turns = 0
+    last: Step | None = None
+    while (request := hooks.request(info)) is not None:
+        action = hooks.action((yield request))
+        if action is None:
+            break
+        turns += 1
+        last = step(env, action, turn=turns)
+        info = last.info
+        if on_restart == "raise" and last.restarted:
+            raise SandboxRestarted(turns)
+        if hooks.observe(last) or last.done:
+            break
+    return Rollout(
+        info=info,
+        turns=turns,
+        terminated=last is not None and last.terminated,
+        truncated=last is not None and last.truncated,
+        reward=None if last is None else last.reward,
+    )
+
+
+def advance(loop: Generator[Any, Any, Rollout], reply: Any = None) -> tuple[bool, Any]:
+    """Send ``reply`` into ``loop`` (None starts it): ``(False, next request)`` or ``(True, Rollout)``.
+
+    A plain function, so an executor thread can run it (a future cannot carry the
+    generator's ``StopIteration``).
+    """
+    try:
+        return False, loop.send(reply)
+    except StopIteration as end:
+        return True, end.value
+
+
+def drive(loop: Generator[Any, Any, Rollout], answer: Callable[[Any], Any]) -> Rollout:
+    """Play ``loop`` to its end, answering each request with ``answer(request)``."""
+    done, value = advance(loop)
+    while not done:
+        done, value = advance(loop, answer(value))
+    return value
+
+
+class _Observed(TurnHooks):
+    """Text turns, with a caller's callback on every step."""
+
+    def __init__(self, on_step: Callable[[Step], None] | None) -> None:
+        self.on_step = on_step
+
+    def observe(self, step: Step) -> bool:
+        if self.on_step is not None:
+            self.on_step(step)
+        return False
+
+
+def reset_info(env: Any, state_id: str | None = None, *, seed: int | None = None) -> dict[str, Any]:
+    """Reset ``env`` (to ``state_id`` when given) and return the reset's ``info``."""
+    options = None if state_id is None else {"state_id": state_id}
+    _, info = env.reset(options=options) if seed is None else env.reset(seed=seed, options=options)
+    return info
+
+
 def run_episode(
     env: Any,
     act: Actor,
@@ -165,7 +286,7 @@ def run_episode(
     on_step: Callable[[Step], None] | None = None,
     on_restart: str = "raise",
 ) -> Rollout:
-    """Play one episode: reset, then act and step until it ends or ``act`` returns None.
+    """Play one text episode: reset, then act and step until it ends or ``act`` returns None.
 
     Args:
         env: a StageEnv or a wrapper stack over one.
@@ -176,9 +297,7 @@ def run_episode(
         info: the ``info`` of a reset already made; then the env is not reset again.
         on_step: called with every step, after the restart check and before the end
             check (so it also sees the last step).
-        on_restart: ``"raise"`` :class:`SandboxRestarted` when a step's tool call
-            crashed the sandbox, or ``"ignore"`` to carry on (the step still reports
-            it in :attr:`Step.restarted`).
+        on_restart: see :func:`episode_loop`.
 
     Returns:
         How the episode ended.
@@ -189,30 +308,8 @@ def run_episode(
     if on_restart not in ("raise", "ignore"):
         raise ValueError(f"on_restart must be 'raise' or 'ignore', got {on_restart!r}")
     if info is None:
-        options = None if state_id is None else {"state_id": state_id}
-        _, info = env.reset(options=options)
-    turns = 0
-    last: Step | None = None
-    while True:
-        action = act(info)
-        if action is None:
-            break
-        turns += 1
-        last = step(env, action, turn=turns)
-        info = last.info
-        if on_restart == "raise" and last.restarted:
-            raise SandboxRestarted(turns)
-        if on_step is not None:
-            on_step(last)
-        if last.done:
-            break
-    return Rollout(
-        info=info,
-        turns=turns,
-        terminated=last is not None and last.terminated,
-        truncated=last is not None and last.truncated,
-        reward=None if last is None else last.reward,
-    )
+        info = reset_info(env, state_id)
+    return drive(episode_loop(env, _Observed(on_step), info, on_restart=on_restart), act)
 
 
 def policy_actor(
