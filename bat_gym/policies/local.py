@@ -27,6 +27,7 @@ __all__ = [
     "LocalModelPolicy",
     "TokenGeneration",
     "chat_messages",
+    "check_sampling",
     "checkpoint_digest",
     "request_seed",
 ]
@@ -90,6 +91,25 @@ def request_seed(base_seed: int, index: int) -> int:
     tokens for the n-th request however requests were grouped into batches.
     """
     return (base_seed * 1_000_003 + index * 7_919 + 1) % (1 << 63)
+
+
+def check_sampling(
+    *, temperature: float, top_p: float, max_tokens: int, max_tokens_name: str = "max_new_tokens"
+) -> None:
+    """Refuse sampling settings no backend can honour, naming the bad one.
+
+    Args:
+        temperature: sampling temperature; must be >= 0 (0 decodes greedily).
+        top_p: nucleus mass kept; must be in (0, 1].
+        max_tokens: the most tokens one reply may have; must be >= 1.
+        max_tokens_name: what the backend calls ``max_tokens``, for the message.
+    """
+    if temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+    if max_tokens < 1:
+        raise ConfigError(f"{max_tokens_name} must be >= 1, got {max_tokens}")
 
 
 def chat_messages(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -239,23 +259,65 @@ class LocalModelPolicy(Policy):
         unkeyed = iter(self._request_seeds(sum(k is None for k in keys)) or ())
         return [next(unkeyed) if k is None else keyed_seed(base, k) for k in keys]
 
-    def _check_seeding(
+    def _resolve_seeds(
         self,
         n: int,
         seeds: Sequence[int] | None,
         seed_keys: Sequence[SeedKey | None] | None,
-    ) -> None:
-        """Refuse ``generate_tokens`` seeding arguments that do not fit ``n`` prompts."""
+    ) -> list[int | None]:
+        """One sampling seed per prompt for ``generate_tokens``'s seeding arguments.
+
+        ``seeds`` as given; else :meth:`_seeds_of` the keys (all None when absent); an
+        unseeded policy gets :meth:`_unseeded` instead.
+
+        Raises:
+            ConfigError: both arguments are given, or one does not have ``n`` entries.
+        """
         if seeds is not None and seed_keys is not None:
             raise ConfigError("give seeds or seed_keys, not both")
         for name, given in (("seeds", seeds), ("seed_keys", seed_keys)):
             if given is not None and len(given) != n:
                 raise ConfigError(f"got {len(given)} {name} for {n} prompts")
+        if seeds is not None:
+            return list(seeds)
+        keyed = self._seeds_of(seed_keys or [None] * n)
+        return self._unseeded(n) if keyed is None else list(keyed)
 
-    def _template_identity(self) -> dict[str, Any]:
-        """``chat_template_kwargs`` for :meth:`identity`, when set (they change the prompts)."""
+    def _unseeded(self, n: int) -> list[int | None]:
+        """Seeds of ``n`` requests of an unseeded policy: None, the engine draws its own."""
+        return [None] * n
+
+    def _stop_ids(self, stop_tokens: Sequence[str], eos: Iterable[Any] = ()) -> frozenset[int]:
+        """The token ids that end a reply.
+
+        The tokenizer's end of sequence, ``eos`` (ints or lists of ints, e.g. a
+        generation config's ``eos_token_id``) and the ids of those ``stop_tokens`` that
+        are in the vocabulary.
+        """
+        ids: set[int] = set()
+        for value in (*eos, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | tuple):
+                ids.update(int(v) for v in value)
+        vocab = self.tokenizer.get_vocab()
+        ids.update(vocab[t] for t in stop_tokens if t in vocab)
+        return frozenset(ids)
+
+    def _identity(self, kind: str, **settings: Any) -> dict[str, Any]:
+        """:meth:`identity`: ``kind``, name, checkpoint path and digest, then ``settings``.
+
+        ``chat_template_kwargs`` come last, when set (they change the prompts).
+        """
         kwargs = self.chat_template_kwargs
-        return {"chat_template_kwargs": dict(kwargs)} if kwargs else {}
+        return {
+            "kind": kind,
+            "name": self.name,
+            "path": str(self.path.resolve()),
+            "sha256": self.checkpoint_sha256(),
+            **settings,
+            **({"chat_template_kwargs": dict(kwargs)} if kwargs else {}),
+        }
 
     def checkpoint_sha256(self) -> str:
         """:func:`checkpoint_digest` of :attr:`path`, computed once.

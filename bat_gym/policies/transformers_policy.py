@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import ConfigError, ModelNotFound
 from bat_gym.policies.base import PolicyError, SeedKey
-from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
+from bat_gym.policies.local import LocalModelPolicy, TokenGeneration, check_sampling
 
 if TYPE_CHECKING:
     import torch
@@ -104,12 +104,7 @@ class TransformersPolicy(LocalModelPolicy):
         chat_template_kwargs: Mapping[str, Any] | None = None,
         trust_remote_code: bool = False,
     ) -> None:
-        if temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_sampling(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens)
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         torch = _import_torch()
@@ -140,7 +135,13 @@ class TransformersPolicy(LocalModelPolicy):
             dtype=dtype if dtype == "auto" else getattr(torch, dtype),
         ).to(self.device)
         self.model.eval()
-        self.stop_token_ids = self._stop_ids(stop_tokens)
+        config_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        self.stop_token_ids = self._stop_ids(stop_tokens, eos=(config_eos,))
+        if not self.stop_token_ids:
+            raise ConfigError(
+                f"{self.path}: no end-of-sequence token in the tokenizer or generation "
+                "config, and none of stop_tokens is in the vocabulary"
+            )
         pad = self.tokenizer.pad_token_id
         self.pad_token_id: int = pad if pad is not None else min(self.stop_token_ids)
         params = inspect.signature(self.model.forward).parameters
@@ -167,18 +168,14 @@ class TransformersPolicy(LocalModelPolicy):
         The digest names the files the policy was loaded from; after a trainer has
         updated :attr:`model` in place, save a checkpoint and record that one's.
         """
-        return {
-            "kind": "transformers",
-            "name": self.name,
-            "path": str(self.path.resolve()),
-            "sha256": self.checkpoint_sha256(),
-            "dtype": str(self.model.dtype).removeprefix("torch."),
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "max_new_tokens": self.max_new_tokens,
-            "seed": self.seed,
-            **self._template_identity(),
-        }
+        return self._identity(
+            "transformers",
+            dtype=str(self.model.dtype).removeprefix("torch."),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+        )
 
     # -- token level ---------------------------------------------------------------
 
@@ -222,9 +219,7 @@ class TransformersPolicy(LocalModelPolicy):
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new}")
         if any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
-        self._check_seeding(len(prompts), seeds, seed_keys)
-        if seeds is None:
-            seeds = self._next_seeds(seed_keys or [None] * len(prompts))
+        seeds = self._resolve_seeds(len(prompts), seeds, seed_keys)
         out: list[TokenGeneration] = []
         for start in range(0, len(prompts), self.max_batch_size):
             chunk = slice(start, start + self.max_batch_size)
@@ -245,29 +240,10 @@ class TransformersPolicy(LocalModelPolicy):
         finally:
             self.model.train(was_training)
 
-    def _next_seeds(self, keys: Sequence[SeedKey | None]) -> list[int]:
-        seeds = self._seeds_of(keys)
-        if seeds is None:
-            rng = random.SystemRandom()
-            return [rng.getrandbits(63) for _ in keys]
-        return seeds
-
-    def _stop_ids(self, stop_tokens: Sequence[str]) -> frozenset[int]:
-        ids: set[int] = set()
-        eos = getattr(self.model.generation_config, "eos_token_id", None)
-        for value in (eos, self.tokenizer.eos_token_id):
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, list | tuple):
-                ids.update(int(v) for v in value)
-        vocab = self.tokenizer.get_vocab()
-        ids.update(vocab[t] for t in stop_tokens if t in vocab)
-        if not ids:
-            raise ConfigError(
-                f"{self.path}: no end-of-sequence token in the tokenizer or generation "
-                "config, and none of stop_tokens is in the vocabulary"
-            )
-        return frozenset(ids)
+    def _unseeded(self, n: int) -> list[int]:
+        """Fresh random seeds: every request of an unseeded policy samples differently."""
+        rng = random.SystemRandom()
+        return [rng.getrandbits(63) for _ in range(n)]
 
     def _decode(
         self,

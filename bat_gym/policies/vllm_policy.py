@@ -33,9 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.errors import ConfigError
 from bat_gym.policies.base import PolicyError, SeedKey
-from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
+from bat_gym.policies.local import LocalModelPolicy, TokenGeneration, check_sampling
 
 if TYPE_CHECKING:
     import torch
@@ -83,12 +82,9 @@ def sampling_kwargs(
     ``logprobs=0`` asks for the sampled token's log-probability only (no top-k
     alternatives); the stop tokens end the reply and stay in its token ids, not its text.
     """
-    if temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
-    if max_tokens < 1:
-        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
+    check_sampling(
+        temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_tokens_name="max_tokens"
+    )
     kwargs: dict[str, Any] = {
         "n": 1,
         "temperature": temperature,
@@ -302,20 +298,16 @@ class VLLMPolicy(LocalModelPolicy):
 
     def identity(self) -> dict[str, Any]:
         """Kind, checkpoint path and digest, weight version, and generation settings."""
-        return {
-            "kind": "vllm",
-            "name": self.name,
-            "path": str(self.path.resolve()),
-            "sha256": self.checkpoint_sha256(),
-            "weights_version": self.weights_version,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "max_tokens": self.max_tokens,
-            "seed": self.seed,
-            "logprobs_mode": self.logprobs_mode,
-            "vllm": getattr(self._vllm, "__version__", "unknown"),
-            **self._template_identity(),
-        }
+        return self._identity(
+            "vllm",
+            weights_version=self.weights_version,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+            logprobs_mode=self.logprobs_mode,
+            vllm=getattr(self._vllm, "__version__", "unknown"),
+        )
 
     def close(self) -> None:
         """Stop the batching thread and shut the engine down."""
@@ -341,15 +333,12 @@ class VLLMPolicy(LocalModelPolicy):
         The same signature and result as
         :meth:`~bat_gym.policies.transformers_policy.TransformersPolicy.generate_tokens`.
         """
-        self._check_seeding(len(prompts), seeds, seed_keys)
-        if seeds is None:
-            seeds = self._next_seeds(seed_keys or [None] * len(prompts))
         gens = self._sample(
             prompts,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_p=top_p,
-            seeds=seeds,
+            seeds=self._resolve_seeds(len(prompts), seeds, seed_keys),
         )
         return [g for g, _ in gens]
 
@@ -362,9 +351,7 @@ class VLLMPolicy(LocalModelPolicy):
         top_p: float | None = None,
         seeds: Sequence[int] | None = None,
     ) -> list[tuple[TokenGeneration, str]]:
-        self._check_seeding(len(prompts), seeds, None)
-        if seeds is None:
-            seeds = self._next_seeds([None] * len(prompts))
+        seeds = self._resolve_seeds(len(prompts), seeds, None)
         params = [
             self._vllm.SamplingParams(
                 **sampling_kwargs(
@@ -389,18 +376,6 @@ class VLLMPolicy(LocalModelPolicy):
             completion = result.outputs[0]
             out.append((token_generation(completion), completion.text))
         return out
-
-    def _next_seeds(self, keys: Sequence[SeedKey | None]) -> list[int | None]:
-        seeds = self._seeds_of(keys)
-        return [None] * len(keys) if seeds is None else list(seeds)  # None: the engine's own
-
-    def _stop_ids(self, stop_tokens: Sequence[str]) -> frozenset[int]:
-        ids = set()
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        vocab = self.tokenizer.get_vocab()
-        ids.update(vocab[t] for t in stop_tokens if t in vocab)
-        return frozenset(ids)
 
     # -- weight sync for trainers --------------------------------------------------
 
