@@ -304,10 +304,11 @@ class LocalModelPolicy(Policy):
         ids.update(vocab[t] for t in stop_tokens if t in vocab)
         return frozenset(ids)
 
-    def _identity(self, kind: str, **settings: Any) -> dict[str, Any]:
-        """:meth:`identity`: ``kind``, name, checkpoint path and digest, then ``settings``.
+    def _identity(self, kind: str, *settings: str, **extra: Any) -> dict[str, Any]:
+        """:meth:`identity`: ``kind``, name, checkpoint path and digest, then settings.
 
-        ``chat_template_kwargs`` come last, when set (they change the prompts).
+        ``settings`` name attributes recorded as they are, ``extra`` values recorded
+        beside them; ``chat_template_kwargs`` come last, when set (they change the prompts).
         """
         kwargs = self.chat_template_kwargs
         return {
@@ -315,7 +316,8 @@ class LocalModelPolicy(Policy):
             "name": self.name,
             "path": str(self.path.resolve()),
             "sha256": self.checkpoint_sha256(),
-            **settings,
+            **{name: getattr(self, name) for name in settings},
+            **extra,
             **({"chat_template_kwargs": dict(kwargs)} if kwargs else {}),
         }
 

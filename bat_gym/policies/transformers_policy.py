@@ -170,11 +170,8 @@ class TransformersPolicy(LocalModelPolicy):
         """
         return self._identity(
             "transformers",
+            *("temperature", "top_p", "max_new_tokens", "seed"),
             dtype=str(self.model.dtype).removeprefix("torch."),
-            temperature=self.temperature,
-            top_p=self.top_p,
-            max_new_tokens=self.max_new_tokens,
-            seed=self.seed,
         )
 
     # -- token level ---------------------------------------------------------------

@@ -300,12 +300,7 @@ class VLLMPolicy(LocalModelPolicy):
         """Kind, checkpoint path and digest, weight version, and generation settings."""
         return self._identity(
             "vllm",
-            weights_version=self.weights_version,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            max_tokens=self.max_tokens,
-            seed=self.seed,
-            logprobs_mode=self.logprobs_mode,
+            *("weights_version", "temperature", "top_p", "max_tokens", "seed", "logprobs_mode"),
             vllm=getattr(self._vllm, "__version__", "unknown"),
         )
 
