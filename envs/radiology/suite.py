@@ -349,15 +349,8 @@ class Radiology(Benchmark):
             "current and the prior study with the provided model and submit outputs/submission.csv. "
             "The studies are on the DICOM server and in data/dicom. Read TASK.md and task.json first."
         )
-        return Task(
-            task_id=self.task_id(track, seed, split),
-            benchmark=self.spec.name,
-            track=track,
-            seed=seed,
-            split=split,
-            tier=2 if seed % 2 else 1,
-            card=card,
-            params={"cases": n},
+        return self.new_task(
+            track, seed, split, tier=2 if seed % 2 else 1, card=card, params={"cases": n}
         )
 
     def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102
