@@ -25,6 +25,7 @@ from bat_gym.policies.batching import MicroBatcher
 
 __all__ = [
     "LocalModelPolicy",
+    "SamplingOverrides",
     "TokenGeneration",
     "chat_messages",
     "check_sampling",
@@ -61,6 +62,14 @@ class TokenGeneration(NamedTuple):
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+
+
+class SamplingOverrides(NamedTuple):
+    """One :meth:`~LocalModelPolicy.generate_tokens` call's settings; None: the policy's own."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 def checkpoint_digest(path: str | Path) -> str:
@@ -177,14 +186,19 @@ class LocalModelPolicy(Policy):
 
     @abstractmethod
     def _sample(
-        self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None]
     ) -> list[tuple[TokenGeneration, str]]:
         """One generation per prompt at the policy's settings, with its reply text.
 
-        ``seeds`` gives one sampling seed per prompt; None: the policy's per-request
-        sequence (or fresh randomness if it has no seed). The text leaves out the stop
-        token and special tokens.
+        ``seeds`` gives one sampling seed per prompt (:meth:`_resolve_seeds`). The text
+        leaves out the stop token and special tokens.
         """
+
+    @abstractmethod
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None], call: SamplingOverrides
+    ) -> list[TokenGeneration]:
+        """:meth:`generate_tokens` once its seeds are resolved, with the ``call``'s settings."""
 
     def act(self, request: PolicyRequest) -> PolicyOutput:
         """One reply; concurrent calls from several threads share one batch."""
@@ -197,7 +211,7 @@ class LocalModelPolicy(Policy):
             PolicyError: generation failed (out of memory, a device or engine error).
         """
         prompts = [self.prompt_token_ids(r) for r in requests]
-        seeds = self._seeds_of([r.seed_key for r in requests])
+        seeds = self._resolve_seeds(len(requests), None, [r.seed_key for r in requests])
         return [
             PolicyOutput(
                 text=text,
@@ -207,8 +221,44 @@ class LocalModelPolicy(Policy):
                 finish_reason=gen.finish_reason,
                 usage={"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids)},
             )
-            for prompt, (gen, text) in zip(prompts, self._sample(prompts, seeds=seeds), strict=True)
+            for prompt, (gen, text) in zip(prompts, self._sample(prompts, seeds), strict=True)
         ]
+
+    def generate_tokens(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seeds: Sequence[int] | None = None,
+        seed_keys: Sequence[SeedKey | None] | None = None,
+    ) -> list[TokenGeneration]:
+        """Sample a continuation of each prompt, given as token ids (no re-tokenising).
+
+        Args:
+            prompts: token ids per prompt, e.g. a whole multi-turn episode so far
+                ending with the assistant's generation prompt.
+            max_new_tokens: per-call override of the policy's setting.
+            temperature: per-call override (0: greedy).
+            top_p: per-call override.
+            seeds: one sampling seed per prompt; default: the policy's per-request
+                seeds (:func:`request_seed`), or fresh ones if it has no seed.
+            seed_keys: instead of ``seeds``, one key per prompt (None for none): a
+                keyed prompt samples with :func:`~bat_gym.policies.keyed_seed` of the
+                policy's seed and its key, whatever else is in the batch (see
+                :attr:`~bat_gym.policies.PolicyRequest.seed_key`).
+
+        Returns:
+            One :class:`TokenGeneration` per prompt, in order.
+
+        Raises:
+            PolicyError: generation failed (out of memory, a device or engine error).
+            ValueError: a setting is out of range, a prompt is empty, ``seeds`` or
+                ``seed_keys`` does not match ``prompts``, or both are given.
+        """
+        seeds = self._resolve_seeds(len(prompts), seeds, seed_keys)
+        return self._generate(prompts, seeds, SamplingOverrides(max_new_tokens, temperature, top_p))
 
     def prompt_token_ids(self, request: PolicyRequest) -> list[int]:
         """The request's conversation through the chat template, as token ids."""

@@ -31,8 +31,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import ConfigError, ModelNotFound
-from bat_gym.policies.base import PolicyError, SeedKey
-from bat_gym.policies.local import LocalModelPolicy, TokenGeneration, check_sampling
+from bat_gym.policies.base import PolicyError
+from bat_gym.policies.local import (
+    LocalModelPolicy,
+    SamplingOverrides,
+    TokenGeneration,
+    check_sampling,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -154,9 +159,10 @@ class TransformersPolicy(LocalModelPolicy):
     # -- Policy protocol -----------------------------------------------------------
 
     def _sample(
-        self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None]
     ) -> list[tuple[TokenGeneration, str]]:
         out = []
+        # Through generate_tokens, so whatever wraps it (a trainer's hook) sees act's calls too.
         for gen in self.generate_tokens(prompts, seeds=seeds):
             shown = gen.token_ids[:-1] if gen.finish_reason == "stop" else gen.token_ids
             out.append((gen, self.tokenizer.decode(shown, skip_special_tokens=True)))
@@ -176,47 +182,17 @@ class TransformersPolicy(LocalModelPolicy):
 
     # -- token level ---------------------------------------------------------------
 
-    def generate_tokens(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seeds: Sequence[int] | None = None,
-        seed_keys: Sequence[SeedKey | None] | None = None,
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None], call: SamplingOverrides
     ) -> list[TokenGeneration]:
-        """Sample a continuation of each prompt, given as token ids (no re-tokenising).
-
-        Args:
-            prompts: token ids per prompt, e.g. a whole multi-turn episode so far
-                ending with the assistant's generation prompt.
-            max_new_tokens: per-call override of the policy's setting.
-            temperature: per-call override (0: greedy).
-            top_p: per-call override.
-            seeds: one sampling seed per prompt; default: the policy's per-request
-                seeds (:func:`request_seed`), or fresh random ones if it has no seed.
-            seed_keys: instead of ``seeds``, one key per prompt (None for none): a
-                keyed prompt samples with :func:`~bat_gym.policies.keyed_seed` of the
-                policy's seed and its key, whatever else is in the batch (see
-                :attr:`~bat_gym.policies.PolicyRequest.seed_key`).
-
-        Returns:
-            One :class:`TokenGeneration` per prompt, in order.
-
-        Raises:
-            PolicyError: generation failed (out of memory, a device error).
-            ValueError: a prompt is empty, ``seeds`` or ``seed_keys`` does not match
-                ``prompts``, or both are given.
-        """
-        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        temp = self.temperature if temperature is None else temperature
-        nucleus = self.top_p if top_p is None else top_p
+        """Decode ``prompts`` in batches of :attr:`max_batch_size`, one at a time on the model."""
+        max_new = self.max_new_tokens if call.max_new_tokens is None else call.max_new_tokens
+        temp = self.temperature if call.temperature is None else call.temperature
+        nucleus = self.top_p if call.top_p is None else call.top_p
         if max_new < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new}")
         if any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
-        seeds = self._resolve_seeds(len(prompts), seeds, seed_keys)
         out: list[TokenGeneration] = []
         for start in range(0, len(prompts), self.max_batch_size):
             chunk = slice(start, start + self.max_batch_size)

@@ -33,8 +33,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.policies.base import PolicyError, SeedKey
-from bat_gym.policies.local import LocalModelPolicy, TokenGeneration, check_sampling
+from bat_gym.policies.base import PolicyError
+from bat_gym.policies.local import (
+    LocalModelPolicy,
+    SamplingOverrides,
+    TokenGeneration,
+    check_sampling,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -58,6 +63,8 @@ INSTALL_HINT = (
 # The worker extension must be named by a qualified string: vLLM imports it in each
 # worker process.
 WORKER_EXTENSION = "bat_gym.policies.vllm_policy.VLLMWorkerExtension"
+
+_POLICY_SETTINGS = SamplingOverrides()  # no override: every setting is the policy's own
 
 
 def import_vllm() -> Any:
@@ -313,46 +320,26 @@ class VLLMPolicy(LocalModelPolicy):
 
     # -- token level ---------------------------------------------------------------
 
-    def generate_tokens(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seeds: Sequence[int] | None = None,
-        seed_keys: Sequence[SeedKey | None] | None = None,
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None], call: SamplingOverrides
     ) -> list[TokenGeneration]:
-        """Sample a continuation of each prompt given as token ids (no re-tokenising).
-
-        The same signature and result as
-        :meth:`~bat_gym.policies.transformers_policy.TransformersPolicy.generate_tokens`.
-        """
-        gens = self._sample(
-            prompts,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seeds=self._resolve_seeds(len(prompts), seeds, seed_keys),
-        )
-        return [g for g, _ in gens]
+        return [g for g, _ in self._sample(prompts, seeds, call)]
 
     def _sample(
         self,
         prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seeds: Sequence[int] | None = None,
+        seeds: Sequence[int | None],
+        call: SamplingOverrides = _POLICY_SETTINGS,
     ) -> list[tuple[TokenGeneration, str]]:
-        seeds = self._resolve_seeds(len(prompts), seeds, None)
+        """One ``LLM.generate`` over ``prompts`` at the ``call``'s settings."""
         params = [
             self._vllm.SamplingParams(
                 **sampling_kwargs(
-                    temperature=self.temperature if temperature is None else temperature,
-                    top_p=self.top_p if top_p is None else top_p,
-                    max_tokens=self.max_tokens if max_new_tokens is None else max_new_tokens,
+                    temperature=self.temperature if call.temperature is None else call.temperature,
+                    top_p=self.top_p if call.top_p is None else call.top_p,
+                    max_tokens=self.max_tokens
+                    if call.max_new_tokens is None
+                    else call.max_new_tokens,
                     seed=seed,
                     stop_token_ids=self.stop_token_ids,
                 )
