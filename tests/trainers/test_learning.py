@@ -27,6 +27,8 @@ from bat_gym.trainers.grpo import GRPOConfig  # noqa: E402
 from bat_gym.trainers.grpo import train as grpo_train  # noqa: E402
 from bat_gym.trainers.tiny_sft import build_tiny_setup, state_rewards, train_tiny_sft  # noqa: E402
 
+from .conftest import torch_threads  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 BENCH = "skill_ladder"
@@ -52,10 +54,8 @@ GAIN_MIN = 0.1
 @pytest.fixture(scope="module", autouse=True)
 def two_threads():
     # Two cores at most; more threads than cores spin against each other.
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(old)
+    with torch_threads(2):
+        yield
 
 
 def _budgets(bench):
