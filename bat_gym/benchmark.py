@@ -384,6 +384,17 @@ class Benchmark(ABC):
         raw = f"{self.spec.name}/{self.spec.version}/{track}/{split}/{seed}"
         return f"{track}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
 
+    def new_task(self, track: str, seed: int, split: Split, **fields: Any) -> Task:
+        """A task of this benchmark, named by :meth:`task_id`; ``fields`` are the rest (card, params)."""
+        return Task(
+            task_id=self.task_id(track, seed, split),
+            benchmark=self.spec.name,
+            track=track,
+            seed=seed,
+            split=split,
+            **fields,
+        )
+
     def seeds(self, split: Split) -> range:
         """The generator seeds of a split."""
         r = self.spec.splits.train if split == "train" else self.spec.splits.heldout

@@ -136,8 +136,9 @@ def status_kib(field: str) -> int:
 
 def build_model(spec: Spec) -> Any:
     """Qwen2.5-0.5B's shape with ``spec``'s vocabulary, width and depth; seeded random weights."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config
+
+    from bat_gym.trainers.tiny_model import random_init
 
     heads = max(1, spec.hidden // 64)
     config = Qwen2Config(
@@ -154,8 +155,7 @@ def build_model(spec: Spec) -> Any:
         eos_token_id=2,
         pad_token_id=0,
     )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).float().to(spec.device)
+    return random_init(config, seed=0).to(spec.device)
 
 
 def make_rollouts(spec: Spec) -> tuple[list[Any], Any]:

@@ -31,67 +31,33 @@ TEMPERATURE = 0.7
 
 
 def build(out: Path) -> tuple[Any, Path]:
-    """The bank and the SFT checkpoint (reused when ``out`` has them)."""
-    from transformers import AutoTokenizer
-
-    from bat_gym.bank import StageBank, build_bank
-    from bat_gym.catalog import get_benchmark
-    from bat_gym.sft import export_sft, sft_rows
-    from bat_gym.trainers.sft import SFTConfig
-    from bat_gym.trainers.sft import train as sft_train
-    from bat_gym.trainers.tiny_model import build_tiny_model
+    """The bank and the SFT checkpoint of :mod:`bat_gym.trainers.tiny_sft` (reused if built)."""
+    from bat_gym.bank import StageBank
+    from bat_gym.trainers.tiny_sft import build_tiny_setup, train_tiny_sft
 
     final = out / "sft-run" / "final"
     if (final / "config.json").is_file():
         return StageBank(out / "bank"), final
-    bench = get_benchmark(BENCH)
-    bank = build_bank(bench, out / "bank", tasks_per_track=8, outcomes=("success", "recovery"))
-    rows = sft_rows(bank, bench)
-    texts = [m.get("content") or "" for r in rows for m in r.context]
-    texts += [r.target.content for r in rows]
-    init = build_tiny_model(out / "init", texts, vocab_size=1024, hidden_size=128, num_heads=2)
-    export_sft(bank, bench, AutoTokenizer.from_pretrained(init), out / "sft", max_length=4096)
-    cfg = SFTConfig(
-        model=str(init),
-        data_dir=str(out / "sft"),
-        output_dir=str(out / "sft-run"),
-        lr=2e-3,
-        micro_batch_size=4,
-        grad_accum_steps=1,
-        max_steps=150,
-        warmup_steps=10,
-        eval_every=0,
-        save_every=0,
-        device="cpu",
-    )
-    return bank, Path(sft_train(cfg)["final_dir"])
+    setup = build_tiny_setup(out, BENCH, tasks_per_track=8)
+    return setup.bank, train_tiny_sft(setup, out / "sft-run", steps=150)
 
 
 def state_rewards(bank: Any, model: Path, state_id: str, n: int) -> list[float]:
     """Rubric rewards of ``n`` keyed episodes from ``state_id`` (GRPO's own rollouts)."""
-    import gymnasium as gym
-
     from bat_gym.catalog import get_benchmark
-    from bat_gym.policies.transformers_policy import TransformersPolicy
-    from bat_gym.trainers.rollout import RolloutWorkers
+    from bat_gym.trainers import tiny_sft
 
     budgets = get_benchmark(BENCH).spec.budgets.model_copy(update={"max_turns": MAX_TURNS})
-    policy = TransformersPolicy(
-        model, temperature=TEMPERATURE, max_new_tokens=MAX_NEW_TOKENS, seed=1
-    )
-    workers = RolloutWorkers(
-        lambda: gym.make("bat/E2E-v0", benchmark=BENCH, states=bank.root, budgets=budgets),
-        lambda prompts, k, **seeding: policy.generate_tokens(prompts, max_new_tokens=k, **seeding),
-        policy.tokenizer,
+    return tiny_sft.state_rewards(
+        bank,
+        model,
+        state_id,
+        n,
+        seed=1,
+        budgets=budgets,
+        temperature=TEMPERATURE,
         max_new_tokens=MAX_NEW_TOKENS,
-        num_envs=8,
-        max_batch_size=8,
     )
-    try:
-        return [r.reward for r in workers.play([state_id] * n, [("measure", i) for i in range(n)])]
-    finally:
-        workers.close()
-        policy.close()
 
 
 def main(argv: list[str] | None = None) -> None:

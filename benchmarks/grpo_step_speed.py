@@ -61,7 +61,7 @@ from bat_gym.trainers.fsdp import Dist
 from bat_gym.trainers.grpo.batch import batch_tensors, chunks
 from bat_gym.trainers.grpo.update import update
 from bat_gym.trainers.grpo_loss import group_advantages
-from bat_gym.trainers.tiny_model import build_tiny_model
+from bat_gym.trainers.tiny_model import build_tiny_model, random_words
 
 TEMPERATURE = 0.7
 KL_COEF = 0.006
@@ -79,13 +79,12 @@ def progress(what: str) -> None:
 
 def build_model(out_dir: Path, vocab_size: int, hidden_size: int, num_layers: int) -> Path:
     """The tiny model and its tokenizer, trained on random words."""
-    rng = random.Random(0)
-    words = [
-        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(3000)
-    ]
-    corpus = [" ".join(rng.choices(words, k=50)) for _ in range(400)]
     return build_tiny_model(
-        out_dir, corpus, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers
+        out_dir,
+        random_words(),
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
     )
 
 

@@ -135,38 +135,7 @@ def _mean_sd(xs: list[float]) -> str:
     return f"{statistics.fmean(xs):.3f} ± {_var(xs) ** 0.5:.3f}"
 
 
-# -------------------------------------------------------------------------- setup
-
-
-def build_setup(out: Path, plan: Plan) -> tuple[Path, Path, Path]:
-    """The bank, the random-init tiny model and the SFT export; returns their dirs.
-
-    The tokenizer learns the bank's prompts and teacher turns, so the model's
-    vocabulary covers exactly what it will read and write.
-    """
-    from transformers import AutoTokenizer
-
-    from bat_gym.bank import build_bank
-    from bat_gym.catalog import get_benchmark
-    from bat_gym.sft import export_sft, sft_rows
-    from bat_gym.trainers.tiny_model import build_tiny_model
-
-    bench = get_benchmark(BENCH)
-    bank_dir, model_dir, sft_dir = out / "bank", out / "model-init", out / "sft-data"
-    bank = build_bank(
-        bench, bank_dir, tasks_per_track=plan.tasks_per_track, outcomes=("success", "recovery")
-    )
-    rows = sft_rows(bank, bench)
-    if not (model_dir / "config.json").is_file():
-        texts = [m.get("content") or "" for r in rows for m in r.context]
-        texts += [r.target.content for r in rows]
-        # 128 wide (two heads of 64): a 64-wide model was still at 0 held-out reward
-        # after 100 SFT steps, where this one already completes episodes.
-        build_tiny_model(model_dir, texts, vocab_size=1024, hidden_size=128, num_heads=2)
-    if not (sft_dir / "train.jsonl").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        export_sft(bank, bench, tokenizer, sft_dir, max_length=4096, rows=rows)
-    return bank_dir, model_dir, sft_dir
+# -------------------------------------------------------------------------- evaluation
 
 
 def held_out(model: Path | str, out: Path, plan: Plan, seed: int = 0) -> Any:
@@ -222,25 +191,13 @@ def grpo(model: Path, bank: Path, out: Path, plan: Plan, seed: int, **kw: Any) -
 # -------------------------------------------------------------------------- sections
 
 
-def section_sft(out: Path, plan: Plan, model: Path, sft_dir: Path) -> tuple[Path, Any]:
+def section_sft(out: Path, plan: Plan, setup: Any) -> tuple[Path, Any]:
     """Before/after SFT on held-out cells; the SFT checkpoint and its evaluation (seed 0)."""
-    from bat_gym.trainers.sft import SFTConfig, train
+    from bat_gym.trainers.sft import train
+    from bat_gym.trainers.tiny_sft import tiny_sft_config
 
-    before = held_out(model, out / "eval" / "init", plan)
-    cfg = SFTConfig(
-        model=str(model),
-        data_dir=str(sft_dir),
-        output_dir=str(out / "sft"),
-        lr=2e-3,  # random init: 2e-5 (the 4B-9B value) would barely move it
-        micro_batch_size=4,
-        grad_accum_steps=1,
-        max_steps=plan.sft_steps,
-        warmup_steps=10,
-        eval_every=0,
-        save_every=0,
-        keep_last=1,
-        device="cpu",
-    )
+    before = held_out(setup.init, out / "eval" / "init", plan)
+    cfg = tiny_sft_config(setup, out / "sft", steps=plan.sft_steps, keep_last=1)
     t1 = time.perf_counter()
     done = out / "sft" / "summary.json"
     if done.is_file():  # a rerun reuses the finished SFT run
@@ -567,13 +524,18 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
 
+    from bat_gym.trainers.tiny_sft import build_tiny_setup
+
     torch.set_num_threads(args.threads)
     _log(f"# {BENCH} learnability ({'quick' if args.quick else 'full'}): {plan}")
 
     t0 = time.perf_counter()
-    bank, model, sft_data = build_setup(args.out, plan)
+    # The bank, the random-init tiny model (its tokenizer learns the bank's prompts and
+    # teacher turns) and the SFT export.
+    setup = build_tiny_setup(args.out, BENCH, tasks_per_track=plan.tasks_per_track)
+    bank = Path(setup.bank.root)
     _log(f"setup (bank, tokenizer, model, SFT export): {time.perf_counter() - t0:.0f} s")
-    sft, sft_eval = section_sft(args.out, plan, model, sft_data)
+    sft, sft_eval = section_sft(args.out, plan, setup)
     target, mix_evals = section_grpo(
         args.out, plan, sft, sft_eval, bank, args.target, args.max_staleness
     )

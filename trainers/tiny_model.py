@@ -13,8 +13,11 @@ attention backend (vLLM's included) supports.
 
 from __future__ import annotations
 
+import random
+import string
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -22,6 +25,8 @@ __all__ = [
     "benchmark_corpus",
     "build_tokenizer",
     "build_tiny_model",
+    "random_init",
+    "random_words",
 ]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -128,8 +133,7 @@ def build_tiny_model(
     Returns:
         ``out_dir``.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import Qwen3Config
 
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer(texts, out_dir, vocab_size=vocab_size)
@@ -147,12 +151,38 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = random_init(config, seed=seed)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def random_init(config: Any, *, seed: int = 0) -> Any:
+    """A causal LM of ``config`` (any ``transformers`` config) with seeded random float32 weights.
+
+    Same config and seed, same weights: the models the trainer benchmarks measure are
+    built here, saved (:func:`build_tiny_model`) or held in memory.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def random_words(
+    lines: int = 400, *, vocabulary: int = 3000, words_per_line: int = 50, seed: int = 0
+) -> list[str]:
+    """``lines`` lines of made-up lowercase words (2-9 letters): a corpus with no meaning.
+
+    For a tokenizer whose model reads random token ids anyway (speed and memory runs).
+    """
+    rng = random.Random(seed)
+    words = [
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(vocabulary)
+    ]
+    return [" ".join(rng.choices(words, k=words_per_line)) for _ in range(lines)]
 
 
 def benchmark_corpus(benchmark: str | None = None, *, tasks_per_track: int = 2) -> list[str]:

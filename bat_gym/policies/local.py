@@ -25,8 +25,10 @@ from bat_gym.policies.batching import MicroBatcher
 
 __all__ = [
     "LocalModelPolicy",
+    "SamplingOverrides",
     "TokenGeneration",
     "chat_messages",
+    "check_sampling",
     "checkpoint_digest",
     "request_seed",
 ]
@@ -62,6 +64,14 @@ class TokenGeneration(NamedTuple):
     finish_reason: str
 
 
+class SamplingOverrides(NamedTuple):
+    """One :meth:`~LocalModelPolicy.generate_tokens` call's settings; None: the policy's own."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+
 def checkpoint_digest(path: str | Path) -> str:
     """SHA-256 over a checkpoint directory's weight, config and tokenizer files.
 
@@ -90,6 +100,25 @@ def request_seed(base_seed: int, index: int) -> int:
     tokens for the n-th request however requests were grouped into batches.
     """
     return (base_seed * 1_000_003 + index * 7_919 + 1) % (1 << 63)
+
+
+def check_sampling(
+    *, temperature: float, top_p: float, max_tokens: int, max_tokens_name: str = "max_new_tokens"
+) -> None:
+    """Refuse sampling settings no backend can honour, naming the bad one.
+
+    Args:
+        temperature: sampling temperature; must be >= 0 (0 decodes greedily).
+        top_p: nucleus mass kept; must be in (0, 1].
+        max_tokens: the most tokens one reply may have; must be >= 1.
+        max_tokens_name: what the backend calls ``max_tokens``, for the message.
+    """
+    if temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+    if max_tokens < 1:
+        raise ConfigError(f"{max_tokens_name} must be >= 1, got {max_tokens}")
 
 
 def chat_messages(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -157,14 +186,19 @@ class LocalModelPolicy(Policy):
 
     @abstractmethod
     def _sample(
-        self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None]
     ) -> list[tuple[TokenGeneration, str]]:
         """One generation per prompt at the policy's settings, with its reply text.
 
-        ``seeds`` gives one sampling seed per prompt; None: the policy's per-request
-        sequence (or fresh randomness if it has no seed). The text leaves out the stop
-        token and special tokens.
+        ``seeds`` gives one sampling seed per prompt (:meth:`_resolve_seeds`). The text
+        leaves out the stop token and special tokens.
         """
+
+    @abstractmethod
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None], call: SamplingOverrides
+    ) -> list[TokenGeneration]:
+        """:meth:`generate_tokens` once its seeds are resolved, with the ``call``'s settings."""
 
     def act(self, request: PolicyRequest) -> PolicyOutput:
         """One reply; concurrent calls from several threads share one batch."""
@@ -177,7 +211,7 @@ class LocalModelPolicy(Policy):
             PolicyError: generation failed (out of memory, a device or engine error).
         """
         prompts = [self.prompt_token_ids(r) for r in requests]
-        seeds = self._seeds_of([r.seed_key for r in requests])
+        seeds = self._resolve_seeds(len(requests), None, [r.seed_key for r in requests])
         return [
             PolicyOutput(
                 text=text,
@@ -187,8 +221,44 @@ class LocalModelPolicy(Policy):
                 finish_reason=gen.finish_reason,
                 usage={"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids)},
             )
-            for prompt, (gen, text) in zip(prompts, self._sample(prompts, seeds=seeds), strict=True)
+            for prompt, (gen, text) in zip(prompts, self._sample(prompts, seeds), strict=True)
         ]
+
+    def generate_tokens(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seeds: Sequence[int] | None = None,
+        seed_keys: Sequence[SeedKey | None] | None = None,
+    ) -> list[TokenGeneration]:
+        """Sample a continuation of each prompt, given as token ids (no re-tokenising).
+
+        Args:
+            prompts: token ids per prompt, e.g. a whole multi-turn episode so far
+                ending with the assistant's generation prompt.
+            max_new_tokens: per-call override of the policy's setting.
+            temperature: per-call override (0: greedy).
+            top_p: per-call override.
+            seeds: one sampling seed per prompt; default: the policy's per-request
+                seeds (:func:`request_seed`), or fresh ones if it has no seed.
+            seed_keys: instead of ``seeds``, one key per prompt (None for none): a
+                keyed prompt samples with :func:`~bat_gym.policies.keyed_seed` of the
+                policy's seed and its key, whatever else is in the batch (see
+                :attr:`~bat_gym.policies.PolicyRequest.seed_key`).
+
+        Returns:
+            One :class:`TokenGeneration` per prompt, in order.
+
+        Raises:
+            PolicyError: generation failed (out of memory, a device or engine error).
+            ValueError: a setting is out of range, a prompt is empty, ``seeds`` or
+                ``seed_keys`` does not match ``prompts``, or both are given.
+        """
+        seeds = self._resolve_seeds(len(prompts), seeds, seed_keys)
+        return self._generate(prompts, seeds, SamplingOverrides(max_new_tokens, temperature, top_p))
 
     def prompt_token_ids(self, request: PolicyRequest) -> list[int]:
         """The request's conversation through the chat template, as token ids."""
@@ -239,23 +309,67 @@ class LocalModelPolicy(Policy):
         unkeyed = iter(self._request_seeds(sum(k is None for k in keys)) or ())
         return [next(unkeyed) if k is None else keyed_seed(base, k) for k in keys]
 
-    def _check_seeding(
+    def _resolve_seeds(
         self,
         n: int,
         seeds: Sequence[int] | None,
         seed_keys: Sequence[SeedKey | None] | None,
-    ) -> None:
-        """Refuse ``generate_tokens`` seeding arguments that do not fit ``n`` prompts."""
+    ) -> list[int | None]:
+        """One sampling seed per prompt for ``generate_tokens``'s seeding arguments.
+
+        ``seeds`` as given; else :meth:`_seeds_of` the keys (all None when absent); an
+        unseeded policy gets :meth:`_unseeded` instead.
+
+        Raises:
+            ConfigError: both arguments are given, or one does not have ``n`` entries.
+        """
         if seeds is not None and seed_keys is not None:
             raise ConfigError("give seeds or seed_keys, not both")
         for name, given in (("seeds", seeds), ("seed_keys", seed_keys)):
             if given is not None and len(given) != n:
                 raise ConfigError(f"got {len(given)} {name} for {n} prompts")
+        if seeds is not None:
+            return list(seeds)
+        keyed = self._seeds_of(seed_keys or [None] * n)
+        return self._unseeded(n) if keyed is None else list(keyed)
 
-    def _template_identity(self) -> dict[str, Any]:
-        """``chat_template_kwargs`` for :meth:`identity`, when set (they change the prompts)."""
+    def _unseeded(self, n: int) -> list[int | None]:
+        """Seeds of ``n`` requests of an unseeded policy: None, the engine draws its own."""
+        return [None] * n
+
+    def _stop_ids(self, stop_tokens: Sequence[str], eos: Iterable[Any] = ()) -> frozenset[int]:
+        """The token ids that end a reply.
+
+        The tokenizer's end of sequence, ``eos`` (ints or lists of ints, e.g. a
+        generation config's ``eos_token_id``) and the ids of those ``stop_tokens`` that
+        are in the vocabulary.
+        """
+        ids: set[int] = set()
+        for value in (*eos, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | tuple):
+                ids.update(int(v) for v in value)
+        vocab = self.tokenizer.get_vocab()
+        ids.update(vocab[t] for t in stop_tokens if t in vocab)
+        return frozenset(ids)
+
+    def _identity(self, kind: str, *settings: str, **extra: Any) -> dict[str, Any]:
+        """:meth:`identity`: ``kind``, name, checkpoint path and digest, then settings.
+
+        ``settings`` name attributes recorded as they are, ``extra`` values recorded
+        beside them; ``chat_template_kwargs`` come last, when set (they change the prompts).
+        """
         kwargs = self.chat_template_kwargs
-        return {"chat_template_kwargs": dict(kwargs)} if kwargs else {}
+        return {
+            "kind": kind,
+            "name": self.name,
+            "path": str(self.path.resolve()),
+            "sha256": self.checkpoint_sha256(),
+            **{name: getattr(self, name) for name in settings},
+            **extra,
+            **({"chat_template_kwargs": dict(kwargs)} if kwargs else {}),
+        }
 
     def checkpoint_sha256(self) -> str:
         """:func:`checkpoint_digest` of :attr:`path`, computed once.

@@ -31,8 +31,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.errors import ConfigError, ModelNotFound
-from bat_gym.policies.base import PolicyError, SeedKey
-from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
+from bat_gym.policies.base import PolicyError
+from bat_gym.policies.local import (
+    LocalModelPolicy,
+    SamplingOverrides,
+    TokenGeneration,
+    check_sampling,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -104,12 +109,7 @@ class TransformersPolicy(LocalModelPolicy):
         chat_template_kwargs: Mapping[str, Any] | None = None,
         trust_remote_code: bool = False,
     ) -> None:
-        if temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_sampling(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens)
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         torch = _import_torch()
@@ -140,7 +140,13 @@ class TransformersPolicy(LocalModelPolicy):
             dtype=dtype if dtype == "auto" else getattr(torch, dtype),
         ).to(self.device)
         self.model.eval()
-        self.stop_token_ids = self._stop_ids(stop_tokens)
+        config_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        self.stop_token_ids = self._stop_ids(stop_tokens, eos=(config_eos,))
+        if not self.stop_token_ids:
+            raise ConfigError(
+                f"{self.path}: no end-of-sequence token in the tokenizer or generation "
+                "config, and none of stop_tokens is in the vocabulary"
+            )
         pad = self.tokenizer.pad_token_id
         self.pad_token_id: int = pad if pad is not None else min(self.stop_token_ids)
         params = inspect.signature(self.model.forward).parameters
@@ -153,9 +159,10 @@ class TransformersPolicy(LocalModelPolicy):
     # -- Policy protocol -----------------------------------------------------------
 
     def _sample(
-        self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None]
     ) -> list[tuple[TokenGeneration, str]]:
         out = []
+        # Through generate_tokens, so whatever wraps it (a trainer's hook) sees act's calls too.
         for gen in self.generate_tokens(prompts, seeds=seeds):
             shown = gen.token_ids[:-1] if gen.finish_reason == "stop" else gen.token_ids
             out.append((gen, self.tokenizer.decode(shown, skip_special_tokens=True)))
@@ -167,64 +174,25 @@ class TransformersPolicy(LocalModelPolicy):
         The digest names the files the policy was loaded from; after a trainer has
         updated :attr:`model` in place, save a checkpoint and record that one's.
         """
-        return {
-            "kind": "transformers",
-            "name": self.name,
-            "path": str(self.path.resolve()),
-            "sha256": self.checkpoint_sha256(),
-            "dtype": str(self.model.dtype).removeprefix("torch."),
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "max_new_tokens": self.max_new_tokens,
-            "seed": self.seed,
-            **self._template_identity(),
-        }
+        return self._identity(
+            "transformers",
+            *("temperature", "top_p", "max_new_tokens", "seed"),
+            dtype=str(self.model.dtype).removeprefix("torch."),
+        )
 
     # -- token level ---------------------------------------------------------------
 
-    def generate_tokens(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seeds: Sequence[int] | None = None,
-        seed_keys: Sequence[SeedKey | None] | None = None,
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None], call: SamplingOverrides
     ) -> list[TokenGeneration]:
-        """Sample a continuation of each prompt, given as token ids (no re-tokenising).
-
-        Args:
-            prompts: token ids per prompt, e.g. a whole multi-turn episode so far
-                ending with the assistant's generation prompt.
-            max_new_tokens: per-call override of the policy's setting.
-            temperature: per-call override (0: greedy).
-            top_p: per-call override.
-            seeds: one sampling seed per prompt; default: the policy's per-request
-                seeds (:func:`request_seed`), or fresh random ones if it has no seed.
-            seed_keys: instead of ``seeds``, one key per prompt (None for none): a
-                keyed prompt samples with :func:`~bat_gym.policies.keyed_seed` of the
-                policy's seed and its key, whatever else is in the batch (see
-                :attr:`~bat_gym.policies.PolicyRequest.seed_key`).
-
-        Returns:
-            One :class:`TokenGeneration` per prompt, in order.
-
-        Raises:
-            PolicyError: generation failed (out of memory, a device error).
-            ValueError: a prompt is empty, ``seeds`` or ``seed_keys`` does not match
-                ``prompts``, or both are given.
-        """
-        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        temp = self.temperature if temperature is None else temperature
-        nucleus = self.top_p if top_p is None else top_p
+        """Decode ``prompts`` in batches of :attr:`max_batch_size`, one at a time on the model."""
+        max_new = self.max_new_tokens if call.max_new_tokens is None else call.max_new_tokens
+        temp = self.temperature if call.temperature is None else call.temperature
+        nucleus = self.top_p if call.top_p is None else call.top_p
         if max_new < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new}")
         if any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
-        self._check_seeding(len(prompts), seeds, seed_keys)
-        if seeds is None:
-            seeds = self._next_seeds(seed_keys or [None] * len(prompts))
         out: list[TokenGeneration] = []
         for start in range(0, len(prompts), self.max_batch_size):
             chunk = slice(start, start + self.max_batch_size)
@@ -245,29 +213,10 @@ class TransformersPolicy(LocalModelPolicy):
         finally:
             self.model.train(was_training)
 
-    def _next_seeds(self, keys: Sequence[SeedKey | None]) -> list[int]:
-        seeds = self._seeds_of(keys)
-        if seeds is None:
-            rng = random.SystemRandom()
-            return [rng.getrandbits(63) for _ in keys]
-        return seeds
-
-    def _stop_ids(self, stop_tokens: Sequence[str]) -> frozenset[int]:
-        ids: set[int] = set()
-        eos = getattr(self.model.generation_config, "eos_token_id", None)
-        for value in (eos, self.tokenizer.eos_token_id):
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, list | tuple):
-                ids.update(int(v) for v in value)
-        vocab = self.tokenizer.get_vocab()
-        ids.update(vocab[t] for t in stop_tokens if t in vocab)
-        if not ids:
-            raise ConfigError(
-                f"{self.path}: no end-of-sequence token in the tokenizer or generation "
-                "config, and none of stop_tokens is in the vocabulary"
-            )
-        return frozenset(ids)
+    def _unseeded(self, n: int) -> list[int]:
+        """Fresh random seeds: every request of an unseeded policy samples differently."""
+        rng = random.SystemRandom()
+        return [rng.getrandbits(63) for _ in range(n)]
 
     def _decode(
         self,

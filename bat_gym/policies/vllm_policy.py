@@ -33,9 +33,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.errors import ConfigError
-from bat_gym.policies.base import PolicyError, SeedKey
-from bat_gym.policies.local import LocalModelPolicy, TokenGeneration
+from bat_gym.policies.base import PolicyError
+from bat_gym.policies.local import (
+    LocalModelPolicy,
+    SamplingOverrides,
+    TokenGeneration,
+    check_sampling,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +64,8 @@ INSTALL_HINT = (
 # worker process.
 WORKER_EXTENSION = "bat_gym.policies.vllm_policy.VLLMWorkerExtension"
 
+_POLICY_SETTINGS = SamplingOverrides()  # no override: every setting is the policy's own
+
 
 def import_vllm() -> Any:
     """The ``vllm`` module, or an ImportError that says how to install it."""
@@ -83,12 +89,9 @@ def sampling_kwargs(
     ``logprobs=0`` asks for the sampled token's log-probability only (no top-k
     alternatives); the stop tokens end the reply and stay in its token ids, not its text.
     """
-    if temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
-    if max_tokens < 1:
-        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
+    check_sampling(
+        temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_tokens_name="max_tokens"
+    )
     kwargs: dict[str, Any] = {
         "n": 1,
         "temperature": temperature,
@@ -302,20 +305,11 @@ class VLLMPolicy(LocalModelPolicy):
 
     def identity(self) -> dict[str, Any]:
         """Kind, checkpoint path and digest, weight version, and generation settings."""
-        return {
-            "kind": "vllm",
-            "name": self.name,
-            "path": str(self.path.resolve()),
-            "sha256": self.checkpoint_sha256(),
-            "weights_version": self.weights_version,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "max_tokens": self.max_tokens,
-            "seed": self.seed,
-            "logprobs_mode": self.logprobs_mode,
-            "vllm": getattr(self._vllm, "__version__", "unknown"),
-            **self._template_identity(),
-        }
+        return self._identity(
+            "vllm",
+            *("weights_version", "temperature", "top_p", "max_tokens", "seed", "logprobs_mode"),
+            vllm=getattr(self._vllm, "__version__", "unknown"),
+        )
 
     def close(self) -> None:
         """Stop the batching thread and shut the engine down."""
@@ -326,51 +320,26 @@ class VLLMPolicy(LocalModelPolicy):
 
     # -- token level ---------------------------------------------------------------
 
-    def generate_tokens(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seeds: Sequence[int] | None = None,
-        seed_keys: Sequence[SeedKey | None] | None = None,
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None], call: SamplingOverrides
     ) -> list[TokenGeneration]:
-        """Sample a continuation of each prompt given as token ids (no re-tokenising).
-
-        The same signature and result as
-        :meth:`~bat_gym.policies.transformers_policy.TransformersPolicy.generate_tokens`.
-        """
-        self._check_seeding(len(prompts), seeds, seed_keys)
-        if seeds is None:
-            seeds = self._next_seeds(seed_keys or [None] * len(prompts))
-        gens = self._sample(
-            prompts,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seeds=seeds,
-        )
-        return [g for g, _ in gens]
+        return [g for g, _ in self._sample(prompts, seeds, call)]
 
     def _sample(
         self,
         prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seeds: Sequence[int] | None = None,
+        seeds: Sequence[int | None],
+        call: SamplingOverrides = _POLICY_SETTINGS,
     ) -> list[tuple[TokenGeneration, str]]:
-        self._check_seeding(len(prompts), seeds, None)
-        if seeds is None:
-            seeds = self._next_seeds([None] * len(prompts))
+        """One ``LLM.generate`` over ``prompts`` at the ``call``'s settings."""
         params = [
             self._vllm.SamplingParams(
                 **sampling_kwargs(
-                    temperature=self.temperature if temperature is None else temperature,
-                    top_p=self.top_p if top_p is None else top_p,
-                    max_tokens=self.max_tokens if max_new_tokens is None else max_new_tokens,
+                    temperature=self.temperature if call.temperature is None else call.temperature,
+                    top_p=self.top_p if call.top_p is None else call.top_p,
+                    max_tokens=self.max_tokens
+                    if call.max_new_tokens is None
+                    else call.max_new_tokens,
                     seed=seed,
                     stop_token_ids=self.stop_token_ids,
                 )
@@ -389,18 +358,6 @@ class VLLMPolicy(LocalModelPolicy):
             completion = result.outputs[0]
             out.append((token_generation(completion), completion.text))
         return out
-
-    def _next_seeds(self, keys: Sequence[SeedKey | None]) -> list[int | None]:
-        seeds = self._seeds_of(keys)
-        return [None] * len(keys) if seeds is None else list(seeds)  # None: the engine's own
-
-    def _stop_ids(self, stop_tokens: Sequence[str]) -> frozenset[int]:
-        ids = set()
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        vocab = self.tokenizer.get_vocab()
-        ids.update(vocab[t] for t in stop_tokens if t in vocab)
-        return frozenset(ids)
 
     # -- weight sync for trainers --------------------------------------------------
 

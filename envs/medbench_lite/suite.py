@@ -134,12 +134,10 @@ class MedBenchLite(Benchmark):
         if seed not in rng:
             raise ValueError(f"seed {seed} is not in the {split} range {rng.start}..{rng.stop - 1}")
         d = self.draw(track, seed, split)
-        return Task(
-            task_id=self.task_id(track, seed, split),
-            benchmark=self.spec.name,
-            track=track,
-            seed=seed,
-            split=split,
+        return self.new_task(
+            track,
+            seed,
+            split,
             tier=0 if split == "train" else 1,
             card=get_track(track).card(),
             params=dict(d.params),

@@ -2,7 +2,8 @@
 
 Each task is a few synthetic patients with a current and a prior study (:mod:`.studies`,
 made with pydicom): CT or MR in the ``lesion_growth`` track, chest radiographs in the
-``nodule_dx`` track (:mod:`.suite` lists each track's traps), stored on the env's own Orthanc
+``nodule_dx`` track (:mod:`.suite` lists each track's traps; :mod:`.teacher` plays them,
+:mod:`.agreement` scores them), stored on the env's own Orthanc
 (:mod:`.orthanc`, :mod:`.service`) and exported under ``data/dicom``. Besides
 ``execute_code`` the agent has typed DICOM tools (:mod:`.tools`): find studies and
 series, read headers, fetch a window/levelled slice, measure a region, store an

@@ -22,22 +22,29 @@ threshold.
 What the agent stores on the server through the tools is scored by :mod:`.checks`.
 The provided model is a real file (``models/measure.py``, :mod:`.models`) that tasks ship
 and the verifier imports; the code the teacher and the naive baseline run in the
-sandbox is in real files too (``scripts/``, read by :mod:`.sandbox_code`).
+sandbox is in real files too (``scripts/``, read by :mod:`.sandbox_code`); the turns
+that run it are in :mod:`.teacher`, and how a submission is compared with the model's
+measurements is in :mod:`.agreement`.
 """
 
 from __future__ import annotations
 
-import csv
 import io
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn, Tolerance
-from bat_gym.envs.radiology import sandbox_code
+from bat_gym.envs.radiology import teacher
+from bat_gym.envs.radiology.agreement import (
+    AGREEMENT_MM,
+    COLUMNS,
+    agreement,
+    read_rows,
+    row_agrees,
+)
 from bat_gym.envs.radiology.models import measure_source
 from bat_gym.envs.radiology.studies import (
     PatientSpec,
@@ -47,7 +54,6 @@ from bat_gym.envs.radiology.studies import (
     render_patient,
     render_series,
 )
-from bat_gym.protocol import ToolCall
 from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
 
@@ -60,9 +66,7 @@ if TYPE_CHECKING:
 __all__ = ["Radiology", "MEASURE_PY", "SUBMISSION"]
 
 SUBMISSION = "outputs/submission.csv"
-COLUMNS = ["id", "diameter_mm", "prior_mm", "change"]
 CHANGE_MM = 2.0  # a diameter difference within this is "stable"
-AGREEMENT_MM = 0.05  # how far a diameter may be from the model's and still agree
 
 CONTRACTS = Path(__file__).with_name("contracts")
 """Radiology's own contracts: S5 and the E2E that pins it (see ``contract_library``)."""
@@ -345,15 +349,8 @@ class Radiology(Benchmark):
             "current and the prior study with the provided model and submit outputs/submission.csv. "
             "The studies are on the DICOM server and in data/dicom. Read TASK.md and task.json first."
         )
-        return Task(
-            task_id=self.task_id(track, seed, split),
-            benchmark=self.spec.name,
-            track=track,
-            seed=seed,
-            split=split,
-            tier=2 if seed % 2 else 1,
-            card=card,
-            params={"cases": n},
+        return self.new_task(
+            track, seed, split, tier=2 if seed % 2 else 1, card=card, params={"cases": n}
         )
 
     def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102
@@ -422,11 +419,11 @@ class Radiology(Benchmark):
 
     def task_score(self, task: Task, workspace: FrozenWorkspace) -> float:
         """Share of patients whose row agrees with the model on both studies and the change."""
-        return _agreement(workspace, SUBMISSION, self._truth(task.track, task.seed), complete=True)
+        return agreement(workspace, SUBMISSION, self._truth(task.track, task.seed), complete=True)
 
     def pilot_score(self, task: Task, workspace: FrozenWorkspace, pilot_path: str) -> float:
         """The same agreement over the pilot's rows."""
-        return _agreement(workspace, pilot_path, self._truth(task.track, task.seed), complete=False)
+        return agreement(workspace, pilot_path, self._truth(task.track, task.seed), complete=False)
 
     def numeric_tolerance(self, task: Task) -> dict[str, Tolerance]:
         """Diameters agree within :data:`AGREEMENT_MM` (mm), as the task metric grants."""
@@ -469,8 +466,8 @@ class Radiology(Benchmark):
         want = self._truth(task.track, task.seed).get(case)
         if want is None:
             return PilotFigure(name, None, False)
-        row = (_rows(workspace, pilot_path) or {}).get(case)
-        passed = row is not None and _row_agrees(row, want)
+        row = (read_rows(workspace, pilot_path) or {}).get(case)
+        passed = row is not None and row_agrees(row, want)
         return PilotFigure(name, want["lesion_size"], passed, tolerance=0.01)
 
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
@@ -513,199 +510,10 @@ class Radiology(Benchmark):
     # -- teacher --------------------------------------------------------------------------
 
     def teacher_turns(self, task: Task) -> list[TeacherTurn]:  # noqa: D102
-        patients = self._patients(task.track, task.seed)
-        truth_free_first = patients[0][1]
-        current = truth_free_first.studies[-1]
-        inspect = (
-            ToolCall(name="find_studies", arguments={}),
-            ToolCall(name="list_series", arguments={"study_uid": current.uid}),
+        return teacher.teacher_turns(
+            task.track, self._patients(task.track, task.seed), self._truth(task.track, task.seed)
         )
-        series_uid = _uid("series", current.uid, current.series[-1].number)
-        meta = ToolCall(name="series_metadata", arguments={"series_uid": series_uid})
-        turns = _teacher_turns(len(patients), task.track)
-        turns[0] = TeacherTurn(turns[0].stage, turns[0].content, (*inspect, meta, *turns[0].calls))
-        truth = self._truth(task.track, task.seed)
-        findings: list[ToolCall] = []
-        marks: list[ToolCall] = []
-        for _seed, patient in patients:
-            want = truth[patient.patient_id]
-            # The pipeline's numbers, read back from the submission by the agent in a
-            # real run; the scripted teacher knows them beforehand. Likewise the mark:
-            # the lesion voxel nearest the lesion's centroid.
-            findings.append(
-                ToolCall(
-                    name="submit_finding",
-                    arguments={
-                        "study_uid": want["study_uid"],
-                        "series_uid": want["series_uid"],
-                        "lesion_diameter_mm": want["diameter_mm"],
-                        "change": want["change"],
-                    },
-                )
-            )
-            voxels = np.asarray(want["lesion_voxels"], dtype=float)
-            k, r, c = voxels[np.argmin(((voxels - voxels.mean(axis=0)) ** 2).sum(axis=1))]
-            marks.append(
-                ToolCall(
-                    name="store_annotation",
-                    arguments={
-                        "series_uid": want["series_uid"],
-                        "index": int(k),
-                        "row": float(r),
-                        "col": float(c),
-                        "diameter_mm": want["diameter_mm"],
-                        "label": "lesion",
-                    },
-                )
-            )
-        submit_at = len(turns) - 1
-        turns.insert(
-            submit_at,
-            TeacherTurn(
-                "S5",
-                "Marking each lesion and submitting the findings on the server.",
-                (*marks, *findings),
-            ),
-        )
-        return turns
 
     def naive_turns(self, task: Task) -> list[TeacherTurn]:
         """No plan and no pilot; a pipeline that trusts descriptions and stored values."""
-        setup = sandbox_code.stage_script("naive_s2_setup", pipeline=sandbox_code.naive_pipeline())
-        return [
-            TeacherTurn("S2", "Writing the pipeline.", (_py(setup),)),
-            TeacherTurn(
-                "S4",
-                "Running every patient.",
-                (_sh("mkdir -p outputs && python pipeline/infer.py outputs/predictions.csv"),),
-            ),
-            TeacherTurn(
-                "S5", "Submitting.", (_sh("cp outputs/predictions.csv outputs/submission.csv"),)
-            ),
-            TeacherTurn(
-                "S5", "Done.", (ToolCall(name="finish", arguments={"summary": "Submitted."}),)
-            ),
-        ]
-
-
-def _rows(workspace: FrozenWorkspace, path: str) -> dict[str, dict[str, str]] | None:
-    """The CSV's rows by patient id; None for a missing or garbled file or a patient given twice."""
-    try:
-        reader = csv.DictReader(io.StringIO(workspace.read_text(path)))
-        if not set(COLUMNS) <= set(reader.fieldnames or ()):
-            return None
-        rows = list(reader)
-    except (OSError, ValueError, csv.Error):
-        return None
-    given: dict[str, dict[str, str]] = {}
-    for row in rows:
-        pid = (row["id"] or "").strip()
-        if pid in given:
-            return None
-        given[pid] = row
-    return given
-
-
-def _row_agrees(row: dict[str, str], want: dict[str, Any]) -> bool:
-    """Both diameters within :data:`AGREEMENT_MM` of the model's (mm), and the change the same."""
-    try:
-        d, p = float(row["diameter_mm"]), float(row["prior_mm"])
-    except (TypeError, ValueError):
-        return False
-    return (
-        math.isfinite(d)
-        and math.isfinite(p)
-        and abs(d - want["diameter_mm"]) <= AGREEMENT_MM
-        and abs(p - want["prior_mm"]) <= AGREEMENT_MM
-        and (row["change"] or "").strip() == want["change"]
-    )
-
-
-def _agreement(
-    workspace: FrozenWorkspace, path: str, truth: dict[str, dict[str, Any]], *, complete: bool
-) -> float:
-    """Share of scored patients whose row agrees with the model's (:func:`_row_agrees`).
-
-    Scored: every patient when ``complete``, else the file's rows. 0 for a missing or
-    garbled file, a patient given twice, or an unknown or (when complete) missing one.
-    """
-    given = _rows(workspace, path)
-    if given is None:
-        return 0.0
-    scored = list(truth) if complete else list(given)
-    if not scored or not set(scored) <= set(truth) or not set(scored) <= set(given):
-        return 0.0
-    return sum(_row_agrees(given[p], truth[p]) for p in scored) / len(scored)
-
-
-def _py(code: str) -> ToolCall:
-    return ToolCall(
-        name="execute_code", arguments={"language": "python", "code": code.strip() + "\n"}
-    )
-
-
-def _sh(code: str) -> ToolCall:
-    return ToolCall(
-        name="execute_code", arguments={"language": "bash", "code": code.strip() + "\n"}
-    )
-
-
-_DX_PLAN = (
-    "{n} patients, each with a prior and a current chest radiograph in data/dicom (and on the "
-    "server). A MONOCHROME1 radiograph stores bright anatomy as low values: invert it "
-    "(2**BitsStored - 1 - stored) before the threshold. ImagerPixelSpacing is the detector's "
-    "spacing: divide it by EstimatedRadiographicMagnificationFactor for the spacing at the "
-    "patient.\n\n## Inference\nRun measure_2d from model/measure.py with the model.json DX "
-    "threshold on each radiograph, in pipeline/infer.py."
-)
-
-
-def _teacher_turns(patients: int, track: str) -> list[TeacherTurn]:
-    body = (
-        _DX_PLAN.format(n=patients)
-        if track == "nodule_dx"
-        else (
-            f"{patients} patients, each with a prior and a current study in data/dicom (and on "
-            "the server). For CT, apply the header rescale (RescaleSlope, RescaleIntercept) so "
-            "values are HU before thresholding. For MR, measure the T2 series, chosen by its echo "
-            "time (TE > 60 ms), not by its description.\n\n## Inference\nStack each series in "
-            "InstanceNumber order and run model/measure.py with the model.json threshold, in "
-            "pipeline/infer.py."
-        )
-    )
-    plan = (
-        "mkdir -p plan && cat > plan/plan.md <<'EOF'\n# Plan\n\n## Preprocess\n"
-        f"{body}\n\n## Postprocess\n"
-        "Write id,diameter_mm,prior_mm,change per patient in the schema of task.json, with receipts, "
-        "mark each lesion and submit each finding on the server.\nEOF\n"
-        "cat task.json; cat model/model.json"
-    )
-    setup = sandbox_code.stage_script("s2_setup", pipeline=sandbox_code.pipeline())
-    validate = sandbox_code.stage_script(
-        "s3_validate", check=sandbox_code.CHECK, receipt=sandbox_code.RECEIPT
-    )
-    infer = sandbox_code.stage_script("s4_infer", receipt=sandbox_code.RECEIPT)
-    submit = sandbox_code.stage_script("s5_submit", receipt=sandbox_code.RECEIPT)
-    return [
-        TeacherTurn(
-            "S1", "I will look at the studies on the server and write the plan.", (_sh(plan),)
-        ),
-        TeacherTurn("S2", "Recording the environment and writing the pipeline.", (_py(setup),)),
-        TeacherTurn(
-            "S3",
-            "A one-patient pilot where a trap shows, checked against the model card.",
-            (_py(validate),),
-        ),
-        TeacherTurn("S4", "Every patient.", (_py(infer),)),
-        TeacherTurn("S5", "The submission in the required schema.", (_py(submit),)),
-        TeacherTurn(
-            "S5",
-            "All stages are done.",
-            (
-                ToolCall(
-                    name="finish",
-                    arguments={"summary": "Submitted outputs/submission.csv and the findings."},
-                ),
-            ),
-        ),
-    ]
+        return teacher.naive_turns()

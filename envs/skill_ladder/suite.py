@@ -63,15 +63,7 @@ class SkillLadder(Benchmark):
                 f"seed {seed} is not in the {split} range {seeds.start}..{seeds.stop - 1}"
             )
         d = draw(track, seed)
-        return Task(
-            task_id=self.task_id(track, seed, split),
-            benchmark=self.spec.name,
-            track=track,
-            seed=seed,
-            split=split,
-            card=d.card,
-            params={"cases": len(d.case_ids)},
-        )
+        return self.new_task(track, seed, split, card=d.card, params={"cases": len(d.case_ids)})
 
     def reduce_task(self, task: Task, *, max_cases: int) -> Task | None:
         """``task`` with only its first ``max_cases`` cases: an E2E surrogate.

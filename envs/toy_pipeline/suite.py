@@ -209,15 +209,7 @@ class ToyPipeline(Benchmark):
             f"Task ({track}): score every case in data/cases.csv with the model in model/model.json "
             "and submit outputs/submission.csv. Read TASK.md and task.json first."
         )
-        return Task(
-            task_id=self.task_id(track, seed, split),
-            benchmark=self.spec.name,
-            track=track,
-            seed=seed,
-            split=split,
-            card=card,
-            params={"cases": len(d["ids"])},
-        )
+        return self.new_task(track, seed, split, card=card, params={"cases": len(d["ids"])})
 
     def write_public_files(self, task: Task, dest: Path) -> None:  # noqa: D102
         d = self._draw(task.track, task.seed)

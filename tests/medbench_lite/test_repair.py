@@ -11,19 +11,11 @@ the reference run's.
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import pytest
+from row_checks import play_teacher, repair_record
 
 from bat_gym.bank import build_bank
-from bat_gym.env import StageEnv
-from bat_gym.evaluation.harness import play_episode
-from bat_gym.policies.scripted import ScriptedPolicy
 from bat_gym.rubrics.reference import reference_workspace
-from bat_gym.rubrics.reward import RubricReward
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.spec import E2E
 
 from .conftest import TRACKS
 
@@ -55,36 +47,13 @@ def failure_bank(bench, tmp_path_factory):
     return bank
 
 
-def sha256(files, path):
-    """The sha256 of ``files[path]``, None when there is no such file."""
-    return hashlib.sha256(files[path]).hexdigest() if path in files else None
-
-
 def check_repair(bench, bank, track, focus):
     """Play the teacher from the failure row of ``bank`` and check the record and outputs."""
     (sid,) = bank.select(focus=focus, track=track, outcome="failure")
     state = bank.get(sid)
-    env = RubricReward(StageEnv(E2E, benchmark=bench, states=bank))
-    try:
-        play_episode(env, ScriptedPolicy("teacher"), state, bench)
-        sandbox = env.unwrapped.sandbox
-        frozen = FrozenWorkspace(sandbox.freeze(), sandbox.frozen_store)
-        final = {p: frozen.read_bytes(p) for p in frozen.paths()}
-    finally:
-        env.close()
-    start = FrozenWorkspace.load(bank.store, state.snapshot)
-
-    repairs = json.loads(final[RECEIPTS[focus]]).get("repairs")
-    assert repairs, f"{RECEIPTS[focus]} records no repair"
-    for r in repairs:
-        assert r["sha256_before"] == start.sha256(r["path"]), r
-        assert r["sha256_after"] == sha256(final, r["path"]), r
-        assert r["reason"] and "\n" not in r["reason"], r
-    recorded = {r["path"] for r in repairs}
+    start, final = play_teacher(bench, bank, state)
+    recorded = repair_record(start, final, RECEIPTS[focus], LATER[focus])
     assert "pipeline/infer.py" in recorded  # the mistake lived in the pipeline
-    changed = {p for p in start.paths() if start.sha256(p) != sha256(final, p)}
-    new = {p for p in final if not start.exists(p) and not p.startswith(LATER[focus])}
-    assert recorded == changed | new
 
     reference = reference_workspace(bench, bench.task_of_state(state))
     assert final["pipeline/infer.py"] == reference.read_bytes("pipeline/infer.py")

@@ -16,22 +16,14 @@ import pytest
 
 from bat_gym.bank.states import MemoryStates, initial_state
 from bat_gym.env import StageEnv
-from bat_gym.protocol import ToolCall, get_protocol
+from bat_gym.protocol import ToolCall
 from bat_gym.rubrics.checks import run_check
 from bat_gym.rubrics.context import CheckContext, TaskOracle
 from bat_gym.rubrics.reward import RubricReward
 from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.sandbox.snapshot import BlobStore
 
-HERMES = get_protocol("hermes")
-
-
-def play(env, turns):
-    for t in turns:
-        _, reward, terminated, truncated, info = env.step(HERMES.render(t.content, list(t.calls)))
-        if terminated or truncated:
-            return reward, info
-    raise AssertionError("the script never ended the episode")
+from .conftest import HERMES, play
 
 
 @pytest.fixture(scope="module")

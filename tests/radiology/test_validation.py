@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bat_gym.benchmark import Tolerance
-from bat_gym.envs.radiology import sandbox_code, suite
+from bat_gym.envs.radiology import agreement, sandbox_code, suite
 from bat_gym.record import ExecutionRecord
 from bat_gym.rubrics.checks import run_check
 from bat_gym.rubrics.context import CheckContext
@@ -80,7 +80,7 @@ def test_the_risky_patients_are_those_the_naive_pipeline_measures_wrong(track, s
     bench.write_public_files(task, tmp_path)
     truth = bench.private_answers(task)["patients"]
     naive = _run(sandbox_code.naive_pipeline(), tmp_path)
-    wrong = {pid for pid, want in truth.items() if not suite._row_agrees(naive[pid], want)}
+    wrong = {pid for pid, want in truth.items() if not agreement.row_agrees(naive[pid], want)}
     assert bench.risky_cases(task) == wrong
     if (track, seed) == ("lesion_growth", 0):
         # The easy tier's MR study is labelled right: a careless pipeline measures it right.
@@ -146,12 +146,12 @@ def test_s1_to_s4_are_the_reference_contracts_and_s5_adds_the_server_items():
 def test_diameters_agree_within_the_task_metrics_tolerance():
     bench = suite.Radiology()
     task = bench.make_task("lesion_growth", 0, "train")
-    tolerance = Tolerance(atol=suite.AGREEMENT_MM)
+    tolerance = Tolerance(atol=agreement.AGREEMENT_MM)
     assert bench.numeric_tolerance(task) == {"diameter_mm": tolerance, "prior_mm": tolerance}
     want = {"diameter_mm": 15.3, "prior_mm": 12.1, "change": "larger"}
     row = {"diameter_mm": "15.34", "prior_mm": "12.06", "change": "larger"}
-    assert suite._row_agrees(row, want)
-    assert not suite._row_agrees({**row, "diameter_mm": "15.4"}, want)
+    assert agreement.row_agrees(row, want)
+    assert not agreement.row_agrees({**row, "diameter_mm": "15.4"}, want)
 
 
 @pytest.mark.slow

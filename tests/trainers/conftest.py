@@ -1,8 +1,22 @@
+import contextlib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Torch's intra-op threads set to ``n`` inside the block, and put back after it."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

@@ -21,20 +21,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import gymnasium as gym  # noqa: E402
-
-from bat_gym.bank import build_bank  # noqa: E402
-from bat_gym.catalog import get_benchmark  # noqa: E402
 from bat_gym.evaluation import EvalConfig, evaluate  # noqa: E402
 from bat_gym.policies import make_policy  # noqa: E402
-from bat_gym.policies.transformers_policy import TransformersPolicy  # noqa: E402
-from bat_gym.sft import export_sft, sft_rows  # noqa: E402
 from bat_gym.trainers.grpo import GRPOConfig  # noqa: E402
 from bat_gym.trainers.grpo import train as grpo_train  # noqa: E402
-from bat_gym.trainers.rollout import RolloutWorkers  # noqa: E402
-from bat_gym.trainers.sft import SFTConfig  # noqa: E402
-from bat_gym.trainers.sft import train as sft_train  # noqa: E402
-from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
+from bat_gym.trainers.tiny_sft import build_tiny_setup, state_rewards, train_tiny_sft  # noqa: E402
+
+from .conftest import torch_threads  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -61,10 +54,8 @@ GAIN_MIN = 0.1
 @pytest.fixture(scope="module", autouse=True)
 def two_threads():
     # Two cores at most; more threads than cores spin against each other.
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(old)
+    with torch_threads(2):
+        yield
 
 
 def _budgets(bench):
@@ -74,33 +65,10 @@ def _budgets(bench):
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory):
     """Bank (8 training tasks per track, success and recovery), model, SFT checkpoint."""
-    from transformers import AutoTokenizer
-
     root = tmp_path_factory.mktemp("learning")
-    bench = get_benchmark(BENCH)
-    bank = build_bank(bench, root / "bank", tasks_per_track=8, outcomes=("success", "recovery"))
-    rows = sft_rows(bank, bench)
-    texts = [m.get("content") or "" for r in rows for m in r.context]
-    texts += [r.target.content for r in rows]
-    init = build_tiny_model(root / "init", texts, vocab_size=1024, hidden_size=128, num_heads=2)
-    export_sft(bank, bench, AutoTokenizer.from_pretrained(init), root / "sft", max_length=4096)
-    cfg = SFTConfig(
-        model=str(init),
-        data_dir=str(root / "sft"),
-        output_dir=str(root / "sft-run"),
-        lr=2e-3,  # a random-init model; 2e-5 is the value for 4B-9B models
-        micro_batch_size=4,
-        grad_accum_steps=1,
-        max_steps=SFT_STEPS,
-        warmup_steps=10,
-        eval_every=0,
-        save_every=0,
-        device="cpu",
-    )
-    summary = sft_train(cfg)
-    return SimpleNamespace(
-        bench=bench, bank=bank, root=root, init=init, sft=Path(summary["final_dir"])
-    )
+    setup = build_tiny_setup(root, BENCH, tasks_per_track=8)
+    sft = train_tiny_sft(setup, root / "sft-run", steps=SFT_STEPS)
+    return SimpleNamespace(bench=setup.bench, bank=setup.bank, root=root, init=setup.init, sft=sft)
 
 
 def held_out(ladder, model: Path, name: str):
@@ -115,27 +83,18 @@ def held_out(ladder, model: Path, name: str):
         policy.close()
 
 
-def state_rewards(ladder, model: Path, state_id: str, n: int, seed: int) -> list[float]:
-    """Rubric rewards of ``n`` episodes sampled from one state, through GRPO's rollouts."""
-    policy = TransformersPolicy(
-        model, temperature=TEMPERATURE, max_new_tokens=MAX_NEW_TOKENS, seed=seed
-    )
-    workers = RolloutWorkers(
-        lambda: gym.make(
-            "bat/E2E-v0", benchmark=BENCH, states=ladder.bank.root, budgets=_budgets(ladder.bench)
-        ),
-        lambda prompts, k, **seeding: policy.generate_tokens(prompts, max_new_tokens=k, **seeding),
-        policy.tokenizer,
+def measure(ladder, model: Path, state_id: str) -> list[float]:
+    """Rubric rewards of 64 keyed episodes sampled from one state, through GRPO's rollouts."""
+    return state_rewards(
+        ladder.bank,
+        model,
+        state_id,
+        64,
+        seed=1,
+        budgets=_budgets(ladder.bench),
+        temperature=TEMPERATURE,
         max_new_tokens=MAX_NEW_TOKENS,
-        num_envs=8,
-        max_batch_size=8,
     )
-    try:
-        # Keyed episodes: the same draws however the eight envs' turns interleave.
-        return [r.reward for r in workers.play([state_id] * n, [("measure", i) for i in range(n)])]
-    finally:
-        workers.close()
-        policy.close()
 
 
 def test_sft_on_teacher_rows_lifts_held_out_reward_from_zero(ladder):
@@ -152,7 +111,7 @@ def test_grpo_on_one_state_raises_its_reward(ladder):
     # A units task: its flag is copied from the card, which the SFT model gets right
     # only in some samples.
     state_id = next(s for s in ladder.bank.select("E2E", "units") if s.endswith(".success"))
-    before = state_rewards(ladder, ladder.sft, state_id, n=64, seed=1)
+    before = measure(ladder, ladder.sft, state_id)
     # Groups must disagree, or GRPO has nothing to learn from.
     assert 0.0 < sum(before) / len(before) < 0.9, before
     cfg = GRPOConfig(
@@ -177,6 +136,6 @@ def test_grpo_on_one_state_raises_its_reward(ladder):
     )
     final = grpo_train(cfg)["final"]
     # The draws of the measurement before (common random numbers): only the policy differs.
-    after = state_rewards(ladder, Path(final), state_id, n=64, seed=1)
+    after = measure(ladder, Path(final), state_id)
     gain = sum(after) / len(after) - sum(before) / len(before)
     assert gain > GAIN_MIN, (before, after)

@@ -28,6 +28,8 @@ from bat_gym.trainers.sft import (  # noqa: E402
 )
 from bat_gym.trainers.tiny_model import build_tiny_model  # noqa: E402
 
+from .conftest import torch_threads  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,10 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def one_thread():
     # The tiny model is too small to gain from intra-op threads, and on a busy machine
     # they spin against each other (10x slower steps).
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

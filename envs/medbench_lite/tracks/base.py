@@ -23,6 +23,7 @@ from bat_gym.envs.medbench_lite.teacher import Recipe
 
 __all__ = [
     "Split",
+    "Rows",
     "Draw",
     "TrackBase",
     "read_submission",
@@ -38,6 +39,8 @@ __all__ = [
 ]
 
 Split = Literal["train", "heldout"]
+Rows = Mapping[str, Mapping[str, str]]
+"""CSV rows by case id: ``{case_id: {column: cell}}``, as :func:`read_rows` returns them."""
 Difficulty = Literal["easy", "hard"]
 
 STAGE_ARTIFACTS: dict[str, tuple[str, ...]] = {
@@ -102,15 +105,11 @@ class TrackBase(ABC):
     def draw(self, seed: int, split: Split) -> Draw:
         """Generate the task's files and answers."""
 
-    @abstractmethod
-    def score_cases(
-        self,
-        draw: Draw,
-        workspace: Path,
-        rows: Mapping[str, Mapping[str, str]],
-        ids: Sequence[str],
-    ) -> float:
+    def score_cases(self, draw: Draw, workspace: Path, rows: Rows, ids: Sequence[str]) -> float:
         """The track metric over the cases ``ids``, each read from its row in ``rows``.
+
+        Default: the mean of :meth:`score_case` over ``ids``. A track whose metric pools
+        the cases (mAP, balanced accuracy, pooled Dice) overrides this method instead.
 
         Args:
             draw: the task.
@@ -118,6 +117,14 @@ class TrackBase(ABC):
             rows: CSV rows by case id; every id in ``ids`` has one.
             ids: cases whose truth is known (:meth:`known_ids`).
         """
+        return float(np.mean([self.score_case(draw, workspace, rows[c], c) for c in ids]))
+
+    def score_case(self, draw: Draw, workspace: Path, row: Mapping[str, str], cid: str) -> float:
+        """One case's score in ``[0, 1]`` from its submitted ``row`` (0.0 when unusable)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must define score_case (a per-case metric) or "
+            "score_cases (a metric pooled over the cases)"
+        )
 
     def reduce(self, draw: Draw, max_cases: int) -> Draw:
         """The same task cut down to its first ``max_cases`` cases (an E2E surrogate).

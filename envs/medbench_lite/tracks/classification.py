@@ -28,7 +28,7 @@ Metric: balanced accuracy of the submitted labels
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
+    Rows,
     Split,
     TrackBase,
     case_ids,
@@ -259,13 +260,8 @@ class Classification(TrackBase):
             answers={"labels": {cid: int(v) for cid, v in zip(ids, labels, strict=True)}},
         )
 
-    def score_cases(  # noqa: D102
-        self,
-        draw: Draw,
-        workspace: Path,
-        rows: Mapping[str, Mapping[str, str]],
-        ids: Sequence[str],
-    ) -> float:
+    def score_cases(self, draw: Draw, workspace: Path, rows: Rows, ids: Sequence[str]) -> float:
+        """Balanced accuracy of the submitted labels over ``ids``."""
         truth = [draw.answers["labels"][cid] for cid in ids]
         pred = [_label(rows[cid].get("label")) for cid in ids]
         return metrics.balanced_accuracy(truth, pred)

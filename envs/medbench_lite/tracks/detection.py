@@ -22,7 +22,7 @@ Metric: single-class average precision at IoU 0.5 over all images, COCO style
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
+    Rows,
     Split,
     TrackBase,
     case_ids,
@@ -224,13 +225,8 @@ class Detection(TrackBase):
             answers={"boxes": truths},
         )
 
-    def score_cases(  # noqa: D102
-        self,
-        draw: Draw,
-        workspace: Path,
-        rows: Mapping[str, Mapping[str, str]],
-        ids: Sequence[str],
-    ) -> float:
+    def score_cases(self, draw: Draw, workspace: Path, rows: Rows, ids: Sequence[str]) -> float:
+        """mAP@0.5 of the boxes of ``ids``, pooled over the cases."""
         preds = []
         for cid in ids:
             path = resolve_output(workspace, rows[cid].get("detections_file", ""))

@@ -39,7 +39,7 @@ and a better denoiser scores more.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -348,28 +348,18 @@ class Enhancement(TrackBase):
             answers=answers,
         )
 
-    def score_cases(  # noqa: D102
-        self,
-        draw: Draw,
-        workspace: Path,
-        rows: Mapping[str, Mapping[str, str]],
-        ids: Sequence[str],
-    ) -> float:
-
-        per_case = []
-        for cid in ids:
-            clean = draw.answers["clean"][cid]
-            path = resolve_output(workspace, rows[cid].get("output_file", ""))
-            out = read_output_volume(path, clean.shape, draw.answers["affines"][cid])
-            s = None if out is None else _ssim(out, clean)
-            if s is None or not np.isfinite(s):
-                per_case.append(0.0)
-                continue
-            lo = draw.answers["ssim_noisy"][cid]
-            # The share of the gap between the input and a perfect image that the output
-            # closes: no ceiling below perfect, so a better denoiser than the model ranks.
-            per_case.append(float(np.clip((s - lo) / max(1.0 - lo, 1e-6), 0.0, 1.0)))
-        return float(np.mean(per_case))
+    def score_case(self, draw: Draw, workspace: Path, row: Mapping[str, str], cid: str) -> float:
+        """The share of the input's SSIM gap to the clean image that the output closes."""
+        clean = draw.answers["clean"][cid]
+        path = resolve_output(workspace, row.get("output_file", ""))
+        out = read_output_volume(path, clean.shape, draw.answers["affines"][cid])
+        s = None if out is None else _ssim(out, clean)
+        if s is None or not np.isfinite(s):
+            return 0.0
+        lo = draw.answers["ssim_noisy"][cid]
+        # The share of the gap between the input and a perfect image that the output
+        # closes: no ceiling below perfect, so a better denoiser than the model ranks.
+        return float(np.clip((s - lo) / max(1.0 - lo, 1e-6), 0.0, 1.0))
 
     def recipe(self) -> Recipe:  # noqa: D102
         return Recipe(

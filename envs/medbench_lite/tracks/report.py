@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -385,30 +385,18 @@ class Report(TrackBase):
             answers={"findings": {cid: c["findings"] for cid, c in zip(ids, cases, strict=True)}},
         )
 
-    def score_cases(  # noqa: D102
-        self,
-        draw: Draw,
-        workspace: Path,
-        rows: Mapping[str, Mapping[str, str]],
-        ids: Sequence[str],
-    ) -> float:
-        per_case = []
-        for cid in ids:
-            path = resolve_output(workspace, rows[cid].get("report_file", ""))
-            try:
-                pred = (
-                    parse_report(path.read_text(encoding="utf-8", errors="replace"))
-                    if path
-                    else None
-                )
-            except OSError:
-                pred = None
-            if pred is None:
-                per_case.append(0.0)
-                continue
-            f1, size_acc = metrics.finding_f1(pred, draw.answers["findings"][cid])
-            per_case.append(0.5 * f1 + 0.5 * size_acc)
-        return float(np.mean(per_case))
+    def score_case(self, draw: Draw, workspace: Path, row: Mapping[str, str], cid: str) -> float:
+        """Finding F1 and size accuracy of the case's report, weighted equally."""
+        path = resolve_output(workspace, row.get("report_file", ""))
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace") if path else None
+        except OSError:
+            text = None
+        pred = None if text is None else parse_report(text)
+        if pred is None:
+            return 0.0
+        f1, size_acc = metrics.finding_f1(pred, draw.answers["findings"][cid])
+        return 0.5 * f1 + 0.5 * size_acc
 
     def recipe(self) -> Recipe:  # noqa: D102
         return Recipe(

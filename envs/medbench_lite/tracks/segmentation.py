@@ -35,7 +35,7 @@ value that does not round to 0, 1 or 2 (nan, inf, 1e300) is empty for that case.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,7 @@ from bat_gym.envs.medbench_lite.teacher import Recipe
 from bat_gym.envs.medbench_lite.tracks import findings
 from bat_gym.envs.medbench_lite.tracks.base import (
     Draw,
+    Rows,
     Split,
     TrackBase,
     case_ids,
@@ -378,14 +379,8 @@ class Segmentation(TrackBase):
             },
         )
 
-    def score_cases(  # noqa: D102
-        self,
-        draw: Draw,
-        workspace: Path,
-        rows: Mapping[str, Mapping[str, str]],
-        ids: Sequence[str],
-    ) -> float:
-
+    def score_cases(self, draw: Draw, workspace: Path, rows: Rows, ids: Sequence[str]) -> float:
+        """Mean liver Dice, averaged with the lesion Dice pooled over ``ids`` when any."""
         liver_dice = []
         inter = total = 0
         for cid in ids:

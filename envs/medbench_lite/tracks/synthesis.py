@@ -20,7 +20,7 @@ mean in the mask (the B scanner's gain is unknowable, so it is factored out).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -296,28 +296,18 @@ class Synthesis(TrackBase):
         """The test cases and the training pairs (whose B is given)."""
         return frozenset(draw.case_ids) | frozenset(draw.answers["worked"]["b"])
 
-    def score_cases(  # noqa: D102
-        self,
-        draw: Draw,
-        workspace: Path,
-        rows: Mapping[str, Mapping[str, str]],
-        ids: Sequence[str],
-    ) -> float:
-
-        per_case = []
-        for cid in ids:
-            known = draw.answers if cid in draw.answers["b"] else draw.answers["worked"]
-            truth, mask = known["b"][cid], known["mask"][cid]
-            path = resolve_output(workspace, rows[cid].get("output_file", ""))
-            pred = read_output_volume(path, truth.shape, known["affines"][cid])
-            if pred is None or not np.all(np.isfinite(pred[mask])) or pred[mask].mean() <= 0:
-                per_case.append(0.0)
-                continue
-            p = pred / pred[mask].mean()
-            g = truth / truth[mask].mean()
-            s = metrics.ssim(p, g, float(g[mask].max() - g[mask].min()), mask=mask)
-            per_case.append(float(np.clip(s, 0.0, 1.0)))
-        return float(np.mean(per_case))
+    def score_case(self, draw: Draw, workspace: Path, row: Mapping[str, str], cid: str) -> float:
+        """Masked SSIM of the synthesized volume against the truth, both mean-normalised."""
+        known = draw.answers if cid in draw.answers["b"] else draw.answers["worked"]
+        truth, mask = known["b"][cid], known["mask"][cid]
+        path = resolve_output(workspace, row.get("output_file", ""))
+        pred = read_output_volume(path, truth.shape, known["affines"][cid])
+        if pred is None or not np.all(np.isfinite(pred[mask])) or pred[mask].mean() <= 0:
+            return 0.0
+        p = pred / pred[mask].mean()
+        g = truth / truth[mask].mean()
+        s = metrics.ssim(p, g, float(g[mask].max() - g[mask].min()), mask=mask)
+        return float(np.clip(s, 0.0, 1.0))
 
     def recipe(self) -> Recipe:  # noqa: D102
         return Recipe(

@@ -346,16 +346,13 @@ class Vqa(TrackBase):
         """The test questions and the worked examples of data/dev."""
         return frozenset(draw.case_ids) | frozenset(draw.answers["worked"])
 
-    def score_cases(  # noqa: D102
-        self,
-        draw: Draw,
-        workspace: Path,
-        rows: Mapping[str, Mapping[str, str]],
-        ids: Sequence[str],
-    ) -> float:
-        truth = {**draw.answers["worked"], **draw.answers["answers"]}
-        hits = [metrics.exact_match(rows[q].get("answer") or "", truth[q]) for q in ids]
-        return float(np.mean(hits))
+    def score_case(self, draw: Draw, workspace: Path, row: Mapping[str, str], cid: str) -> float:
+        """Exact match of the submitted answer to question ``cid``."""
+        known = (
+            draw.answers["answers"] if cid in draw.answers["answers"] else draw.answers["worked"]
+        )
+        truth = known[cid]
+        return float(metrics.exact_match(row.get("answer") or "", truth))
 
     def recipe(self) -> Recipe:  # noqa: D102
         return Recipe(
