@@ -28,6 +28,7 @@ def make(venv: Path, cache: Path) -> dict[str, str]:
     Its ``bin`` comes first on the PATH (``python``, ``bat-gym``), and the bat_gym cache
     is ``cache``: a benchmark made in a test has default states of its own.
     """
+    venv, cache = venv.resolve(), cache.resolve()
     subprocess.run(
         [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
         check=True,
