@@ -95,7 +95,7 @@ from bat_gym.trainers.grpo_loss import (
     masked_mean,
     token_logprobs,
 )
-from bat_gym.trainers.grpo_metrics import StepMetrics
+from bat_gym.trainers.grpo_metrics import StepMetrics, warn_without_signal
 from bat_gym.trainers.rollout import RolloutWorkers
 from bat_gym.trainers.rollout_log import log_rollouts
 from bat_gym.trainers.schedule import Schedule, lr_scheduler
@@ -1091,6 +1091,7 @@ def train(
                 with metrics_path.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
                 log_rollouts(out, step, rollouts, pools)  # for bat-gym view
+                warn_without_signal(record)  # a flat curve says why
             if on_step is not None:
                 on_step(record)
             steps_task.advance()
