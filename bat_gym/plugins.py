@@ -88,8 +88,26 @@ def load_target(target: str) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise PluginError(f"{target!r}: {module} has no attribute {attr!r}") from None
+            shadow = _shadowing_folders(module.strip())
+            raise PluginError(f"{target!r}: {module} has no attribute {attr!r}{shadow}") from None
     return obj
+
+
+def _shadowing_folders(module: str) -> str:
+    """Why ``module`` lacks an attribute when it was imported as a namespace package.
+
+    A folder of that name without ``__init__.py`` (a project folder in the working
+    directory, say) imports as an empty namespace package before an editable install's
+    finder gets a turn, so the installed package is never seen.
+    """
+    top = sys.modules.get(module.split(".", 1)[0])
+    if top is None or getattr(top, "__file__", None) is not None:
+        return ""
+    folders = ", ".join(str(folder) for folder in getattr(top, "__path__", ()))
+    return (
+        f"; {top.__name__} was imported from {folders}, a folder without __init__.py that "
+        "shadows the installed package: run from another directory, or rename that folder"
+    )
 
 
 def summary(plugin: Any) -> str:

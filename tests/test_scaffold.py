@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
-from bat_gym.errors import ConfigError
+from bat_gym.errors import ConfigError, PluginError
+from bat_gym.plugins import load_target
 from bat_gym.rubrics.contract import ContractLibrary
 from bat_gym.scaffold import STAGE_SETS, TEMPLATE, new_benchmark, render_text
 
@@ -61,11 +62,11 @@ def test_a_broken_template_is_refused(text, says):
 
 def _load(root: Path, name: str):
     """Import a rendered package from its directory, as its entry point would."""
-    sys.path.insert(0, str(root))
+    sys.path.insert(0, str(root / "src"))
     try:
         return importlib.import_module(name).benchmark()
     finally:
-        sys.path.remove(str(root))
+        sys.path.remove(str(root / "src"))
 
 
 @pytest.mark.parametrize("stages", sorted(STAGE_SETS))
@@ -84,7 +85,7 @@ def test_every_stage_count_renders_a_consistent_package(stages, tmp_path):
         assert all(library.for_focus(f) is not None for f in spec.focuses)
         assert library.ids != ContractLibrary.reference().ids
         for c in library:
-            assert (made.root / name / "contracts" / f"{c.id}.yaml").is_file()
+            assert (made.root / "src" / name / "contracts" / f"{c.id}.yaml").is_file()
         # The scripts name only stages the spec has, in order, and end with finish.
         task = bench.make_task("units", 0, "train")
         for turns in (bench.teacher_turns(task), bench.naive_turns(task)):
@@ -114,15 +115,30 @@ def test_the_package_declares_its_entry_point_and_contracts(tmp_path):
         [
             "README.md",
             "pyproject.toml",
-            "my_bench/__init__.py",
-            "my_bench/bench.py",
-            "my_bench/pipeline.py",
-            "my_bench/contracts/e2e.yaml",
-            "my_bench/contracts/setup.yaml",
-            "my_bench/contracts/submit.yaml",
+            "src/my_bench/__init__.py",
+            "src/my_bench/bench.py",
+            "src/my_bench/pipeline.py",
+            "src/my_bench/contracts/e2e.yaml",
+            "src/my_bench/contracts/setup.yaml",
+            "src/my_bench/contracts/submit.yaml",
             "tests/test_benchmark.py",
         ]
     )
+
+
+def test_a_folder_that_shadows_the_package_is_named(tmp_path, monkeypatch):
+    # A project folder of the package's name without __init__.py, in the working directory:
+    # it imports as an empty namespace package (the src/ layout keeps the scaffold's own
+    # project folder from doing so).
+    (tmp_path / "shadowed_bench").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(PluginError, match="no attribute 'benchmark'; shadowed_bench was") as e:
+            load_target("shadowed_bench:benchmark")
+        assert str(tmp_path / "shadowed_bench") in str(e.value)
+        assert "run from another directory, or rename that folder" in str(e.value)
+    finally:
+        sys.modules.pop("shadowed_bench", None)
 
 
 @pytest.mark.parametrize(
@@ -157,8 +173,11 @@ def test_the_command_writes_the_package_and_says_what_next(tmp_path):
     assert result.exit_code == 0, result.output
     assert "(stages S1 Setup, S2 Submit)" in result.output
     assert "env ids: bat/Setup-v0, bat/Submit-v0, bat/E2E-v0" in result.output
-    assert f"pip install -e {tmp_path / 'pkg'}" in result.output
-    assert (tmp_path / "pkg" / "my_bench" / "bench.py").is_file()
+    # This Python's own pip and pytest, with the test extra: a bare `pip` may be another's.
+    assert f"{sys.executable} -m pip install -e '{tmp_path / 'pkg'}[test]'" in result.output
+    assert f"{sys.executable} -m pytest {tmp_path / 'pkg' / 'tests'}" in result.output
+    assert "bat-gym is not on the package index" in result.output
+    assert (tmp_path / "pkg" / "src" / "my_bench" / "bench.py").is_file()
 
 
 @pytest.mark.parametrize(
@@ -191,13 +210,13 @@ def test_the_command_refuses_in_one_line(args, says, tmp_path):
 def test_out_of_the_box_the_package_tests_builds_evaluates_and_passes_its_audit(stages, tmp_path):
     # What new-benchmark promises, unchanged, in fresh processes that find the package
     # through its entry point (the walkthrough test does this for a changed package).
-    from plugin_install import install, plugin_env
+    import user_env
 
     made = new_benchmark("fresh_bench", tmp_path / "fresh_bench", stages=stages)
-    install(made.root, tmp_path / "site")
-    env = plugin_env(tmp_path / "site", tmp_path / "cache")
+    env = user_env.make(tmp_path / "venv", tmp_path / "cache")
+    user_env.pip_install("fresh_bench[test]", env, tmp_path)
     for command in (
-        "pytest -q -p no:cacheprovider fresh_bench/tests",
+        "python -m pytest -q -p no:cacheprovider fresh_bench/tests",
         "bat-gym bank build --benchmark fresh_bench --out bank --quiet",
         "bat-gym eval --benchmark fresh_bench --policy teacher --out teacher --quiet",
         "bat-gym eval --benchmark fresh_bench --policy naive --out naive --quiet",

@@ -9,14 +9,18 @@ gets a field of its own.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bat_gym.errors import BatGymError
 from bat_gym.spec import first_problem
 
-__all__ = ["StepMetrics", "read_metrics"]
+__all__ = ["StepMetrics", "no_signal_hint", "read_metrics", "warn_without_signal"]
+
+log = logging.getLogger(__name__)
 
 
 class StepMetrics(BaseModel):
@@ -74,3 +78,36 @@ def read_metrics(path: str | Path) -> list[StepMetrics]:
                 f"{path}:{n}: not a GRPO step's metrics: {first_problem(exc)}"
             ) from exc
     return out
+
+
+def no_signal_hint(metrics: StepMetrics | dict[str, Any]) -> str | None:
+    """One line on why a step taught nothing, and what to change; None when it taught.
+
+    A step teaches nothing when every group's rollouts earned the same reward (zero
+    advantage everywhere): with the default ``--overlong mask`` that is what a model
+    whose every turn a token limit cuts, or one that never earns credit, produces.
+    """
+    m = metrics if isinstance(metrics, StepMetrics) else StepMetrics.model_validate(metrics)
+    if m.zero_advantage_groups < 1.0:
+        return None
+    if m.length_cut >= 1.0:
+        why = (
+            "a token limit cut every episode (cut 1.00): raise --max-new-tokens, SFT the "
+            "model until it ends its turns, or --overlong penalize to rank cut episodes "
+            "below finished ones"
+        )
+    elif m.reward == 0.0:
+        why = "no rollout earned credit: SFT the model first, or --target an easier stage"
+    else:
+        why = "every group's rollouts scored alike: raise --group-size or --temperature"
+    return (
+        f"GRPO step {m.step}: no learning signal (zero-adv groups 1.00, reward "
+        f"{m.reward:.3f}): {why}"
+    )
+
+
+def warn_without_signal(metrics: StepMetrics | dict[str, Any]) -> None:
+    """Log :func:`no_signal_hint`'s line as a warning when the step taught nothing."""
+    hint = no_signal_hint(metrics)
+    if hint is not None:
+        log.warning(hint)

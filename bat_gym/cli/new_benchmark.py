@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -40,10 +42,13 @@ def new_benchmark(
     stage_list = ", ".join(f"{sid} {sname}" for sid, sname in made.stages)
     typer.echo(f"wrote {len(made.files)} files to {root}/ (stages {stage_list})")
     typer.echo(f"env ids: {', '.join(made.env_ids)} (with benchmark={name!r})")
+    # This interpreter's own pip and pytest: a bare `pip` may be another Python's, where
+    # the package's dependency `bat-gym` (not on the package index) is not installed.
+    python = shlex.quote(sys.executable)
     typer.echo(
-        "next:\n"
-        f"  pip install -e {root}\n"
-        f"  pytest {root}/tests\n"
+        "next (bat-gym is not on the package index: pip finds it installed in this Python):\n"
+        f"  {python} -m pip install -e {shlex.quote(f'{root}[test]')}\n"
+        f"  {python} -m pytest {shlex.quote(str(root / 'tests'))}\n"
         f"  bat-gym bank build --benchmark {name} --out banks/{name}\n"
         f"  bat-gym eval --benchmark {name} --policy teacher --out evals/{name}-teacher\n"
         f"  bat-gym audit-reward --benchmark {name}"

@@ -201,7 +201,7 @@ def grpo_overview(run: Run, page_no: int = 1) -> str:
     out = [TRAIN_BANNER, '<div class="card"><h2>Reward per step</h2>',
            line_chart(series, links=links, y_label="reward"),
            f'<p class="muted">{len(metrics)} steps logged, {len(kept)} with a kept rollout sample '
-           "(points link to them)</p></div>"]  # fmt: skip
+           "(points link to them)</p>", _flat_steps(metrics), "</div>"]  # fmt: skip
     steps = sorted({int(r["step"]) for r in metrics} | kept)
     pages = max(1, -(-len(steps) // STEPS_PER_PAGE))
     page_no = min(max(1, page_no), pages)
@@ -210,6 +210,7 @@ def grpo_overview(run: Run, page_no: int = 1) -> str:
     out.append(_pager(run.id, page_no, pages))
     out.append("<table><thead><tr><th>step</th><th class='num'>reward</th><th class='num'>scored</th>"
                "<th class='num'>loss</th><th class='num'>turns</th><th class='num'>finished</th>"
+               "<th class='num'>cut</th><th class='num'>zero-adv groups</th>"
                "<th>rollouts</th></tr></thead><tbody>")  # fmt: skip
     for s in shown:
         r = by_step.get(s, {})
@@ -222,10 +223,26 @@ def grpo_overview(run: Run, page_no: int = 1) -> str:
             f"<tr><td>{s}</td><td class='num'>{fmt(r.get('reward'))}</td><td class='num'>"
             f"{h(r.get('scored_rollouts', ''))}</td><td class='num'>{fmt(r.get('loss'), 4)}</td>"
             f"<td class='num'>{fmt(r.get('turns'), 1)}</td><td class='num'>{fmt(r.get('finished'), 2)}</td>"
+            f"<td class='num'>{fmt(r.get('length_cut'), 2)}</td>"
+            f"<td class='num'>{fmt(r.get('zero_advantage_groups'), 2)}</td>"
             f"<td>{link}</td></tr>"
         )
     out.append("</tbody></table>")
     return "".join(out)
+
+
+def _flat_steps(metrics: list[dict[str, Any]]) -> str:
+    """A line naming the steps that taught nothing (every group's rewards equal), and why."""
+    flat = [r for r in metrics if (r.get("zero_advantage_groups") or 0) >= 1.0]
+    if not flat:
+        return ""
+    cut = sum((r.get("length_cut") or 0) >= 1.0 for r in flat)
+    return (
+        f'<p class="muted">{len(flat)} of {len(metrics)} steps had no learning signal (zero-adv '
+        f"groups 1.00: every group's rollouts earned the same reward), {cut} of them with every "
+        "episode cut by a token limit (cut 1.00). A flat curve there is the sizes, not the "
+        "trainer: raise --max-new-tokens, SFT the model first, or --overlong penalize.</p>"
+    )
 
 
 def _pager(rid: str, page_no: int, pages: int) -> str:

@@ -1,34 +1,34 @@
 """docs/new-benchmark.md, followed as written: a benchmark from scaffold to GRPO.
 
 Every ``bash`` and ``python`` block of the page is a test, run in order in one fresh
-directory, each in a new process with the installed ``bat-gym`` on the PATH, as a
-reader pastes them: ``new-benchmark``, the hand edits (an artifact renamed, a built-in
+directory, each in a new process of one venv (``python`` and ``bat-gym`` first on the
+PATH), as a reader pastes them: ``new-benchmark``, the hand edits (an artifact renamed, a built-in
 and a custom check item added, the contract's version bumped), the package's own tests,
 a Stage Bank, two evaluations, the reward audit, a tiny model and two GRPO steps. The
 last test checks that the walkthrough ends where the page says it does.
 
-One step is done differently: ``pip install -e my_bench``, which
-:func:`plugin_install.install` does for the blocks' processes only (the package on their
-PYTHONPATH, with the entry points its own ``pyproject.toml`` declares), so this
-environment stays as it was and there is nothing to uninstall.
+The venv is a user's (:mod:`user_env`): the page's ``python -m pip install -e`` runs
+real pip in it, offline (``--no-deps --no-build-isolation``: bat_gym and pytest are
+there already), so the Python blocks import the package as a reader's do, from the
+folder where ``my_bench/`` would shadow it were it not in the src layout.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from plugin_install import install, plugin_env
+import user_env
 from pytest_codeblocks import extract_from_file
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "new-benchmark.md"
 RUNNABLE = ("python", "bash")
 TIMEOUT_S = 600
-_INSTALL = re.compile(r"^pip install -e (\S+)$")
+_INSTALL = re.compile(r"^python -m pip install -e (\S+)$")
 
 
 def _blocks() -> list:
@@ -46,11 +46,17 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("walkthrough")
 
 
+@pytest.fixture(scope="module")
+def venv(workdir: Path) -> dict[str, str]:
+    """The environment of the reader's venv (made outside ``workdir``'s listing)."""
+    return user_env.make(workdir / ".venv", workdir / ".cache")
+
+
 @pytest.mark.parametrize("block", _blocks())
-def test_the_block_runs_as_written(block, workdir: Path) -> None:
+def test_the_block_runs_as_written(block, workdir: Path, venv: dict[str, str]) -> None:
     installing = _INSTALL.match(block.code.strip())
     if installing:
-        install(workdir / installing.group(1), workdir / ".site")
+        user_env.pip_install(shlex.split(installing.group(1))[0], venv, workdir)
         return
     if "bat-gym train" in block.code or "bat-gym tiny-model" in block.code:
         pytest.importorskip("torch")
@@ -58,13 +64,13 @@ def test_the_block_runs_as_written(block, workdir: Path) -> None:
     if block.syntax == "python":
         script = workdir / f"block_{block.lineno}.py"
         script.write_text(block.code, encoding="utf-8")
-        argv = [sys.executable, script.name]
+        argv = ["python", script.name]
     else:
         argv = ["bash", "-e", "-o", "pipefail", "-c", block.code]
     done = subprocess.run(
         argv,
         cwd=workdir,
-        env=plugin_env(workdir / ".site", workdir / ".cache"),
+        env=venv,
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
@@ -76,7 +82,7 @@ def test_the_block_runs_as_written(block, workdir: Path) -> None:
 
 
 def test_the_walkthrough_ends_where_the_page_says(workdir: Path) -> None:
-    package = workdir / "my_bench" / "my_bench"
+    package = workdir / "my_bench" / "src" / "my_bench"
     if not (workdir / "evals" / "naive" / "aggregates.json").exists():
         pytest.skip("the walkthrough's blocks did not run (deselected)")
     # The hand edits are in the package, and its contracts load with them.

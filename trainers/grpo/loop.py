@@ -49,7 +49,7 @@ from bat_gym.trainers.fsdp import (
 from bat_gym.trainers.grpo.batch import rollout_metrics, train_batch
 from bat_gym.trainers.grpo.states import CurriculumStates, FixedStates, StateSampler
 from bat_gym.trainers.grpo.update import make_optimizer, update
-from bat_gym.trainers.grpo_metrics import StepMetrics
+from bat_gym.trainers.grpo_metrics import StepMetrics, warn_without_signal
 from bat_gym.trainers.rollout import RolloutWorkers
 from bat_gym.trainers.rollout_log import log_rollouts
 from bat_gym.trainers.schedule import lr_scheduler
@@ -436,6 +436,7 @@ def _step(run: _Run, step: int) -> dict[str, Any]:
     ).model_dump()  # checked, and plain data for metrics.jsonl and the checkpoint
     if dist.rank == 0:
         log_rollouts(run.out, step + 1, rollouts, pools)  # for bat-gym view
+        warn_without_signal(record)  # a flat curve says why
     return record
 
 

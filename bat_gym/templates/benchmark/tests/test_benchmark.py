@@ -1,7 +1,8 @@
 """__NAME__'s own tests: seeded tasks, contracts, and what the teacher and the naive earn.
 
-Run them from this directory with ``pytest`` after ``pip install -e .``: the benchmark
-is loaded through its entry point, as every ``bat-gym`` command loads it.
+Run them from this directory with ``python -m pytest tests`` after
+``python -m pip install -e '.[test]'``: the benchmark is loaded through its entry point,
+as every ``bat-gym`` command loads it.
 """
 
 import pytest
