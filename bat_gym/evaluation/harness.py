@@ -154,27 +154,20 @@ def play_episode(
     return end.info, end.finished
 
 
-def _failures(
-    info: dict[str, Any], budgets: Budgets, result: dict[str, Any]
-) -> list[FailureCategory]:
+_BUDGET_STOPS = ("turn_budget", "tool_call_budget", "token_budget")
+
+
+def _failures(info: dict[str, Any], result: dict[str, Any]) -> list[FailureCategory]:
     """The closed-set failure categories of a scored episode."""
     out: list[FailureCategory] = []
     verdict = info["verdict"]
     if verdict.rejected is not None:  # the agent's doing: a scored zero, not infrastructure
         out.append(verdict.rejected)
-    if not result["finished"]:
-        if info["tool_calls"] >= budgets.max_tool_calls:
-            out.append("tool_call_budget")
-        elif info["response_tokens"] >= budgets.max_response_tokens:
-            out.append("token_budget")
-        else:
-            out.append("turn_budget")
-    errors = sum(
-        1
-        for m in info["messages"]
-        if m["role"] == "user" and str(m.get("content", "")).startswith("[tool call error]")
-    )
-    if info["turns"] and errors * 2 >= info["turns"]:
+    # The env says why the episode stopped (bat_gym.env.StopReason); a refused workspace
+    # is already counted above, and the budgets are failure categories of their own name.
+    if info.get("stop_reason") in _BUDGET_STOPS:
+        out.append(info["stop_reason"])
+    if info["turns"] and info["refused_turns"] * 2 >= info["turns"]:
         out.append("malformed_calls")
     if any(g.gate == "successful_change" and not g.passed for g in verdict.gates):
         out.append("no_successful_change")
@@ -216,7 +209,7 @@ def _score(
         "response_tokens": info["response_tokens"],
         "notes": tuple(verdict.notes),
     }
-    result["failures"] = tuple(_failures(info, budgets, result))
+    result["failures"] = tuple(_failures(info, result))
     return result
 
 
