@@ -3,6 +3,7 @@
 import pytest
 
 from bat_gym.env import STOP_REASONS, Completion, StageEnv
+from bat_gym.evaluation.episodes import episode_trace
 from bat_gym.evaluation.harness import _failures
 from bat_gym.spec import Budgets
 
@@ -63,6 +64,8 @@ def test_finish_is_the_finished_stop(make_env):
     assert info["stop_reason"] is None
     _, _, terminated, truncated, info = env.step(FINISH)
     assert terminated and not truncated and info["stop_reason"] == "finished"
+    trace = episode_trace(info)  # what the viewer shows of an evaluated episode
+    assert trace["stop_reason"] == "finished" and trace["refused_turns"] == 0
 
 
 @pytest.mark.parametrize(
