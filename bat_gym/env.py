@@ -9,6 +9,13 @@ users need no re-parsing.
 * ``terminated``: the policy called ``finish``.
 * ``truncated``: a budget ran out (turns, tool calls, response tokens), or the
   workspace was refused (:attr:`StageEnv.rejection`).
+* ``info["stop_reason"]``: which of these ended the episode (:data:`StopReason`), None
+  while it runs. Read it rather than the observation text.
+* ``info["tool_errors"]``: the calls of this step the env refused to run, each a
+  :class:`ToolError` (place in the message, tool, kind, message); empty when the
+  step's calls ran. A refused turn runs nothing; its observation stays the
+  ``[tool call error] ...`` sentence the policy reads. ``info["refused_turns"]``
+  counts the episode's refused turns so far.
 
 Besides ``execute_code`` and ``finish``, the benchmark may declare tools of its own
 (:meth:`Benchmark.tools <bat_gym.benchmark.Benchmark.tools>`, :mod:`bat_gym.tools`):
@@ -28,8 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from functools import partial
-from typing import Any, SupportsFloat
+from typing import Any, Literal, SupportsFloat, TypedDict
 
 import gymnasium as gym
 
@@ -44,47 +50,66 @@ from bat_gym.errors import (
     StateVersionMismatch,
     WorkspaceRejected,
 )
-from bat_gym.protocol import TOOLS, ToolCall, ToolProtocol, clean_text, get_protocol, validate_call
-from bat_gym.record import ExecutionRecord, ToolCallRecord, ToolUseRecord
-from bat_gym.sandbox import ExecResult, Sandbox, SandboxLimits, make_sandbox
-from bat_gym.sandbox.snapshot import Snapshot, changed_paths
+from bat_gym.protocol import (
+    TOOLS,
+    ParsedMessage,
+    ToolProtocol,
+    clean_text,
+    get_protocol,
+    validate_call,
+)
+from bat_gym.record import ExecutionRecord
+from bat_gym.sandbox import Sandbox, SandboxLimits, make_sandbox
+from bat_gym.sandbox.snapshot import Snapshot
 from bat_gym.spec import Budgets, StageState
 from bat_gym.textspace import UnicodeText
-from bat_gym.tools import SandboxProgram, Tool, ToolContext, check_tools, run_host_tool
+from bat_gym.tool_runner import ToolRunner
+from bat_gym.tools import Tool, ToolContext, check_tools
 
-__all__ = ["StageEnv", "Completion", "format_result"]
+__all__ = [
+    "STOP_REASONS",
+    "Completion",
+    "StageEnv",
+    "StopReason",
+    "ToolError",
+    "ToolErrorKind",
+]
+
+StopReason = Literal[
+    "finished", "turn_budget", "tool_call_budget", "token_budget", "workspace_rejected"
+]
+"""Why an episode ended (``info["stop_reason"]``); None while it runs.
+
+``finished``: the policy called ``finish`` (``terminated``). The rest truncate:
+``turn_budget``, ``tool_call_budget`` (a call found the budget spent),
+``token_budget`` (response tokens), ``workspace_rejected`` (:attr:`StageEnv.rejection`).
+When a turn spends the token and the turn budget at once, ``token_budget`` is named.
+"""
+STOP_REASONS: tuple[StopReason, ...] = StopReason.__args__  # type: ignore[attr-defined]
+
+ToolErrorKind = Literal["malformed", "unknown_tool", "invalid_arguments"]
+"""``malformed``: no call could be read (no call, bad JSON); ``unknown_tool``: a call
+names no tool of the env; ``invalid_arguments``: a call's arguments fail its schema."""
+
+
+class ToolError(TypedDict):
+    """A call the env refused to run (one item of ``info["tool_errors"]``).
+
+    Attributes:
+        call: the call's 0-based place in the message; None for ``malformed``.
+        tool: the tool the call names; None for ``malformed``.
+        kind: what is wrong, a :data:`ToolErrorKind`.
+        message: the sentence the policy read after ``[tool call error]``.
+    """
+
+    call: int | None
+    tool: str | None
+    kind: ToolErrorKind
+    message: str
+
 
 MAX_TEXT = 1_000_000
 _RESET_OPTIONS = ("state_id", "track")
-
-
-def _clip(text: str, limit: int) -> str:
-    """Keep the head and the tail of ``text`` within ``limit`` characters."""
-    if len(text) <= limit:
-        return text
-    marker = "\n[... {} characters cut ...]\n"
-    room = max(0, limit - len(marker.format(len(text))))
-    head, tail = room // 2, room - room // 2
-    return text[:head] + marker.format(len(text) - head - tail) + (text[-tail:] if tail else "")
-
-
-def format_result(res: ExecResult, limit: int, timeout_s: float | None = None) -> str:
-    """The tool result as the agent sees it: a status line, then clipped output.
-
-    The status names no wall-clock time (the record keeps ``duration_s``): the same
-    call from the same state reads the same whatever the host's load, so replayed
-    states, bank rows built twice and seeded rollouts agree token for token. A timeout
-    names the limit it hit, ``timeout_s``, when given.
-    """
-    if res.restarted:
-        status = "[the sandbox crashed and was restarted; nothing was reported for this call]"
-    elif res.timed_out:
-        at = f" at the {timeout_s:g} s limit" if timeout_s is not None else ""
-        status = f"[timed out{at}; every process was killed]"
-    else:
-        status = f"[exit code {res.exit_code}]"
-    # Long output arrives with its head and tail kept and the cut marked by the sandbox.
-    return _clip(f"{status}\n{res.output}".rstrip("\n"), limit)
 
 
 class StageEnv(gym.Env[str, str]):
@@ -155,15 +180,18 @@ class StageEnv(gym.Env[str, str]):
         self.sandbox: Sandbox | None = None
         self.state: StageState | None = None
         self.messages: list[dict[str, Any]] = []
-        self.record: ExecutionRecord | None = None
-        self._last_scan: Snapshot | None = None
-        self.rejection: WorkspaceRejected | None = None
-        """Why the workspace was refused mid-episode, if it was; the episode ended there."""
+        self.runner: ToolRunner | None = None
+        """Runs this episode's tool calls and keeps its execution record."""
         self._done = True
         self._task: Any = None
         self.service: Any = None
         """The benchmark's service for this env (:meth:`Benchmark.make_service`), or None."""
-        self.turns = self.tool_calls = self.response_tokens = 0
+        self.turns = self.response_tokens = 0
+        self.tool_errors: list[ToolError] = []
+        """The calls of the last step the env refused to run."""
+        self.refused_turns = 0
+        self.stop_reason: StopReason | None = None
+        """Why the episode ended; None while it runs."""
 
     # -- state source and sandbox -------------------------------------------------------
 
@@ -237,13 +265,10 @@ class StageEnv(gym.Env[str, str]):
         self._restore_service(state)
         self.state = state
         self.messages = [dict(m) for m in state.messages]
-        self.record = ExecutionRecord(
-            start_digest=snapshot.digest, workspace_root=sandbox.agent_workspace
-        )
-        self._last_scan = snapshot  # the workspace as the last call (none yet) left it
+        self.runner = ToolRunner(sandbox, snapshot, self.budgets, self.tools, self._tool_context)
         self._task = None  # regenerated when a benchmark tool first asks for it
-        self.rejection = None
-        self.turns = self.tool_calls = self.response_tokens = 0
+        self.turns = self.response_tokens = self.refused_turns = 0
+        self.tool_errors, self.stop_reason = [], None
         self._done = False
         return self._render_messages(self.messages), self._info()
 
@@ -269,68 +294,94 @@ class StageEnv(gym.Env[str, str]):
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Run the tool calls in the assistant message ``action``."""
-        if self._done or self.state is None or self.record is None:
+        if self._done or self.state is None or self.runner is None:
             raise ResetNeeded("call reset() before step(), and again after an episode ends")
         if not isinstance(action, str):
             raise NotAnAction(
                 f"the action is the assistant's message as a str, got {type(action).__name__}"
             )
         self.turns += 1
+        self.runner.turn = self.turns - 1
         self.response_tokens += self._count_tokens(action)
         action = clean_text(action)  # a lone surrogate reaches no process, file or log
         parsed = self.protocol.parse(action)
-        error = parsed.error
-        arguments: list[Any] = []
-        if error is None:
-            for c in parsed.calls:
-                checked = self._check_call(c)
-                if isinstance(checked, str):
-                    error = checked
-                    break
-                arguments.append(checked)
+        arguments, errors = self._check_calls(parsed)
         new: list[dict[str, Any]] = []
-        terminated = truncated = False
-        if error is not None:
+        stop: StopReason | None = None
+        if errors:
             self.messages.append({"role": "assistant", "content": action})
-            new.append({"role": "user", "content": f"[tool call error] {error}"})
+            new.append({"role": "user", "content": f"[tool call error] {errors[0]['message']}"})
         else:
-            calls = [
-                c.model_copy(update={"id": f"call_{self.tool_calls + i}"})
-                for i, c in enumerate(parsed.calls)
-            ]
-            self.messages.append(
-                {
-                    "role": "assistant",
-                    "content": parsed.content,
-                    "tool_calls": [c.to_openai() for c in calls],
-                }
-            )
-            for call, args in zip(calls, arguments, strict=True):
-                if call.name == "finish":
-                    terminated = True
-                    new.append(self._tool_message(call, "Finished."))
-                    break
-                if self.tool_calls >= self.budgets.max_tool_calls:
-                    truncated = True
-                    new.append(self._tool_message(call, "[not run: the tool-call budget is spent]"))
-                    break
-                if call.name in self.tools:
-                    content = self._use_tool(self.tools[call.name], args)
-                else:
-                    content = self._execute(call.arguments["language"], call.arguments["code"])
-                new.append(self._tool_message(call, content))
-                if self.rejection is not None:
-                    truncated = True
-                    break
-        if not terminated and (
-            self.turns >= self.budgets.max_turns
-            or self.response_tokens >= self.budgets.max_response_tokens
-        ):
-            truncated = True
+            new, stop = self._run_calls(parsed, arguments)
+        if stop is None:
+            if self.response_tokens >= self.budgets.max_response_tokens:
+                stop = "token_budget"
+            elif self.turns >= self.budgets.max_turns:
+                stop = "turn_budget"
+        self.tool_errors, self.stop_reason = errors, stop
+        self.refused_turns += bool(errors)
         self.messages.extend(new)
-        self._done = terminated or truncated
+        self._done = stop is not None
+        terminated = stop == "finished"
         obs = "\n\n".join(m["content"] for m in new)
-        return obs, 0.0, terminated, truncated, self._info()
+        return obs, 0.0, terminated, self._done and not terminated, self._info()
+
+    def _check_calls(self, parsed: ParsedMessage) -> tuple[list[Any], list[ToolError]]:
+        """Each call's arguments (the model, for a benchmark tool), and what is wrong.
+
+        Checking stops at the first wrong call (the turn is refused whole), so the error
+        list holds at most one error; it is a list so that a protocol may report more.
+        """
+        if parsed.error is not None:
+            return [], [ToolError(call=None, tool=None, kind="malformed", message=parsed.error)]
+        arguments: list[Any] = []
+        for i, call in enumerate(parsed.calls):
+            tool = self.tools.get(call.name)
+            checked = (
+                tool.parse(call.arguments)
+                if tool is not None
+                else validate_call(call, self.tool_schemas) or call.arguments
+            )
+            if isinstance(checked, str):
+                known = tool is not None or any(
+                    t["function"]["name"] == call.name for t in self.tool_schemas
+                )
+                kind: ToolErrorKind = "invalid_arguments" if known else "unknown_tool"
+                return [], [ToolError(call=i, tool=call.name, kind=kind, message=checked)]
+            arguments.append(checked)
+        return arguments, []
+
+    def _run_calls(
+        self, parsed: ParsedMessage, arguments: list[Any]
+    ) -> tuple[list[dict[str, Any]], StopReason | None]:
+        """Run an accepted message's calls in order.
+
+        Returns their tool messages, and why the episode stopped if a call stopped it
+        (``finish``, the tool-call budget, a refused workspace).
+        """
+        calls = [
+            c.model_copy(update={"id": f"call_{self.tool_calls + i}"})
+            for i, c in enumerate(parsed.calls)
+        ]
+        self.messages.append(
+            {
+                "role": "assistant",
+                "content": parsed.content,
+                "tool_calls": [c.to_openai() for c in calls],
+            }
+        )
+        new: list[dict[str, Any]] = []
+        for call, args in zip(calls, arguments, strict=True):
+            if call.name == "finish":
+                new.append(self._tool_message(call, "Finished."))
+                return new, "finished"
+            if self.tool_calls >= self.budgets.max_tool_calls:
+                new.append(self._tool_message(call, "[not run: the tool-call budget is spent]"))
+                return new, "tool_call_budget"
+            new.append(self._tool_message(call, self.runner.run(call.name, args)))
+            if self.rejection is not None:
+                return new, "workspace_rejected"
+        return new, None
 
     def render(self) -> str | None:
         """The transcript so far as text (``render_mode="ansi"``)."""
@@ -340,6 +391,8 @@ class StageEnv(gym.Env[str, str]):
 
     def close(self) -> None:
         """Release the sandbox and the service."""
+        if self.runner is not None:
+            self.runner.close()
         if self.sandbox is not None:
             self.sandbox.close()
             self.sandbox = None
@@ -358,6 +411,23 @@ class StageEnv(gym.Env[str, str]):
             raise EnvNotCopyable(self.spec.id if self.spec is not None else "StageEnv")
         return self.__dict__.copy()
 
+    # -- the episode's record, kept by its tool runner ---------------------------------
+
+    @property
+    def record(self) -> ExecutionRecord | None:
+        """The execution record of the episode (None before the first reset)."""
+        return None if self.runner is None else self.runner.record
+
+    @property
+    def rejection(self) -> WorkspaceRejected | None:
+        """Why the workspace was refused mid-episode, if it was; the episode ended there."""
+        return None if self.runner is None else self.runner.rejection
+
+    @property
+    def tool_calls(self) -> int:
+        """Tool calls spent in the episode (they count against ``max_tool_calls``)."""
+        return 0 if self.runner is None else self.runner.calls
+
     # -- helpers ------------------------------------------------------------------------
 
     def _count_tokens(self, action: str) -> int:
@@ -365,13 +435,6 @@ class StageEnv(gym.Env[str, str]):
         if n is not None:
             return int(n)
         return self.token_counter(action) if self.token_counter is not None else 0
-
-    def _check_call(self, call: ToolCall) -> Any:
-        """A call's arguments (the model, for a benchmark tool), or what is wrong with it."""
-        tool = self.tools.get(call.name)
-        if tool is None:
-            return validate_call(call, self.tool_schemas) or call.arguments
-        return tool.parse(call.arguments)
 
     def _tool_context(self, tool: Tool) -> ToolContext:
         assert self.state is not None
@@ -393,165 +456,13 @@ class StageEnv(gym.Env[str, str]):
             _private=private,
         )
 
-    def _use_tool(self, tool: Tool, args: Any) -> str:
-        """Run one call of a benchmark tool; record it; return what the agent sees."""
-        assert self.record is not None
-        index, ctx = self.tool_calls, self._tool_context(tool)
-        if tool.runs_in == "sandbox":
-            return self._use_sandbox_tool(tool, args, ctx)
-        outcome = run_host_tool(tool, args, ctx)
-        self.tool_calls += 1
-        # No wall-clock time in what the agent sees (see format_result); the record has it.
-        if outcome.status == "ok":
-            status = f"[{tool.name}: ok]"
-        elif outcome.status == "error":
-            status = f"[{tool.name}: error]"
-        elif outcome.status == "timed_out":
-            status = f"[{tool.name}: timed out at the {ctx.timeout_s:g} s limit]"
-        else:
-            status = (
-                f"[{tool.name}: the tool failed with an internal error ({outcome.text}); "
-                "this is not your call's fault, and its details are in the host's log]"
-            )
-        shown = "" if outcome.status == "crashed" else outcome.text
-        if outcome.chars is not None and outcome.chars > len(outcome.text):
-            status += (
-                f"\n[the result has {outcome.chars} characters; "
-                f"its first {len(outcome.text)} came back]"
-            )
-        self._record_use(
-            tool,
-            args,
-            index,
-            outcome.status,
-            outcome.duration_s,
-            outcome.text,
-            chars=outcome.chars,
-            sha256=outcome.sha256,
-        )
-        return _clip(f"{status}\n{shown}".rstrip("\n"), self.budgets.max_observation_chars)
-
-    def _use_sandbox_tool(self, tool: Tool, args: Any, ctx: ToolContext) -> str:
-        assert self.record is not None
-        index = self.tool_calls
-        # Building the program is the benchmark's code: a fault there is a crash of the
-        # tool, never an exception out of step.
-        builder = Tool(tool.name, tool.description, tool.arguments, partial(_program, tool))
-        built = run_host_tool(builder, args, ctx)
-        if built.status != "ok":
-            self.tool_calls += 1
-            self._record_use(tool, args, index, "not_run", built.duration_s, "")
-            why = (
-                built.text if built.status == "error" else "the tool failed with an internal error"
-            )
-            return f"[{tool.name}: not run: {why}]"
-        program = json.loads(built.text)
-        before = len(self.record.calls)
-        text = self._execute(program["language"], program["code"], tool=tool.name)
-        if len(self.record.calls) == before:  # refused before it started
-            self.tool_calls += 1
-            self._record_use(tool, args, index, "not_run", built.duration_s, "")
-            return text
-        run = self.record.calls[-1]
-        status = "ok" if run.succeeded else ("timed_out" if run.timed_out else "error")
-        self._record_use(
-            tool, args, index, status, built.duration_s + run.duration_s, run.output, call=run.index
-        )
-        return text
-
-    def _record_use(
-        self,
-        tool: Tool,
-        args: Any,
-        index: int,
-        status: str,
-        duration_s: float,
-        text: str,
-        call: int | None = None,
-        *,
-        chars: int | None = None,
-        sha256: str | None = None,
-    ) -> None:
-        # chars and sha256: of the whole result when ``text`` is only its head.
-        assert self.record is not None
-        cap = SandboxLimits().record_output_bytes
-        self.record.append_tool_use(
-            ToolUseRecord(
-                index=index,
-                turn=self.turns - 1,
-                name=tool.name,
-                arguments=args.model_dump(mode="json"),
-                status=status,  # type: ignore[arg-type]
-                duration_s=max(0.0, duration_s),
-                output=text[:cap],
-                output_chars=len(text) if chars is None else chars,
-                result_sha256=sha256 or hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
-                call=call,
-            )
-        )
-
-    def _execute(self, language: str, code: str, *, tool: str | None = None) -> str:
-        assert self.sandbox is not None and self.record is not None
-        try:
-            before = self.sandbox.scan()
-        except WorkspaceRejected as exc:  # changed since the last call returned
-            self.rejection = exc
-            return f"[not run: {exc}. Failure category: {exc.category}]"
-        self.note_unattributed(before)
-        res = self.sandbox.execute_code(language, code, timeout_s=self.budgets.tool_timeout_s)  # type: ignore[arg-type]
-        try:
-            after: Snapshot | None = self.sandbox.scan()
-        except WorkspaceRejected as exc:
-            # The call left a workspace the host will not take: the episode ends here.
-            self.rejection = exc
-            after = None
-        if after is not None:
-            self._last_scan = after
-        prov = res.provenance
-        self.record.append(
-            ToolCallRecord(
-                index=self.tool_calls,
-                turn=self.turns - 1,
-                language=language,
-                code=code,
-                exit_code=res.exit_code,
-                duration_s=res.duration_s,
-                output=res.output,
-                output_bytes=res.output_bytes,
-                timed_out=res.timed_out,
-                restarted=res.restarted,
-                digest_before=before.digest,
-                digest_after="" if after is None else after.digest,
-                writes=None if after is None else list(changed_paths(before, after)),
-                reads=None if prov.reads is None else list(prov.reads),
-                runs=None if prov.runs is None else list(prov.runs),
-                runs_dropped=prov.runs_dropped,
-                tool=tool,
-            )
-        )
-        self.tool_calls += 1
-        text = format_result(
-            res, self.budgets.max_observation_chars, timeout_s=self.budgets.tool_timeout_s
-        )
-        if self.rejection is not None:
-            text += (
-                f"\n[the episode ends here: {self.rejection}. "
-                f"Failure category: {self.rejection.category}]"
-            )
-        return text
-
     def note_unattributed(self, now: Snapshot) -> tuple[str, ...]:
         """Record the paths that differ between ``now`` and the last call's end.
 
-        Nothing but a tool call may change the workspace during an episode; a path
-        changed between calls (or before the freeze) was changed by something that
-        outlived its call, and the verifier will not credit it.
+        See :meth:`ToolRunner.note_unattributed <bat_gym.tool_runner.ToolRunner.note_unattributed>`.
         """
-        assert self.record is not None
-        paths = changed_paths(self._last_scan, now) if self._last_scan is not None else ()
-        if paths:
-            self.record.add_unattributed(paths)
-        return paths
+        assert self.runner is not None
+        return self.runner.note_unattributed(now)
 
     @staticmethod
     def _tool_message(call: Any, content: str) -> dict[str, Any]:
@@ -584,22 +495,14 @@ class StageEnv(gym.Env[str, str]):
             "turns": self.turns,
             "tool_calls": self.tool_calls,
             "response_tokens": self.response_tokens,
+            "tool_errors": [dict(e) for e in self.tool_errors],
+            "refused_turns": self.refused_turns,
+            "stop_reason": self.stop_reason,
             "isolation": self.sandbox.isolation.value if self.sandbox else None,
             # How the sandbox's memory and tasks are capped: "v1"/"v2" cgroups, "none"
             # (uncapped, by opt-in), or "container" (the engine's own limits).
             "caps": None if self.sandbox is None else _caps(self.sandbox),
         }
-
-
-def _program(tool: Tool, args: Any, ctx: ToolContext) -> dict[str, str]:
-    """A sandbox tool's program, checked, as JSON-ready data."""
-    program = tool.handler(args, ctx)
-    if not isinstance(program, SandboxProgram) or program.language not in ("python", "bash"):
-        raise TypeError(
-            f"sandbox tool {tool.name!r} returned {type(program).__name__}, "
-            "not a SandboxProgram('python' | 'bash', code)"
-        )
-    return {"language": program.language, "code": str(program.code)}
 
 
 def _caps(sandbox: Sandbox) -> str:

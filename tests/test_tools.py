@@ -118,6 +118,13 @@ def test_builtin_and_benchmark_calls_share_one_index(env):
     assert [(u.index, u.status) for u in record.tool_uses] == [(1, "error")]
 
 
+def test_a_benchmark_tools_bad_arguments_are_a_structured_error(env):
+    *_, info = env.step(say("lookup_case", case_id="../etc"))
+    (error,) = info["tool_errors"]
+    assert (error["call"], error["tool"], error["kind"]) == (0, "lookup_case", "invalid_arguments")
+    assert error["message"].startswith("lookup_case: invalid arguments (case_id:")
+
+
 def test_bad_arguments_are_a_tool_call_error_that_names_the_field(env):
     obs, _, terminated, truncated, info = env.step(say("lookup_case", case_id="../etc"))
     assert obs.startswith("[tool call error] lookup_case: invalid arguments (case_id:")

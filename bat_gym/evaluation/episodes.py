@@ -11,6 +11,10 @@ JSON object (format :data:`EPISODE_FORMAT`)::
                      earlier stages' turns); the policy's own turns follow them
     messages         the whole conversation, OpenAI chat format
     turns, tool_calls, response_tokens
+    stop_reason      why the episode ended (bat_gym.env.StopReason: finished, turn_budget,
+                     tool_call_budget, token_budget, workspace_rejected); None: the
+                     actor stopped first, or a wrapper's time limit did
+    refused_turns    turns whose calls the env refused to run (a ``[tool call error]``)
     record           the ExecutionRecord (every call: code, output, exit, duration,
                      writes, reads, runs)
     verdict          the Verdict (stages, items, evidence, gates, task score, reward)
@@ -125,6 +129,8 @@ def episode_trace(info: dict[str, Any], *, reward: float | None = None) -> dict[
         "turns": turns,
         "tool_calls": int(info.get("tool_calls") or 0),
         "response_tokens": int(info.get("response_tokens") or 0),
+        "stop_reason": info.get("stop_reason"),
+        "refused_turns": int(info.get("refused_turns") or 0),
         # The verdict before the long fields, so a reader wanting only it (a comparison
         # of two evaluations) parses the head of the file: see VERDICT_KEY.
         "verdict": _dump(verdict),

@@ -151,27 +151,20 @@ def infrastructure_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}\n{trace}"
 
 
-def _failures(
-    info: dict[str, Any], budgets: Budgets, result: dict[str, Any]
-) -> list[FailureCategory]:
+_BUDGET_STOPS = ("turn_budget", "tool_call_budget", "token_budget")
+
+
+def _failures(info: dict[str, Any], result: dict[str, Any]) -> list[FailureCategory]:
     """The closed-set failure categories of a scored episode."""
     out: list[FailureCategory] = []
     verdict = info["verdict"]
     if verdict.rejected is not None:  # the agent's doing: a scored zero, not infrastructure
         out.append(verdict.rejected)
-    if not result["finished"]:
-        if info["tool_calls"] >= budgets.max_tool_calls:
-            out.append("tool_call_budget")
-        elif info["response_tokens"] >= budgets.max_response_tokens:
-            out.append("token_budget")
-        else:
-            out.append("turn_budget")
-    errors = sum(
-        1
-        for m in info["messages"]
-        if m["role"] == "user" and str(m.get("content", "")).startswith("[tool call error]")
-    )
-    if info["turns"] and errors * 2 >= info["turns"]:
+    # The env says why the episode stopped (bat_gym.env.StopReason); a refused workspace
+    # is already counted above, and the budgets are failure categories of their own name.
+    if info.get("stop_reason") in _BUDGET_STOPS:
+        out.append(info["stop_reason"])
+    if info["turns"] and info["refused_turns"] * 2 >= info["turns"]:
         out.append("malformed_calls")
     if any(g.gate == "successful_change" and not g.passed for g in verdict.gates):
         out.append("no_successful_change")
@@ -195,9 +188,7 @@ def _tier_of(bench: Any, state: Any) -> str | None:
     return tier if isinstance(tier, str) and re.fullmatch(r"[a-z][a-z0-9_]{0,19}", tier) else None
 
 
-def _score(
-    info: dict[str, Any], finished: bool, bench: Benchmark, budgets: Budgets
-) -> dict[str, Any]:
+def _score(info: dict[str, Any], finished: bool, bench: Benchmark) -> dict[str, Any]:
     from bat_gym.rubrics.scoring import overall_score
 
     verdict = info["verdict"]
@@ -213,7 +204,7 @@ def _score(
         "response_tokens": info["response_tokens"],
         "notes": tuple(verdict.notes),
     }
-    result["failures"] = tuple(_failures(info, budgets, result))
+    result["failures"] = tuple(_failures(info, result))
     return result
 
 
@@ -289,7 +280,7 @@ def run_cells(
         )
         if done:
             shown.note(f"[{len(done)}/{len(cells)}] already finished, resuming")
-        play = _CellPlay(bench, policy, budgets, out, runner, states, shown)
+        play = _CellPlay(bench, policy, out, runner, states, shown)
         try:
             done.update((r.cell.key, r) for r in runner.map(play, todo))
         finally:
@@ -322,7 +313,6 @@ class _CellPlay:
 
     bench: Benchmark
     policy: Policy
-    budgets: Budgets
     out: Path
     runner: Runner
     states: dict[tuple[str, Any], StageState]
@@ -356,7 +346,7 @@ class _CellPlay:
         """One attempt: play the cell's episode on ``env`` and score it."""
         start = time.perf_counter()
         info, finished = play_episode(env, self.policy, state, self.bench, seed_key=cell.seed_key)
-        scored = _score(info, finished, self.bench, self.budgets)
+        scored = _score(info, finished, self.bench)
         wall_s = time.perf_counter() - start
         # After wall_s: keeping the trace is not the episode's time.
         write_episode(self.out, cell.key, info, env)

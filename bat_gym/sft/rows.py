@@ -149,7 +149,7 @@ def _replay(
 
     def keep(turn: Step) -> None:
         i = turn.turn - 1
-        refused = turn.observation.startswith("[tool call error]")
+        refused = bool(turn.info["tool_errors"])  # the env ran none of the turn's calls
         if turn.truncated or (refused and strict):
             raise RuntimeError(
                 f"replaying {state.state_id}: turn {i} was not accepted by the env: "

@@ -116,6 +116,7 @@ def _sample(run: Run, cell: dict[str, Any], epoch: int) -> dict[str, Any]:
             "repeat": c["repeat"],
             "task_id": cell.get("task_id"),
             "state_id": trace.get("state_id"),
+            "stop_reason": trace.get("stop_reason"),
             "valid": cell.get("valid"),
             "heldout": True,
         },  # fmt: skip

@@ -189,7 +189,7 @@ class Site:
             + f'<div class="card"><b>{h(key)}</b> task {h(trace.get("task_id"))} · '
             f"overall {fmt((cell or {}).get('overall'))} · reward {fmt(trace.get('reward'))} · "
             f"{pill((cell or {}).get('finished'), 'finished' if (cell or {}).get('finished') else 'did not finish')}"
-            f" · failures: {h(fails)} · <a href='{rid}-ep-{h(key)}.eval.json' download>Inspect log</a></div>"
+            f" · ended {h(trace.get('stop_reason'))} · failures: {h(fails)} · <a href='{rid}-ep-{h(key)}.eval.json' download>Inspect log</a></div>"
         )
         body = render_episode(trace, blob=run.blob, image_href=image_href, header=head)
         return page(f"{key}", body, crumbs=crumbs)
