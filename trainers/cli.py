@@ -9,7 +9,6 @@ defaults and help have one source, the config.
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -108,7 +107,17 @@ def _sft(values: dict[str, Any]) -> None:
             values["max_length"],
             chat_template_kwargs=template_kwargs,
         )
-        typer.echo(f"SFT view: {json.dumps({k: manifest[k] for k in manifest if k != 'rejected'})}")
+        splits = ", ".join(
+            f"{n} {s['rows']} ({s['tokens']} tokens)" for n, s in manifest["splits"].items()
+        )
+        dropped = "; ".join(
+            f"{c} dropped as {r.replace('_', ' ')}"
+            for r, c in manifest["rejected_by_reason"].items()
+        )
+        typer.echo(
+            f"SFT view: {manifest['rows']} rows -> {splits}; {dropped or 'none dropped'} "
+            f"(max length {manifest['max_length']} tokens; details in {data / 'manifest.json'})"
+        )
     steps = kwargs["max_steps"]
     if kwargs["warmup_steps"] is None:
         kwargs["warmup_steps"] = min(10, steps // 10)
