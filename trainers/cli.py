@@ -9,6 +9,7 @@ defaults and help have one source, the config.
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,6 +25,16 @@ from bat_gym.trainers.config_options import (
 )
 
 __all__ = ["train_app", "loop", "tiny_model"]
+
+# What a trainer command prints is its own progress; the libraries' notices (weight-loading
+# and shard-writing bars, transformers' info and deprecation logs, TRL's "experimental"
+# warning) buried it. Set before they are imported; a user's own setting wins.
+for _name, _value in (
+    ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+    ("TRANSFORMERS_VERBOSITY", "error"),
+    ("TRL_EXPERIMENTAL_SILENCE", "1"),
+):
+    os.environ.setdefault(_name, _value)
 
 train_app = typer.Typer(no_args_is_help=True, help="Train a policy: cold-start SFT, GRPO.")
 
