@@ -22,11 +22,12 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("BAT_GYM_CACHE", str(cache))
 
 
-# A service's tests: its marker, its fixture, or a skip reason that names it.
+# A service's skip: one of its fixture's, or a reason that names it. (Not every skip of a
+# test marked `docker` is: "one CPU: no affinity to narrow" is the machine's.)
 _SERVICES = {
-    "docker": ("docker", "docker_client", ("docker",)),
-    "browser": (None, None, ("chromium", "chromedriver", "selenium")),
-    "orthanc": (None, "orthanc", ("orthanc",)),
+    "docker": ("docker_client", ("docker",)),
+    "browser": (None, ("chromium", "chromedriver", "selenium")),
+    "orthanc": ("orthanc", ("orthanc",)),
 }
 
 
@@ -34,11 +35,9 @@ def _required_service(item: pytest.Item, reason: str) -> str | None:
     """The required service (``BAT_GYM_REQUIRE``) whose test ``item`` is, if any."""
     required = os.environ.get("BAT_GYM_REQUIRE", "").replace(",", " ").split()
     for service in required:
-        marker, fixture, words = _SERVICES.get(service, (None, None, (service,)))
-        if (
-            (marker and item.get_closest_marker(marker))
-            or (fixture and fixture in getattr(item, "fixturenames", ()))
-            or any(w in reason.lower() for w in words)
+        fixture, words = _SERVICES.get(service, (None, (service,)))
+        if (fixture and fixture in getattr(item, "fixturenames", ())) or any(
+            w in reason.lower() for w in words
         ):
             return service
     return None

@@ -25,6 +25,10 @@ def test_needs_a_browser():
 
 def test_plain_skip():
     pytest.skip("the slow path is elsewhere")
+
+@pytest.mark.docker
+def test_a_docker_test_skipped_for_the_machine():
+    pytest.skip("one CPU: no affinity to narrow")
 """
 
 
@@ -38,15 +42,15 @@ def suite(pytester):
 
 def test_without_the_variable_missing_services_skip(suite, monkeypatch):
     monkeypatch.delenv("BAT_GYM_REQUIRE", raising=False)
-    suite.runpytest("-p", "no:xdist").assert_outcomes(skipped=4)
+    suite.runpytest("-p", "no:xdist").assert_outcomes(skipped=5)
 
 
 def test_a_required_service_that_skips_fails_and_says_why(suite, monkeypatch):
     monkeypatch.setenv("BAT_GYM_REQUIRE", "docker orthanc")
     result = suite.runpytest("-p", "no:xdist")
     # A skip in a fixture fails the test's set-up (an error), one in its body the test.
-    result.assert_outcomes(failed=1, errors=1, skipped=2)
+    result.assert_outcomes(failed=1, errors=1, skipped=3)
     result.stdout.fnmatch_lines(["*the orthanc set-up succeeded*it skipped: Orthanc is not*"])
     result.stdout.fnmatch_lines(["*the docker set-up succeeded*it skipped: no Docker engine*"])
     monkeypatch.setenv("BAT_GYM_REQUIRE", "browser")
-    suite.runpytest("-p", "no:xdist").assert_outcomes(failed=1, skipped=3)
+    suite.runpytest("-p", "no:xdist").assert_outcomes(failed=1, skipped=4)
