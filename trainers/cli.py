@@ -118,17 +118,7 @@ def _sft(values: dict[str, Any]) -> None:
             values["max_length"],
             chat_template_kwargs=template_kwargs,
         )
-        splits = ", ".join(
-            f"{n} {s['rows']} ({s['tokens']} tokens)" for n, s in manifest["splits"].items()
-        )
-        dropped = "; ".join(
-            f"{c} dropped as {r.replace('_', ' ')}"
-            for r, c in manifest["rejected_by_reason"].items()
-        )
-        typer.echo(
-            f"SFT view: {manifest['rows']} rows -> {splits}; {dropped or 'none dropped'} "
-            f"(max length {manifest['max_length']} tokens; details in {data / 'manifest.json'})"
-        )
+        typer.echo(_sft_view_line(manifest, data))
     steps = kwargs["max_steps"]
     if kwargs["warmup_steps"] is None:
         kwargs["warmup_steps"] = min(10, steps // 10)
@@ -136,6 +126,23 @@ def _sft(values: dict[str, Any]) -> None:
     summary = train(_config(SFTConfig, kwargs))
     typer.echo(
         f"SFT: step {summary['step']}, last train loss {summary['train_loss'][-1]:.4f} -> {out}/final"
+    )
+
+
+def _sft_view_line(manifest: dict[str, Any], data: Path) -> str:
+    """One line on the exported SFT view: rows per split, and how many were dropped why."""
+    splits = ", ".join(
+        f"{name} {part['rows']} ({part['tokens']} tokens)"
+        for name, part in manifest.get("splits", {}).items()
+    )
+    dropped = "; ".join(
+        f"{n} dropped as {reason.replace('_', ' ')}"
+        for reason, n in manifest.get("rejected_by_reason", {}).items()
+    )
+    return (
+        f"SFT view: {manifest.get('rows', 0)} rows -> {splits or 'no split'}; "
+        f"{dropped or 'none dropped'} (max length {manifest.get('max_length')} tokens; "
+        f"details in {data / 'manifest.json'})"
     )
 
 
