@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# CI: install Debian's Orthanc DICOM server for the radiology suite's tests. Never fails
-# the run: without the binary those tests skip and name the install command.
+# CI: install Debian's Orthanc DICOM server for the radiology suite's tests. Exit 1 when
+# it cannot: .ci/run then lets those tests skip and name the install command (after a
+# success, a skip of theirs fails the run).
 #
 # The package's own service is never started (the suite starts a private server per
 # env on a free 127.0.0.1 port), so a policy-rc.d that refuses service starts is put in
@@ -13,7 +14,7 @@ if command -v Orthanc >/dev/null 2>&1; then
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
     echo "orthanc-setup: no apt-get here; the radiology tests will skip"
-    exit 0
+    exit 1
 fi
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -21,7 +22,7 @@ if [ "$(id -u)" -ne 0 ]; then
         sudo="sudo -n"
     else
         echo "orthanc-setup: not root and no passwordless sudo; the radiology tests will skip"
-        exit 0
+        exit 1
     fi
 fi
 placed=""
@@ -39,5 +40,5 @@ fi
 # A service the package started anyway (no policy-rc.d honoured) is stopped: the suite
 # needs none, and it would hold port 8042.
 $sudo service orthanc stop >/dev/null 2>&1 || true
-command -v Orthanc >/dev/null 2>&1 && echo "orthanc-setup: $(Orthanc --version | head -1) installed"
-exit 0
+command -v Orthanc >/dev/null 2>&1 || exit 1
+echo "orthanc-setup: $(Orthanc --version | head -1) installed"

@@ -268,10 +268,11 @@ class AuditReport(BaseModel):
             lines.append(f"{policy:{width}s} " + " ".join(cells))
             if self.exploits and policy == self.exploits[-1] and self.references:
                 lines.append("-" * len(head))
-        lines.append(
-            f"! beats the targets: more than {self.margin:.2f} above naive, or above "
-            f"{self.absolute:.2f} on a stage row"
-        )
+        if failed:  # the legend of a mark that is there
+            lines.append(
+                f"! beats the targets: more than {self.margin:.2f} above naive, or above "
+                f"{self.absolute:.2f} on a stage row"
+            )
         lines += [f"waived: {w.describe()}" for w in self.waived]
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 

@@ -126,6 +126,61 @@ class Verdict(BaseModel):
         ),
     )
 
+    def summary(self) -> str:
+        """One line: reward, each stage's credit, task score, η, closed gates, contract.
+
+        What ``print(verdict)`` shows (``repr`` keeps the full model), e.g.
+        ``E2E reward 0.950: stage credit S1 1.00, S2 0.90; task score 1.000; evidence
+        completeness 1.00; contract toy 2.0 (sha256 0123456789ab)``.
+        """
+        credit = ", ".join(f"{s.stage} {_num(s.credit, 2)}" for s in self.stages)
+        parts = [f"stage credit {credit or 'none'}"]
+        if self.task_score is not None:
+            parts.append(f"task score {self.task_score:.3f}")
+        parts.append(f"evidence completeness {self.eta:.2f}")
+        closed = [g.gate for g in self.gates if not g.passed]
+        if closed:
+            parts.append(f"gate {', '.join(closed)} closed")
+        if self.rejected:
+            parts.append(f"workspace rejected ({self.rejected})")
+        ref = self.contract
+        parts.append(f"contract {ref.id} {ref.version} (sha256 {ref.sha256[:12]})")
+        return f"{self.focus} reward {_num(self.reward, 3)}: " + "; ".join(parts)
+
+    def explain(self) -> str:
+        """Several lines: the summary, then each stage's items, the gates and the notes.
+
+        One line per item: ``pass``/``FAIL``/``null``, its id and check, ``guard`` or its
+        weight, ``evidence incomplete`` where a pass lacks a required evidence kind
+        (η discounts it), and the check's detail.
+        """
+        lines = [self.summary()]
+        for s in self.stages:
+            lines.append(
+                f"{s.stage} ({s.contract.id}): credit {_num(s.credit, 2)} = "
+                f"score {_num(s.score, 2)} x evidence completeness {s.eta:.2f}"
+            )
+            for i in s.items:
+                mark = "null" if i.passed is None else "pass" if i.passed else "FAIL"
+                role = "guard" if i.guard else f"weight {i.weight:g}"
+                short = "; evidence incomplete" if i.passed and not i.evidence_complete else ""
+                lines.append(f"  {mark} {i.id} [{i.check}, {role}{short}] {i.detail}".rstrip())
+            if s.skipped:
+                lines.append(f"  skipped (stage row only): {', '.join(s.skipped)}")
+        lines += [
+            f"gate {g.gate}: {'open' if g.passed else 'closed'}, {g.reason}" for g in self.gates
+        ]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _num(value: float | None, digits: int) -> str:
+    """``value`` to ``digits`` decimals, or ``null`` (unscored)."""
+    return "null" if value is None else f"{value:.{digits}f}"
+
 
 def evidence_completeness(items: Sequence[ItemVerdict]) -> float:
     """η: the share of passed items whose required evidence kinds are all present.

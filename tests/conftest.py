@@ -1,4 +1,10 @@
-"""Shared fixtures: a private cache, so tests never touch the user's banks."""
+"""Shared fixtures: a private cache, so tests never touch the user's banks.
+
+And the rule that makes CI mean what it says: ``BAT_GYM_REQUIRE`` names the services
+whose set-up succeeded (``.ci/run`` sets it: any of ``docker``, ``browser``,
+``orthanc``), and a test of such a service that skips fails instead, with the skip's
+reason. Without the variable a missing service skips its tests, as on a laptop.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,45 @@ def pytest_configure(config: pytest.Config) -> None:
     # Set before any test imports bat_gym, and inherited by spawned workers.
     cache = Path(config.rootpath) / ".pytest-bat-cache"
     os.environ.setdefault("BAT_GYM_CACHE", str(cache))
+
+
+# A service's skip: one of its fixture's, or a reason that names it. (Not every skip of a
+# test marked `docker` is: "one CPU: no affinity to narrow" is the machine's.)
+_SERVICES = {
+    "docker": ("docker_client", ("docker",)),
+    "browser": (None, ("chromium", "chromedriver", "selenium")),
+    "orthanc": ("orthanc", ("orthanc",)),
+}
+
+
+def _required_service(item: pytest.Item, reason: str) -> str | None:
+    """The required service (``BAT_GYM_REQUIRE``) whose test ``item`` is, if any."""
+    required = os.environ.get("BAT_GYM_REQUIRE", "").replace(",", " ").split()
+    for service in required:
+        fixture, words = _SERVICES.get(service, (None, (service,)))
+        if (fixture and fixture in getattr(item, "fixturenames", ())) or any(
+            w in reason.lower() for w in words
+        ):
+            return service
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = str(longrepr[2] if isinstance(longrepr, tuple) else longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    service = _required_service(item, reason)
+    if service is not None:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"the {service} set-up succeeded (BAT_GYM_REQUIRE={os.environ['BAT_GYM_REQUIRE']}), "
+            f"so its test may not skip; it skipped: {reason}"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -97,8 +97,11 @@ def test_the_report_table_marks_failing_cells_and_summarizes_them():
     assert "0.500!" in x_line and "0.050 " in x_line and "0.300 " in x_line
     assert any(line.startswith("naive") for line in lines)
     assert report.summary().startswith("bench: FAIL, 1 of 3 exploit cells beat the targets")
+    assert any(line.startswith("! beats the targets: more than") for line in lines)
     ok = _report({**FAILING, "x": {"S1": 0.0, "S3": 0.0, HELDOUT: 0.0}})
     assert ok.ok and ok.summary() == "bench: OK, none of 3 exploit cells beats the targets"
+    # The legend explains a mark; with nothing marked it is left out.
+    assert not any(line.startswith("! beats") for line in ok.table().splitlines())
 
 
 def test_item_rates_and_explain_name_the_items_that_paid():

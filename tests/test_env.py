@@ -46,9 +46,14 @@ def env(toy, toy_bank):
     e.close()
 
 
+# On the toy benchmark in the default run; on the default benchmark (MedBench-Lite, whose
+# first resets build teacher trajectories for minutes on two cores) under -m slow.
+@pytest.mark.parametrize(
+    "benchmark", ["toy_pipeline", pytest.param(None, marks=pytest.mark.slow, id="default")]
+)
 @pytest.mark.parametrize("env_id", env_ids())
-def test_every_registered_id_passes_check_env_unwarned(env_id):
-    env = gym.make(env_id)
+def test_every_registered_id_passes_check_env_unwarned(env_id, benchmark):
+    env = gym.make(env_id, **({"benchmark": benchmark} if benchmark else {}))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -10,7 +10,7 @@ source, the config.
 from __future__ import annotations
 
 import inspect
-import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,6 +27,16 @@ from bat_gym.trainers.config_options import (
 from bat_gym.trainers.configs import BiCuRLConfig, GRPOConfig, SFTConfig
 
 __all__ = ["train_app", "loop", "tiny_model"]
+
+# What a trainer command prints is its own progress; the libraries' notices (weight-loading
+# and shard-writing bars, transformers' info and deprecation logs, TRL's "experimental"
+# warning) buried it. Set before they are imported; a user's own setting wins.
+for _name, _value in (
+    ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+    ("TRANSFORMERS_VERBOSITY", "error"),
+    ("TRL_EXPERIMENTAL_SILENCE", "1"),
+):
+    os.environ.setdefault(_name, _value)
 
 train_app = typer.Typer(no_args_is_help=True, help="Train a policy: cold-start SFT, GRPO.")
 
@@ -110,7 +120,7 @@ def _sft(values: dict[str, Any]) -> None:
             values["max_length"],
             chat_template_kwargs=template_kwargs,
         )
-        typer.echo(f"SFT view: {json.dumps({k: manifest[k] for k in manifest if k != 'rejected'})}")
+        typer.echo(_sft_view_line(manifest, data))
     steps = kwargs["max_steps"]
     if kwargs["warmup_steps"] is None:
         kwargs["warmup_steps"] = min(10, steps // 10)
@@ -118,6 +128,23 @@ def _sft(values: dict[str, Any]) -> None:
     summary = train(_config(SFTConfig, kwargs))
     typer.echo(
         f"SFT: step {summary['step']}, last train loss {summary['train_loss'][-1]:.4f} -> {out}/final"
+    )
+
+
+def _sft_view_line(manifest: dict[str, Any], data: Path) -> str:
+    """One line on the exported SFT view: rows per split, and how many were dropped why."""
+    splits = ", ".join(
+        f"{name} {part['rows']} ({part['tokens']} tokens)"
+        for name, part in manifest.get("splits", {}).items()
+    )
+    dropped = "; ".join(
+        f"{n} dropped as {reason.replace('_', ' ')}"
+        for reason, n in manifest.get("rejected_by_reason", {}).items()
+    )
+    return (
+        f"SFT view: {manifest.get('rows', 0)} rows -> {splits or 'no split'}; "
+        f"{dropped or 'none dropped'} (max length {manifest.get('max_length')} tokens; "
+        f"details in {data / 'manifest.json'})"
     )
 
 

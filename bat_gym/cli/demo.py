@@ -37,6 +37,12 @@ def demo(
         ),
     ] = 0,
     quiet: Quiet = False,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain", help="Print the verdict item by item (Verdict.explain()), not one line."
+        ),
+    ] = False,
 ) -> None:
     """Make an env, let the scripted teacher play one episode through reset/step, print it.
 
@@ -50,7 +56,7 @@ def demo(
     if env_id not in gym.registry:
         raise EnvNotFound(env_id, [k for k in gym.registry if k.startswith("bat/")])
     with progress.use(progress.for_cli(quiet)):
-        _demo(gym, env_id, backend, seed)
+        _demo(gym, env_id, backend, seed, explain)
 
 
 def _start_state(base: Any, seed: int) -> str:
@@ -77,7 +83,7 @@ def _start_state(base: Any, seed: int) -> str:
     return ids[seed % len(ids)]
 
 
-def _demo(gym: Any, env_id: str, backend: str, seed: int) -> None:
+def _demo(gym: Any, env_id: str, backend: str, seed: int, explain: bool) -> None:
     from bat_gym.errors import BankError
     from bat_gym.protocol import get_protocol
 
@@ -151,15 +157,7 @@ def _demo(gym: Any, env_id: str, backend: str, seed: int) -> None:
         verdict = info.get("verdict")
         if verdict is None:
             return
-        stages = ", ".join(
-            f"{s.stage} {s.credit:.2f}" if s.credit is not None else f"{s.stage} null"
-            for s in verdict.stages
-        )
-        typer.echo(
-            f"verdict (contract {verdict.contract.id} {verdict.contract.version}, "
-            f"sha256 {verdict.contract.sha256[:12]}): stage credit {stages}; "
-            f"evidence completeness {verdict.eta:.2f}"
-        )
+        typer.echo(f"verdict: {verdict.explain() if explain else verdict.summary()}")
         if verdict.task_score is not None:
             tw = bench.spec.task_weight
             typer.echo(

@@ -155,8 +155,14 @@ def test_a_dependency_verl_leaves_out_is_named(monkeypatch, tmp_path):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "cachetools", None)  # as if not installed
     monkeypatch.setattr(bat_verl, "_built", {})
-    with pytest.raises(ImportError, match="verl is installed, but .* imports 'cachetools'"):
-        _ = bat_verl.BatAgentLoop
+    try:
+        with pytest.raises(ImportError, match="verl is installed, but .* imports 'cachetools'"):
+            _ = bat_verl.BatAgentLoop
+    finally:
+        # The stand-in's packages were imported: left in sys.modules, a later test in this
+        # process would find "verl" installed (monkeypatch restores what it removed).
+        for name in [m for m in sys.modules if m == "verl" or m.startswith("verl.")]:
+            del sys.modules[name]
 
 
 def _have_verl() -> bool:

@@ -303,3 +303,25 @@ def test_an_infrastructure_fault_in_the_task_metric_makes_the_e2e_verdict_null(e
     v = e2e(metric=lost_blob)
     assert v.reward is None and v.task_score is None
     assert any(n.startswith("infrastructure fault while computing the task score") for n in v.notes)
+
+
+def test_a_verdict_summarises_in_one_line_and_explains_item_by_item(e2e, make_ctx):
+    v = e2e()
+    line = v.summary()
+    assert "\n" not in line and str(v) == line and len(line) < 300
+    assert line.startswith("E2E reward 1.000: stage credit S1 1.00, S2 1.00")
+    assert "task score 1.000" in line and f"sha256 {v.contract.sha256[:12]}" in line
+    text = v.explain()
+    assert text.splitlines()[0] == line
+    assert "S1 (s1_plan): credit 1.00 = score 1.00 x evidence completeness 1.00" in text
+    # Every item gets its own line, null ones marked as such.
+    assert sum(len(s.items) for s in v.stages) == sum(
+        ln.startswith(("  pass ", "  FAIL ", "  null ")) for ln in text.splitlines()
+    )
+    assert "  null " in text and "note: " in text
+    closed = verify(
+        LIB.by_id("s1_plan"),
+        make_ctx({"plan/plan.md": PLAN}, calls=[call(0, "cat > plan/plan.md", exit_code=1)]),
+    )
+    assert "gate successful_change closed" in closed.summary()
+    assert "gate successful_change: closed, none of the 1 tool calls" in closed.explain()
