@@ -340,16 +340,16 @@ def sample_states(
 
     Only rows a demonstration won are sampled (:func:`admitted`): a row no honest play
     wins pays only a policy that gets around it, so an exploit's reward there says
-    nothing about the reward the bank trains with. Each track's states are shuffled
+    nothing about the reward the bank trains with. Each track's state ids are shuffled
     with a generator seeded by ``(seed, focus)`` and the tracks taken in turn (in a
     shuffled order), so that ``n`` states cover as many tracks, and across tracks as
-    many outcomes, as they can.
+    many outcomes, as they can. Only the states walked past are fetched: from the
+    lazily built default states (:func:`bat_gym.bank.default_states`) an audit builds
+    the trajectories it samples, not the whole grid. Name ``tracks`` for that; without
+    them every state of ``focus`` is read to learn its track.
     """
     rng = random.Random(f"{seed}/{focus}")
-    by_track: dict[str, list[Any]] = defaultdict(list)
-    for state in _states(source, focus):
-        if admitted(state) and (not tracks or state.track in tracks):
-            by_track[state.track].append(state)
+    by_track = _ids_by_track(source, focus, tracks)
     order = sorted(by_track)
     rng.shuffle(order)
     for track in order:
@@ -357,9 +357,31 @@ def sample_states(
     picked: list[Any] = []
     while len(picked) < n and any(by_track.values()):
         for track in order:
-            if by_track[track] and len(picked) < n:
-                picked.append(by_track[track].pop(0))
+            while by_track[track] and len(picked) < n:
+                state = _admitted_state(source, by_track[track].pop(0))
+                if state is not None:
+                    picked.append(state)
+                    break
     return picked
+
+
+def _ids_by_track(source: Any, focus: str, tracks: Sequence[str]) -> dict[str, list[str]]:
+    """The ids of ``source``'s ``focus`` states per track (only ``tracks``, if named)."""
+    if tracks:
+        return {t: ids for t in tracks if (ids := list(source.select(focus=focus, track=t)))}
+    by_track: dict[str, list[str]] = defaultdict(list)
+    for state in _states(source, focus):
+        by_track[state.track].append(state.state_id)
+    return dict(by_track)
+
+
+def _admitted_state(source: Any, state_id: str) -> Any | None:
+    """The state, or None when a demonstration did not win it."""
+    try:
+        state = source.get(state_id)
+    except StateNotAdmitted:
+        return None
+    return state if admitted(state) else None
 
 
 def _episode_line(e: AuditEpisode) -> str:
@@ -589,7 +611,7 @@ def audit_reward(
         UnknownExploit: an exploit name is not registered.
         ValueError: a size is negative, or a bound is outside [0, 1].
     """
-    from bat_gym.bank import StageBank, default_bank
+    from bat_gym.bank import StageBank, default_states
     from bat_gym.catalog import get_benchmark
     from bat_gym.env import StageEnv
     from bat_gym.evaluation.harness import EvalConfig
@@ -623,15 +645,19 @@ def audit_reward(
     source: Any = None
     if states_per_focus:
         if states is None:
-            source = default_bank(bench)
+            # Built lazily: the audit builds the teacher trajectories it samples.
+            source = default_states(bench)
         else:
             source = StageBank(states) if isinstance(states, (str, Path)) else states
+        named = tracks or tuple(t.name for t in bench.spec.tracks)
         sample = [
             st
             for focus in stage_ids
-            for st in sample_states(source, focus, states_per_focus, tracks=tracks, seed=seed)
+            for st in sample_states(source, focus, states_per_focus, tracks=named, seed=seed)
         ]
-        unproven = sum(not admitted(st) for st in _states(source))
+        # A bank built before admission by demonstration holds rows without one.
+        built = isinstance(source, StageBank)
+        unproven = sum(not admitted(st) for st in _states(source)) if built else 0
         if unproven:
             notes.append(
                 f"{unproven} row(s) of the states hold no demonstration (a bank built before "

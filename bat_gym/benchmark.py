@@ -479,11 +479,11 @@ class Benchmark(ABC):
         earns at least 0.9 of what the row can pay
         (:mod:`bat_gym.bank.demonstrate`). Default None: the teacher's own work on the
         row, from :meth:`teacher_script` for ``state.outcome`` (for a stage row, the
-        turns of ``state.focus`` then ``finish``, or else the script's whole
-        continuation from that stage), and for a row not cut from a success, the
-        ``success`` script's the same way. Return the episode's turns from ``state``,
-        ending in ``finish``, to demonstrate otherwise: repairing in the open a
-        mistake an earlier stage left in the row's workspace, say.
+        turns of ``state.focus`` then ``finish``: never a later stage's work), and for a
+        row not cut from a success, the ``success`` script's the same way. Return the
+        episode's turns from ``state``, ending in ``finish``, to demonstrate otherwise:
+        repairing in the open a mistake an earlier stage left in the row's workspace,
+        say.
         """
         return None
 

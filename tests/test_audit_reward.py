@@ -131,6 +131,28 @@ def test_sample_states_is_deterministic_and_spreads_over_tracks(toy_bank):
     assert {s.track for s in sample_states(toy_bank, "S3", 9, tracks=["lookup"])} == {"lookup"}
 
 
+def test_sample_states_fetches_only_the_states_it_walks_past(toy_bank):
+    """A lazily built source (the default states) builds what the audit samples, no more."""
+
+    class Counting:
+        def __init__(self, source):
+            self.source, self.fetched = source, []
+
+        def select(self, focus=None, track=None, outcome=None):
+            return self.source.select(focus, track, outcome)
+
+        def get(self, state_id):
+            self.fetched.append(state_id)
+            return self.source.get(state_id)
+
+    tracks = ("threshold", "lookup")
+    counting = Counting(toy_bank)
+    picked = sample_states(counting, "S3", 1, tracks=tracks)
+    assert [s.state_id for s in picked] == counting.fetched  # one state, one fetch
+    # The same pick as reading every state first.
+    assert picked[0].state_id == sample_states(toy_bank, "S3", 1)[0].state_id
+
+
 def test_unknown_exploits_and_bad_bounds_are_refused_before_any_work():
     with pytest.raises(UnknownExploit):
         audit_reward("toy_pipeline", exploits=["nope"], states_per_focus=0, heldout_cells=0)

@@ -11,7 +11,7 @@ contract, and it is admitted only when that play earns at least
 
 The demonstrator (:func:`demonstration_turns`): what the benchmark supplies
 (:meth:`~bat_gym.benchmark.Benchmark.demonstration_turns`), else the teacher the row
-was cut from, continuing its own trajectory from the row's stage (the scripted
+was cut from, its own work on the row's stage (the scripted
 teacher for the row's outcome, or a policy teacher's recorded actions). Nothing here
 knows which rows are winnable today: each is played and scored.
 
@@ -172,18 +172,19 @@ def demonstration_turns(
     The benchmark's own demonstrator when it supplies one
     (:meth:`~bat_gym.benchmark.Benchmark.demonstration_turns`). Where the row is a
     repair exercise (:meth:`~bat_gym.benchmark.Benchmark.repair_turns`), first the
-    success teacher as it plays from the row: the repair, then the later stages'
-    work. Else the teacher's own
-    work on the row, from ``trajectory``, the turns the row was cut from (nothing is
-    asked of the teacher again): for an E2E row the whole trajectory; for a stage row
-    first the turns of the row's stage, then ``finish``, as a stage episode asks ("do
-    stage S3 only, then call finish"), then the whole continuation from the stage's
-    first turn, as the scripted teacher plays from the row
-    (:class:`~bat_gym.policies.ScriptedPolicy`). Then, for a row cut from a trajectory
-    that was not a success, the same two of the scripted ``success`` teacher: a row
-    whose own trajectory goes on to make a mistake (a failure trajectory's Setup row,
-    say) is still won by the careful engineer's work from the same state. Identical
-    action sequences are listed once.
+    success teacher's work on the row's stage as it plays from the row (the repair
+    included). Else the teacher's own work on the row, from ``trajectory``, the turns
+    the row was cut from (nothing is asked of the teacher again): for an E2E row the
+    whole trajectory; for a stage row the turns of the row's stage, then ``finish``, as
+    a stage episode asks ("do stage S3 only, then call finish"). Then, for a row cut
+    from a trajectory that was not a success, the scripted ``success`` teacher's work
+    on the row's stage: a row whose own trajectory goes on to make a mistake (a failure
+    trajectory's Setup row, say) is still won by the careful engineer's work from the
+    same state. Identical action sequences are listed once.
+
+    A stage row is never demonstrated by later stages' work: a row that only pays a
+    policy which also does the next stage (a Setup judged by the settings its pilot
+    chooses, say) would teach it to ignore the stage it is asked for.
     """
     supplied = bench.demonstration_turns(task, row)
     if supplied is not None:
@@ -196,9 +197,9 @@ def demonstration_turns(
         scripts.append(_rendered(bench.teacher_script(task, "success"), protocol))
     out: list[list[RecordedTurn]] = []
     for script in scripts:
-        for turns in (_stage_work(script, row.focus, protocol), _from_stage(script, row.focus)):
-            if turns not in out:
-                out.append(turns)
+        turns = _stage_work(script, row.focus, protocol)
+        if turns not in out:
+            out.append(turns)
     return out
 
 
@@ -208,14 +209,6 @@ def _rendered(turns: Sequence[Any], protocol: str) -> list[RecordedTurn]:
 
     proto = get_protocol(protocol)
     return [RecordedTurn(t.stage, proto.render(t.content, list(t.calls))) for t in turns]
-
-
-def _from_stage(turns: Sequence[RecordedTurn], focus: str) -> list[RecordedTurn]:
-    """``turns`` from the first turn of stage ``focus`` on (all of them for E2E)."""
-    if focus == E2E:
-        return list(turns)
-    first = next((i for i, t in enumerate(turns) if t.stage == focus), len(turns))
-    return list(turns[first:])
 
 
 def _stage_work(turns: Sequence[RecordedTurn], focus: str, protocol: str) -> list[RecordedTurn]:

@@ -61,6 +61,37 @@ def test_every_admitted_row_stores_the_demonstration_that_won_it(refused_bank):
         assert stored["reward"] == demo["reward"] and stored["verdict"]["reward"] == demo["reward"]
 
 
+def toy_setup_done_in_validate():
+    """The toy benchmark whose teacher does Setup's work in its Validate turn.
+
+    Its Setup row's own turns (an ``echo``) leave no setup; only the next stage's turn
+    writes it. Playing on from the row would win it, but that pays a policy for doing
+    the next stage: a row that teaches only that must not be admitted.
+    """
+    from bat_gym.envs.toy_pipeline.suite import ToyPipeline
+    from bat_gym.protocol import bash_call
+
+    class Toy(ToyPipeline):
+        def teacher_turns(self, task):
+            out = []
+            for t in super().teacher_turns(task):
+                if t.stage == "S2":
+                    out.append(t._replace(calls=(bash_call("echo setting up"),)))
+                    t = t._replace(stage="S3")
+                out.append(t)
+            return out
+
+    return Toy()
+
+
+def test_a_stage_row_won_only_by_the_next_stages_work_is_not_admitted(tmp_path):
+    bank = build_bank(toy_setup_done_in_validate(), tmp_path / "b")
+    assert bank.select(focus="S2") == []
+    assert bank.manifest["admission"]["shares"]["S2"] == {"success": {"admitted": 0, "rows": 2}}
+    # The rows whose own stage's work wins them stay.
+    assert len(bank.select(focus="S4")) == 2 and len(bank.select(focus="E2E")) == 2
+
+
 def test_bank_build_and_explain_print_the_admitted_share(tmp_path):
     out = tmp_path / "b"
     result = runner.invoke(
