@@ -83,17 +83,6 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
                 f"StageCurriculum resets StageEnv episodes; expected an env whose unwrapped "
                 f"is a StageEnv, got {type(env.unwrapped).__name__}"
             )
-        gym.utils.RecordConstructorArgs.__init__(
-            self,
-            target=target,
-            states=states,
-            batch_size=batch_size,
-            target_per_batch=target_per_batch,
-            mix_per_batch=mix_per_batch,
-            e2e_per_batch=e2e_per_batch,
-            batches=batches,
-            seed=seed,
-        )
         gym.Wrapper.__init__(self, env)
         # Validated now, so a bad composition fails at construction, not mid-training.
         spec = RoundSpec(
@@ -104,6 +93,9 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
             e2e_per_batch=e2e_per_batch,
             batches=batches,
             seed=seed,
+        )
+        gym.utils.RecordConstructorArgs.__init__(
+            self, target=target, states=states, **spec.model_dump(exclude={"target"})
         )
         self.sampler = CurriculumSampler.from_source(
             states if states is not None else self.env.unwrapped.states, spec
