@@ -35,6 +35,7 @@ _EXPORTS = {
     "RLRow": "bat_gym.curriculum.rounds",
     "build_round": "bat_gym.curriculum.rounds",
     "StageCurriculum": "bat_gym.curriculum.wrapper",
+    "CurriculumSampler": "bat_gym.curriculum.sampler",
     # sandboxes and tool calls
     "make_sandbox": "bat_gym.sandbox",
     "SandboxLimits": "bat_gym.sandbox",
