@@ -31,10 +31,11 @@ _EXPORTS = {
     # the Stage Bank and the curriculum
     "StageBank": "bat_gym.bank",
     "build_bank": "bat_gym.bank",
-    "RoundSpec": "bat_gym.rounds",
-    "RLRow": "bat_gym.rounds",
-    "build_round": "bat_gym.rounds",
-    "StageCurriculum": "bat_gym.curriculum",
+    "RoundSpec": "bat_gym.curriculum.rounds",
+    "RLRow": "bat_gym.curriculum.rounds",
+    "build_round": "bat_gym.curriculum.rounds",
+    "StageCurriculum": "bat_gym.curriculum.wrapper",
+    "CurriculumSampler": "bat_gym.curriculum.sampler",
     # sandboxes and tool calls
     "make_sandbox": "bat_gym.sandbox",
     "SandboxLimits": "bat_gym.sandbox",

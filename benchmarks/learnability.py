@@ -14,7 +14,7 @@ Sections (each prints a table):
 2. GRPO on the weakest stage: the SFT checkpoint is evaluated ``--noise-evals`` times
    with different sampling seeds (the evaluation noise: std over those, and the bootstrap
    CI of one evaluation); ``--target`` picks the weakest stage (default: the weighted
-   deficit of :class:`bat_gym.selection.DeficitSelector`; ``paper``: the lowest
+   deficit of :class:`bat_gym.curriculum.selection.DeficitSelector`; ``paper``: the lowest
    score); GRPO with ``target=`` that stage runs for ``--grpo-steps`` steps per seed;
    the stage's held-out score before and after, mean and spread over seeds, and each
    run's training reward on the target pool.
@@ -237,7 +237,7 @@ def pick_target(rule: str, scores: dict[str, float]) -> str:
     stage's agentic weight and finds the stage that costs the most reward.
     """
     from bat_gym.catalog import get_benchmark
-    from bat_gym.selection import DeficitSelector, paper_target
+    from bat_gym.curriculum.selection import DeficitSelector, paper_target
 
     if rule == "paper":
         return paper_target(scores)
@@ -276,7 +276,7 @@ def section_grpo(
     synchronous runs in the same ``--out``). Returns the target and each seed's
     held-out evaluation.
     """
-    from bat_gym.selection import paper_target
+    from bat_gym.curriculum.selection import paper_target
 
     reports = [sft_eval] + [
         held_out(sft, out / "eval" / f"sft-{s}", plan, seed=s) for s in range(1, plan.noise_evals)

@@ -14,6 +14,7 @@ import gymnasium as gym
 import pytest
 
 from bat_gym import plugins
+from bat_gym.curriculum.selection import SELECTORS, PaperSelector
 from bat_gym.errors import (
     PluginError,
     PluginNotFound,
@@ -25,7 +26,6 @@ from bat_gym.plugins import Registry, load_target, summary
 from bat_gym.policies import POLICIES, PolicyKind, kind_table, make_policy, spec_forms
 from bat_gym.protocol import PROTOCOLS, HermesProtocol
 from bat_gym.sandbox import BACKENDS, make_sandbox
-from bat_gym.selection import SELECTORS, PaperSelector
 
 # -- a third-party package, made on the spot -------------------------------------------
 

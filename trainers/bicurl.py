@@ -34,11 +34,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bat_gym import progress
+from bat_gym.curriculum.gate import GateDecision, GateThresholds, gate
+from bat_gym.curriculum.selection import TargetSelector, make_selector
 from bat_gym.errors import ConfigError, EvaluationFailed
 from bat_gym.evaluation.aggregates import Aggregates
 from bat_gym.files import write_atomic
-from bat_gym.gate import GateDecision, GateThresholds, gate
-from bat_gym.selection import TargetSelector, make_selector
 from bat_gym.spec import first_problem
 from bat_gym.trainers.configs import BiCuRLConfig
 
@@ -85,7 +85,7 @@ class RoundRecord(BaseModel):
 
 
 class SelectorState(BaseModel):
-    """A target selector's :meth:`~bat_gym.selection.Selector.state_dict`.
+    """A target selector's :meth:`~bat_gym.curriculum.selection.Selector.state_dict`.
 
     Its ``version`` and ``selector`` name are checked here; the rest is the selector's
     own (counters, estimates), checked by its ``load_state_dict``.

@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from bat_gym.selection import SELECTORS
+from bat_gym.curriculum.selection import SELECTORS
 
 __all__ = ["gate", "EXIT_CODES"]
 
@@ -33,7 +33,7 @@ def _aggregates_path(path: Path) -> Path:
 
 
 def _default(field: str) -> float:
-    from bat_gym.gate import GateThresholds
+    from bat_gym.curriculum.gate import GateThresholds
 
     return GateThresholds.model_fields[field].default
 
@@ -113,12 +113,12 @@ def gate(
     """
     from pydantic import ValidationError
 
+    from bat_gym.curriculum.gate import GateThresholds
+    from bat_gym.curriculum.gate import gate as decide
+    from bat_gym.curriculum.selection import NoTargetStage, make_selector
     from bat_gym.errors import BatGymError
     from bat_gym.evaluation.aggregates import Aggregates
     from bat_gym.files import write_atomic
-    from bat_gym.gate import GateThresholds
-    from bat_gym.gate import gate as decide
-    from bat_gym.selection import NoTargetStage, make_selector
 
     try:
         selector = SELECTORS.resolve(selector)

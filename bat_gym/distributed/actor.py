@@ -67,7 +67,7 @@ class EnvActor:
 
     Args:
         env: a registered env id (``"bat/E2E-v0"``) or a zero-argument callable that
-            returns an env (e.g. one wrapped in :class:`~bat_gym.curriculum.StageCurriculum`).
+            returns an env (e.g. one wrapped in :class:`~bat_gym.curriculum.wrapper.StageCurriculum`).
         env_kwargs: keyword arguments for ``gym.make`` (only with an id).
     """
 

@@ -4,7 +4,7 @@ A trainer's dataset row names one Stage Bank state (``state_id``); the trainer r
 the row for its group (TRL's ``num_generations``, verl's ``rollout.n``, SkyRL's
 ``n_samples_per_prompt``), and every repeat resets an env to that exact state. The
 rows come from a bank (all its states, or a focus/track slice) or from a
-:class:`~bat_gym.curriculum.StageCurriculum` (its current round, in order).
+:class:`~bat_gym.curriculum.wrapper.StageCurriculum` (its current round, in order).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def state_rows(
 
     Args:
         source: a bank directory, a state source (:class:`~bat_gym.bank.StageBank`), or
-            a :class:`~bat_gym.curriculum.StageCurriculum` (its current round's rows in
+            a :class:`~bat_gym.curriculum.wrapper.StageCurriculum` (its current round's rows in
             order, with ``pool`` and ``target`` added).
         focus: only states of this focus (``"S3"``, ``"E2E"``); not with a curriculum.
         track: only states of this track; not with a curriculum.
@@ -107,7 +107,7 @@ def state_rows(
     Raises:
         ValueError: filters given with a curriculum, or no state matches.
     """
-    from bat_gym.curriculum import StageCurriculum
+    from bat_gym.curriculum.wrapper import StageCurriculum
 
     if isinstance(source, StageCurriculum):
         if focus is not None or track is not None or state_ids is not None:

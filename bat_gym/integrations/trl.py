@@ -68,7 +68,7 @@ def bat_dataset(
 
     Args:
         source: a bank directory, a :class:`~bat_gym.bank.StageBank`, or a
-            :class:`~bat_gym.curriculum.StageCurriculum` (its current round in order;
+            :class:`~bat_gym.curriculum.wrapper.StageCurriculum` (its current round in order;
             set ``GRPOConfig(shuffle_dataset=False)`` to keep that order).
         focus: only states of this focus.
         track: only states of this track.

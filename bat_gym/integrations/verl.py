@@ -69,7 +69,7 @@ def verl_dataset(
 
     Args:
         source: a bank directory, a :class:`~bat_gym.bank.StageBank`, or a
-            :class:`~bat_gym.curriculum.StageCurriculum` (its current round in order).
+            :class:`~bat_gym.curriculum.wrapper.StageCurriculum` (its current round in order).
         focus: only states of this focus.
         track: only states of this track.
         state_ids: exactly these states, in order.

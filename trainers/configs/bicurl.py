@@ -45,9 +45,9 @@ class BiCuRLConfig(RunConfig):
     eval_temperature: float | None = None
     """Sampling temperature in evaluation (None: the policy's default)."""
     selector: str = "paper"
-    """Target selector: a name in :data:`bat_gym.selection.SELECTORS` (``paper``: BaT's rule)."""
+    """Target selector: a name in :data:`bat_gym.curriculum.selection.SELECTORS` (``paper``: BaT's rule)."""
     thresholds: dict[str, Any] = Field(default_factory=dict)
-    """Overrides of the promotion gate's thresholds (:class:`~bat_gym.gate.GateThresholds`)."""
+    """Overrides of the promotion gate's thresholds (:class:`~bat_gym.curriculum.gate.GateThresholds`)."""
     grpo: dict[str, Any] = Field(default_factory=dict)
     """Overrides of :class:`~bat_gym.trainers.configs.GRPOConfig` fields for every round."""
     kl_reference: Literal["incumbent", "start"] = "incumbent"
@@ -111,7 +111,7 @@ class BiCuRLConfig(RunConfig):
             raise ConfigError("rounds, steps_per_round and eval_repeats must be >= 1")
         # Imported here: the gate brings the evaluation package (numpy), which reading
         # the config's fields for the command line does not need.
-        from bat_gym.gate import GateThresholds
+        from bat_gym.curriculum.gate import GateThresholds
 
         try:
             GateThresholds(**self.thresholds)  # fail now, not after the first GRPO block

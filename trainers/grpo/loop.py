@@ -290,7 +290,7 @@ def _play_setup(run: _Run, asynchronous: bool) -> None:
         return gym.make("bat/E2E-v0", **env_kwargs)
 
     if cfg.target is not None:
-        from bat_gym.curriculum import StageCurriculum
+        from bat_gym.curriculum.wrapper import StageCurriculum
 
         run.sampler = CurriculumStates(
             StageCurriculum(make_env(), target=cfg.target, seed=cfg.seed, **cfg.curriculum)

@@ -50,24 +50,24 @@ class FixedStates(StateSampler):
 
 
 class CurriculumStates(StateSampler):
-    """The next rows of a :class:`~bat_gym.curriculum.StageCurriculum`, one reset each.
+    """The next rows of a :class:`~bat_gym.curriculum.wrapper.StageCurriculum` round.
 
-    The curriculum drives its own env: each ``reset()`` advances the round and reports
-    the chosen ``state_id``, which the rollout envs then reset to, G times.
+    The ids come from the curriculum's pure sampler
+    (:class:`~bat_gym.curriculum.sampler.CurriculumSampler`): drawing them resets no env
+    and restores no sandbox; only the rollout envs restore each id, G times.
     """
 
     def __init__(self, curriculum: Any) -> None:
         self.curriculum = curriculum
 
     def next(self, n: int) -> list[SampledState]:  # noqa: D102
-        infos = [self.curriculum.reset()[1] for _ in range(n)]
-        return [SampledState(i["state_id"], i["curriculum"]["pool"]) for i in infos]
+        return [SampledState(d.row.state_id, d.row.pool) for d in self.curriculum.sampler.next(n)]
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
-        return self.curriculum.state_dict()
+        return self.curriculum.sampler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
-        self.curriculum.load_state_dict(state)
+        self.curriculum.sampler.load_state_dict(state)
 
     def close(self) -> None:  # noqa: D102
         self.curriculum.close()

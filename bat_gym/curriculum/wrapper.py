@@ -1,8 +1,10 @@
 """StageCurriculum: a wrapper whose ``reset()`` walks an RL round of stage states.
 
 Any trainer that drives a Gymnasium env gets the Benchmark-as-Teacher curriculum by
-wrapping the env: every ``reset()`` restores the next state of the current round
-(:func:`bat_gym.rounds.build_round`), and ``step()`` is untouched.
+wrapping the env: every ``reset()`` restores the state its
+:class:`~bat_gym.curriculum.sampler.CurriculumSampler` draws next, and ``step()`` is
+untouched. A trainer that only needs the ids (GRPO) asks :attr:`StageCurriculum.sampler`
+and restores no sandbox to get them.
 
 >>> import gymnasium as gym
 >>> env = StageCurriculum(gym.make("bat/E2E-v0", states=bank), target="S2")  # doctest: +SKIP
@@ -14,20 +16,16 @@ wrapping the env: every ``reset()`` restores the next state of the current round
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
+from bat_gym.curriculum.rounds import RLRow, RoundSpec
+from bat_gym.curriculum.sampler import CurriculumSampler
 from bat_gym.env import StageEnv
-from bat_gym.errors import CurriculumError, NotAStageEnv, StateNotAdmitted
-from bat_gym.rounds import RLRow, RoundSpec, build_round
-from bat_gym.spec import StageState
+from bat_gym.errors import CurriculumError, NotAStageEnv
 
 __all__ = ["StageCurriculum"]
-
-_STATE_VERSION = 1
 
 
 class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
@@ -63,7 +61,7 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
     Raises:
         TypeError: ``env.unwrapped`` is not a StageEnv.
         ValueError: the composition does not fill the batch, or the states cannot
-            fill a round's pools (see :func:`~bat_gym.rounds.build_round`).
+            fill a round's pools (see :func:`~bat_gym.curriculum.rounds.build_round`).
         StageNotFound: ``target`` is not a stage of the env's benchmark.
     """
 
@@ -85,21 +83,9 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
                 f"StageCurriculum resets StageEnv episodes; expected an env whose unwrapped "
                 f"is a StageEnv, got {type(env.unwrapped).__name__}"
             )
-        gym.utils.RecordConstructorArgs.__init__(
-            self,
-            target=target,
-            states=states,
-            batch_size=batch_size,
-            target_per_batch=target_per_batch,
-            mix_per_batch=mix_per_batch,
-            e2e_per_batch=e2e_per_batch,
-            batches=batches,
-            seed=seed,
-        )
         gym.Wrapper.__init__(self, env)
-        self._states_arg = states
         # Validated now, so a bad composition fails at construction, not mid-training.
-        self._spec = RoundSpec(
+        spec = RoundSpec(
             target=self._stage_id(target),
             batch_size=batch_size,
             target_per_batch=target_per_batch,
@@ -108,45 +94,43 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
             batches=batches,
             seed=seed,
         )
-        self._rows: list[StageState] | None = None
-        self._round_index = 0
-        self._cursor = 0  # rows of the current round already used
-        self._round: list[RLRow] = []
-        self._last: RLRow | None = None
-        self._last_where: dict[str, Any] | None = None
-        self._build()
+        gym.utils.RecordConstructorArgs.__init__(
+            self, target=target, states=states, **spec.model_dump(exclude={"target"})
+        )
+        self.sampler = CurriculumSampler.from_source(
+            states if states is not None else self.env.unwrapped.states, spec
+        )
+        """Draws the state ids; it reads the states' metadata only, never a sandbox."""
 
     # -- the round -----------------------------------------------------------------
 
     @property
     def target(self) -> str:
         """The current target stage id."""
-        return self._spec.target
+        return self.sampler.target
 
     @property
     def round_spec(self) -> RoundSpec:
         """The spec of the current round (its seed is ``seed + round index``)."""
-        return self._spec.model_copy(update={"seed": self._spec.seed + self._round_index})
+        return self.sampler.round_spec
 
     @property
     def round_index(self) -> int:
         """How many rounds were started before the current one."""
-        return self._round_index
+        return self.sampler.round_index
 
     @property
     def current_round(self) -> list[RLRow]:
         """The current round's rows, batch after batch."""
-        return list(self._round)
+        return self.sampler.current_round
 
     def upcoming(self, n: int) -> list[str]:
         """The state ids of the next ``n`` curriculum resets of this round (fewer at its end)."""
-        return [r.state_id for r in self._round[self._cursor : self._cursor + n]]
+        return self.sampler.upcoming(n)
 
     def set_target(self, stage: str) -> None:
         """Switch to a new target stage (id or name) and start a new round for it."""
-        self._spec = self._spec.model_copy(update={"target": self._stage_id(stage)})
-        self._round_index += 1
-        self._build()
+        self.sampler.set_target(self._stage_id(stage))
 
     def _stage_id(self, stage: str) -> str:
         focus = self.env.unwrapped.benchmark.spec.focus(stage)
@@ -156,26 +140,6 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
                 "are their own pool in every batch (e2e_per_batch)"
             )
         return focus
-
-    def _source_rows(self) -> list[StageState]:
-        if self._rows is None:
-            src = self._states_arg if self._states_arg is not None else self.env.unwrapped.states
-            # select() and get() are all a StateSource promises (no iteration); a
-            # lazily built source may list a row its demonstration did not win.
-            self._rows = []
-            for state_id in src.select():
-                with contextlib.suppress(StateNotAdmitted):
-                    self._rows.append(src.get(state_id))
-        return self._rows
-
-    def _build(self) -> None:
-        flat = build_round(self._source_rows(), self.round_spec)
-        self._round = [row for batch in flat for row in batch]
-        self._cursor = 0
-
-    def _rows_digest(self) -> str:
-        ids = "\n".join(sorted(r.state_id for r in self._source_rows()))
-        return hashlib.sha256(ids.encode()).hexdigest()
 
     # -- Gymnasium API ---------------------------------------------------------------
 
@@ -199,25 +163,9 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
                 "the curriculum picks the state, so reset option 'track' does not apply; "
                 "filter the states (states=...) instead"
             )
-        if repeat:
-            if self._last is None or self._last_where is None:
-                raise ValueError("reset(options={'repeat': True}) needs an earlier reset to repeat")
-            row, where = self._last, self._last_where
-        else:
-            if self._cursor >= len(self._round):
-                self._round_index += 1
-                self._build()
-            row = self._round[self._cursor]
-            spec = self._spec
-            where = {
-                "round": self._round_index,
-                "batch": self._cursor // spec.batch_size,
-                "index": self._cursor % spec.batch_size,
-                "pool": row.pool,
-                "target": row.target,
-            }
-            self._cursor += 1
-            self._last, self._last_where = row, where
+        if repeat and self.sampler.last is None:
+            raise ValueError("reset(options={'repeat': True}) needs an earlier reset to repeat")
+        row, where = self.sampler.last if repeat else self.sampler.draw()
         obs, info = self.env.reset(seed=seed, options={**options, "state_id": row.state_id})
         return obs, {**info, "curriculum": dict(where)}
 
@@ -228,45 +176,18 @@ class StageCurriculum(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruct
     # -- resuming --------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the curriculum stands, as plain JSON-able data.
+        """Where the curriculum stands, as plain JSON-able data (the sampler's state).
 
         A wrapper over the same states that loads it continues with exactly the same
         next state ids (and ``repeat`` repeats the same state).
         """
-        return {
-            "version": _STATE_VERSION,
-            "spec": self._spec.model_dump(),
-            "round": self._round_index,
-            "cursor": self._cursor,
-            "last": None if self._last is None else self._last.model_dump(mode="json"),
-            "last_where": None if self._last_where is None else dict(self._last_where),
-            "rows_sha256": self._rows_digest(),
-        }
+        return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`; its spec replaces this wrapper's.
 
         Raises:
-            ValueError: the dict is of another version, or was saved over other states
-                (the next state ids would differ).
+            CurriculumError: the dict is of another version, or was saved over other
+                states (the next state ids would differ).
         """
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"expected a StageCurriculum state dict of version {_STATE_VERSION}, "
-                f"got version {state.get('version')!r}"
-            )
-        if state["rows_sha256"] != self._rows_digest():
-            raise ValueError(
-                "the state dict was saved over other states (their ids differ from this "
-                "wrapper's); load it into a wrapper over the same bank"
-            )
-        spec = RoundSpec.model_validate(state["spec"])
-        self._spec = spec
-        self._round_index = int(state["round"])
-        self._build()
-        cursor = int(state["cursor"])
-        if not 0 <= cursor <= len(self._round):
-            raise ValueError(f"expected a cursor in [0, {len(self._round)}], got {cursor}")
-        self._cursor = cursor
-        self._last = None if state["last"] is None else RLRow.model_validate(state["last"])
-        self._last_where = None if state["last_where"] is None else dict(state["last_where"])
+        self.sampler.load_state_dict(state)

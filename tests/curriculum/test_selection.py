@@ -2,9 +2,8 @@ import json
 
 import pytest
 
-from bat_gym.evaluation.aggregates import Aggregates, CompletionCounts
-from bat_gym.gate import GateDecision, gate
-from bat_gym.selection import (
+from bat_gym.curriculum.gate import GateDecision, gate
+from bat_gym.curriculum.selection import (
     DeficitSelector,
     NoTargetStage,
     PaperSelector,
@@ -13,6 +12,7 @@ from bat_gym.selection import (
     make_selector,
     paper_target,
 )
+from bat_gym.evaluation.aggregates import Aggregates, CompletionCounts
 
 IDS = ("S1", "S2", "S3", "S4", "S5")
 WEIGHTS = {"S1": 0.25, "S2": 0.15, "S3": 0.35, "S4": 0.15, "S5": 0.10}

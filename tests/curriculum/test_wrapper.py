@@ -3,7 +3,7 @@ import json
 import gymnasium as gym
 import pytest
 
-from bat_gym.curriculum import StageCurriculum
+from bat_gym.curriculum.wrapper import StageCurriculum
 from bat_gym.env import StageEnv
 
 SMALL = {"batches": 2}  # 16 resets per round over the toy bank (24 states)

@@ -4,9 +4,9 @@ import pytest
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
+from bat_gym.curriculum.gate import GateDecision, GateRefused, GateThresholds, gate
 from bat_gym.errors import BatGymError
 from bat_gym.evaluation.aggregates import Aggregates, CompletionCounts, TrackAggregate
-from bat_gym.gate import GateDecision, GateRefused, GateThresholds, gate
 
 DIGEST = "a" * 64
 STAGES = {"S1": 0.7, "S2": 0.6, "S3": 0.5, "S4": 0.5, "S5": 0.5}

@@ -1,6 +1,6 @@
 """Target-stage selection: which stage the next RL round trains (the S-target pool).
 
-Selection reads a :class:`~bat_gym.gate.GateDecision` (aggregate stage scores and
+Selection reads a :class:`~bat_gym.curriculum.gate.GateDecision` (aggregate stage scores and
 their changes, nothing else from evaluation) and returns a stage id. It is separate
 from promotion: the gate decides which checkpoint the next round starts from, the
 selector decides what that round practises.
@@ -33,8 +33,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from bat_gym.curriculum.gate import GateDecision, stage_order
 from bat_gym.errors import BatGymError, ConfigError, SelectorNotFound
-from bat_gym.gate import GateDecision, stage_order
 from bat_gym.plugins import Expect, Registry
 from bat_gym.spec import BenchmarkSpec
 
