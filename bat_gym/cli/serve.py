@@ -49,6 +49,14 @@ def mcp(
         int | None,
         typer.Option("--max-turns", min=1, help="Override the turn budget (one turn per call)."),
     ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Keep the ended episode here: its trace (episodes/<state>.json, as bat-gym "
+            "eval writes) and agent.json (the MCP client's name and version, the reward).",
+        ),
+    ] = None,
     max_tool_calls: Annotated[
         int | None,
         typer.Option("--max-tool-calls", min=0, help="Override the tool-call budget."),
@@ -77,6 +85,6 @@ def mcp(
     )
     if http:
         typer.echo(f"bat-gym serve mcp: http://127.0.0.1:{port}/mcp  (Ctrl-C stops)", err=True)
-    episode = serve(env, state, transport="http" if http else "stdio", port=port)
+    episode = serve(env, state, transport="http" if http else "stdio", port=port, out=out)
     if episode.verdict is not None:
         typer.echo(episode.ending(), err=True)

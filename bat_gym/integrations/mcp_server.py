@@ -30,20 +30,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import gymnasium as gym
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp.types import CallToolResult, TextContent
 from pydantic import ConfigDict
 
 from bat_gym.errors import ConfigError
+from bat_gym.evaluation.episodes import EPISODES_DIR, write_episode
+from bat_gym.files import write_atomic
 from bat_gym.protocol import ToolCall
 from bat_gym.rubrics.reward import RubricReward
 
@@ -82,6 +86,10 @@ class McpEpisode:
         env: a :class:`~bat_gym.rubrics.reward.RubricReward` around a
             :class:`~bat_gym.env.StageEnv` (``gym.make("bat/E2E-v0", ...)`` gives one).
         state_id: the Stage Bank state the episode starts from.
+        out: where to keep the episode when it ends: its trace in the evaluation's
+            format (``OUT/episodes/<state_id>.json``, :mod:`bat_gym.evaluation.episodes`)
+            and ``OUT/agent.json`` (the MCP client's name and version, the state, the
+            reward); None keeps nothing.
 
     Attributes:
         prompt: the state's prompt, as the env's reset observation renders it.
@@ -89,9 +97,12 @@ class McpEpisode:
         info: the env's info after the last step (or the reset).
         reward: the episode's reward once it ended, else None.
         verdict: the rubric's verdict once the episode ended, else None.
+        agent: the first calling client's ``clientInfo`` (``name``, ``version``), if known.
     """
 
-    def __init__(self, env: gym.Env[str, str], state_id: str) -> None:
+    def __init__(
+        self, env: gym.Env[str, str], state_id: str, *, out: str | Path | None = None
+    ) -> None:
         if not _has_rubric(env):
             raise ConfigError(
                 f"McpEpisode scores with the rubric: give a RubricReward-wrapped StageEnv "
@@ -99,6 +110,8 @@ class McpEpisode:
             )
         self.env = env
         self.state_id = state_id
+        self.out = None if out is None else Path(out)
+        self.agent: dict[str, Any] | None = None
         # One thread owns the env: calls run one at a time, in arrival order.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bat-gym-mcp")
         self.prompt, self.info = self._worker.submit(
@@ -146,7 +159,23 @@ class McpEpisode:
         if not (terminated or truncated):
             return ToolReply(obs, refused, False)
         self.reward, self.verdict = float(reward), self.info["verdict"]
+        if self.out is not None:
+            self._keep(self.out)
         return ToolReply(f"{obs}\n\n{self.ending()}", refused, True)
+
+    def _keep(self, out: Path) -> None:
+        """Write the ended episode's trace and who played it (the env still holds its files)."""
+        out.mkdir(parents=True, exist_ok=True)
+        write_episode(out, self.state_id, self.info, self.env)
+        played = {
+            "agent": self.agent,
+            "state_id": self.state_id,
+            "benchmark": self.info["benchmark"],
+            "stop_reason": self.info["stop_reason"],
+            "reward": self.reward,
+            "trace": f"{EPISODES_DIR}/{self.state_id}.json",
+        }
+        write_atomic(out / "agent.json", json.dumps(played, indent=2))
 
 
 def _has_rubric(env: gym.Env[str, str]) -> bool:
@@ -202,7 +231,11 @@ def _tool(episode: McpEpisode, function: dict[str, Any]) -> Tool:
     """
     name = function["name"]
 
-    async def handler(arguments: dict[str, Any]) -> CallToolResult:
+    async def handler(arguments: dict[str, Any], context: Context) -> CallToolResult:
+        if episode.agent is None:
+            params = context.session.client_params
+            if params is not None:
+                episode.agent = params.client_info.model_dump(include={"name", "version"})
         reply = await episode.acall(name, arguments)
         return CallToolResult(
             content=[TextContent(type="text", text=reply.text)],
@@ -221,6 +254,7 @@ def _tool(episode: McpEpisode, function: dict[str, Any]) -> Tool:
         parameters=function["parameters"],
         fn_metadata=FuncMetadata(arg_model=_RawArguments),
         is_async=True,
+        context_kwarg="context",
     )
 
 
@@ -232,12 +266,18 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def serve(
-    env: gym.Env[str, str], state_id: str, *, transport: Transport = "stdio", port: int = 8000
+    env: gym.Env[str, str],
+    state_id: str,
+    *,
+    transport: Transport = "stdio",
+    port: int = 8000,
+    out: str | Path | None = None,
 ) -> McpEpisode:
     """Serve one episode of ``env`` from ``state_id`` until the client or the process stops.
 
     On stdio the server runs until the client disconnects; over HTTP (at
-    ``http://127.0.0.1:PORT/mcp``) until the process is stopped.
+    ``http://127.0.0.1:PORT/mcp``) until the process is stopped. ``out``: as for
+    :class:`McpEpisode`.
 
     Returns:
         The episode, closed; its ``reward`` and ``verdict`` are set if it ended.
@@ -245,7 +285,7 @@ def serve(
     if transport not in ("stdio", "http"):
         raise ConfigError(f"transport must be 'stdio' or 'http', got {transport!r}")
     with _stdout_to_stderr():
-        episode = McpEpisode(env, state_id)
+        episode = McpEpisode(env, state_id, out=out)
         server = build_server(episode)
     try:
         if transport == "stdio":

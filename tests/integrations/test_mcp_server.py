@@ -7,6 +7,7 @@ client reads with the in-process env (RubricReward around StageEnv) given the sa
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -21,6 +22,7 @@ pytest.importorskip("mcp")
 
 from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+from mcp.types import Implementation  # noqa: E402
 
 from bat_gym.env import StageEnv  # noqa: E402
 from bat_gym.protocol import ToolCall, get_protocol  # noqa: E402
@@ -28,6 +30,7 @@ from bat_gym.rubrics.reward import RubricReward  # noqa: E402
 
 BAT_GYM = str(Path(sys.executable).parent / "bat-gym")
 HERMES = get_protocol("hermes")
+AGENT = Implementation(name="scripted-teacher", version="1.0")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +84,10 @@ async def stdio_session(args: list[str]):
     params = StdioServerParameters(
         command=BAT_GYM, args=args, env={"BAT_GYM_CACHE": os.environ["BAT_GYM_CACHE"]}
     )
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+    async with (
+        stdio_client(params) as (read, write),
+        ClientSession(read, write, client_info=AGENT) as session,
+    ):
         yield session, await session.initialize()
 
 
@@ -107,7 +113,7 @@ async def http_session(args: list[str]):
                 await asyncio.sleep(0.1)
         async with (
             streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
-            ClientSession(read, write) as session,
+            ClientSession(read, write, client_info=AGENT) as session,
         ):
             yield session, await session.initialize()
     finally:
@@ -122,14 +128,20 @@ def _text(result) -> str:
     return "\n".join(c.text for c in result.content)
 
 
+def _runs(calls) -> list[tuple]:
+    """What each call of an execution record ran and did (its timing left out)."""
+    return [(c["language"], c["code"], c["exit_code"], c["output"], c["writes"]) for c in calls]
+
+
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 def test_teacher_over_mcp_scores_as_in_process(
-    transport, toy, toy_bank, state_id, teacher_calls
+    transport, toy, toy_bank, state_id, teacher_calls, tmp_path
 ) -> None:
     reward, info = in_process(toy, toy_bank, state_id, teacher_calls)
+    args = _server_args(toy_bank, state_id, "--out", str(tmp_path))
 
     async def play():
-        async with SESSIONS[transport](_server_args(toy_bank, state_id)) as (session, init):
+        async with SESSIONS[transport](args) as (session, init):
             names = {t.name for t in (await session.list_tools()).tools}
             prompt = await session.get_prompt("task")
             results = [await session.call_tool(c.name, c.arguments) for c in teacher_calls]
@@ -146,6 +158,15 @@ def test_teacher_over_mcp_scores_as_in_process(
     assert last.structured_content["stop_reason"] == "finished"
     assert info["verdict"].summary() in _text(last)
     assert reward > 0
+    # The execution record is the in-process one; the client is named beside the trace.
+    played = json.loads((tmp_path / "agent.json").read_text())
+    assert played["agent"] == {"name": "scripted-teacher", "version": "1.0"}
+    assert played["reward"] == pytest.approx(reward)
+    trace = json.loads((tmp_path / played["trace"]).read_text())
+    expected = info["record"].model_dump(mode="json")
+    assert _runs(trace["record"]["calls"]) == _runs(expected["calls"])
+    assert trace["record"]["start_digest"] == expected["start_digest"]
+    assert trace["verdict"] == info["verdict"].model_dump(mode="json")
 
 
 def test_budget_end_without_finish_is_scored(toy, toy_bank, state_id, teacher_calls) -> None:
