@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from bat_gym.cli.options import Backend, BenchmarkName
+from bat_gym.spec import Budgets
 
 __all__ = ["app"]
 
@@ -38,17 +40,6 @@ def mcp(
             help="The protocol each call is written in for the env (its record reads the same).",
         ),
     ] = "hermes",
-    http: Annotated[
-        bool,
-        typer.Option("--http", help="Streamable HTTP on 127.0.0.1 (at /mcp) instead of stdio."),
-    ] = False,
-    port: Annotated[
-        int, typer.Option("--port", min=1, max=65535, help="The HTTP port on 127.0.0.1.")
-    ] = 8000,
-    max_turns: Annotated[
-        int | None,
-        typer.Option("--max-turns", min=1, help="Override the turn budget (one turn per call)."),
-    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -57,9 +48,24 @@ def mcp(
             "eval writes) and agent.json (the MCP client's name and version, the reward).",
         ),
     ] = None,
-    max_tool_calls: Annotated[
+    http: Annotated[
         int | None,
-        typer.Option("--max-tool-calls", min=0, help="Override the tool-call budget."),
+        typer.Option(
+            "--http",
+            metavar="PORT",
+            min=1,
+            max=65535,
+            help="Serve streamable HTTP on 127.0.0.1:PORT (at /mcp) instead of stdio.",
+        ),
+    ] = None,
+    budget: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--budget",
+            metavar="NAME=VALUE",
+            help="Override one of the benchmark's budgets (repeatable), e.g. max_turns=2 "
+            "(each MCP call is one turn): " + ", ".join(Budgets.model_fields) + ".",
+        ),
     ] = None,
 ) -> None:
     """Serve one state's episode as MCP tools: execute_code, finish and the benchmark's own.
@@ -74,17 +80,32 @@ def mcp(
     from bat_gym.rubrics.reward import RubricReward
 
     bench = get_benchmark(benchmark)
-    overrides = {"max_turns": max_turns, "max_tool_calls": max_tool_calls}
-    budgets = bench.spec.budgets.model_copy(
-        update={k: v for k, v in overrides.items() if v is not None}
-    )
+    budgets = _budgets(bench.spec.budgets, budget or [])
     env = RubricReward(
         StageEnv(
             benchmark=bench, backend=backend, protocol=protocol, budgets=budgets, states=states
         )
     )
-    if http:
-        typer.echo(f"bat-gym serve mcp: http://127.0.0.1:{port}/mcp  (Ctrl-C stops)", err=True)
-    episode = serve(env, state, transport="http" if http else "stdio", port=port, out=out)
+    if http is not None:
+        typer.echo(f"bat-gym serve mcp: http://127.0.0.1:{http}/mcp  (Ctrl-C stops)", err=True)
+    episode = serve(env, state, http_port=http, out=out)
     if episode.verdict is not None:
         typer.echo(episode.ending(), err=True)
+
+
+def _budgets(default: Budgets, overrides: list[str]) -> Budgets:
+    """``default`` with each ``NAME=VALUE`` of ``--budget`` applied, checked by the model."""
+    values = default.model_dump()
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--budget")
+        values[name.strip()] = value.strip()
+    try:
+        return Budgets.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        names = ", ".join(Budgets.model_fields)
+        raise typer.BadParameter(
+            f"{problems} (the budgets: {names})", param_hint="--budget"
+        ) from None

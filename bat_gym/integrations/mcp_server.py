@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 from mcp.server.mcpserver import Context, MCPServer
@@ -54,13 +54,10 @@ from bat_gym.rubrics.reward import RubricReward
 if TYPE_CHECKING:
     from bat_gym.rubrics.verifier import Verdict
 
-__all__ = ["LOCALHOST", "Transport", "McpEpisode", "ToolReply", "build_server", "serve"]
+__all__ = ["LOCALHOST", "McpEpisode", "ToolReply", "build_server", "serve"]
 
 LOCALHOST = "127.0.0.1"
 """The only address streamable HTTP binds: a caller runs code in the sandbox."""
-
-Transport = Literal["stdio", "http"]
-"""``stdio``: the client starts the server as a subprocess; ``http``: streamable HTTP."""
 
 
 @dataclass(frozen=True)
@@ -269,29 +266,28 @@ def serve(
     env: gym.Env[str, str],
     state_id: str,
     *,
-    transport: Transport = "stdio",
-    port: int = 8000,
+    http_port: int | None = None,
     out: str | Path | None = None,
 ) -> McpEpisode:
     """Serve one episode of ``env`` from ``state_id`` until the client or the process stops.
 
-    On stdio the server runs until the client disconnects; over HTTP (at
-    ``http://127.0.0.1:PORT/mcp``) until the process is stopped. ``out``: as for
-    :class:`McpEpisode`.
+    Without ``http_port`` the server speaks stdio and runs until the client disconnects;
+    with it, streamable HTTP at ``http://127.0.0.1:<http_port>/mcp`` until the process is
+    stopped. ``out``: as for :class:`McpEpisode`.
 
     Returns:
         The episode, closed; its ``reward`` and ``verdict`` are set if it ended.
     """
-    if transport not in ("stdio", "http"):
-        raise ConfigError(f"transport must be 'stdio' or 'http', got {transport!r}")
+    if http_port is not None and not 0 < http_port < 65536:
+        raise ConfigError(f"http_port must be a TCP port, 1 to 65535, got {http_port}")
     with _stdout_to_stderr():
         episode = McpEpisode(env, state_id, out=out)
         server = build_server(episode)
     try:
-        if transport == "stdio":
+        if http_port is None:
             server.run("stdio")
         else:
-            server.run("streamable-http", host=LOCALHOST, port=port)
+            server.run("streamable-http", host=LOCALHOST, port=http_port)
     finally:
         episode.close()
     return episode

@@ -100,7 +100,7 @@ def _free_port() -> int:
 @asynccontextmanager
 async def http_session(args: list[str]):
     port = _free_port()
-    proc = subprocess.Popen([BAT_GYM, *args, "--http", "--port", str(port)])
+    proc = subprocess.Popen([BAT_GYM, *args, "--http", str(port)])
     try:
         deadline = time.monotonic() + 20
         while True:  # until the server listens
@@ -174,7 +174,7 @@ def test_budget_end_without_finish_is_scored(toy, toy_bank, state_id, teacher_ca
     reward, info = in_process(toy, toy_bank, state_id, calls, max_turns=2)
 
     async def play():
-        async with stdio_session(_server_args(toy_bank, state_id, "--max-turns", "2")) as (
+        async with stdio_session(_server_args(toy_bank, state_id, "--budget", "max_turns=2")) as (
             session,
             _,
         ):
