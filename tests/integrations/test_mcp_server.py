@@ -227,3 +227,50 @@ def test_without_the_extra_serve_says_what_to_install() -> None:
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "bat-gym serve needs an extra" in line and "[mcp]" in line
+
+
+def test_a_benchmarks_own_tools_answer_as_in_process(tmp_path) -> None:
+    """In-process (the SDK's Client on the server object): lookup_case of tests/tool_bench.py."""
+    from mcp import Client
+    from tool_bench import ToolBench
+
+    from bat_gym.bank.states import MemoryStates, initial_state
+    from bat_gym.integrations.mcp_server import McpEpisode, build_server
+    from bat_gym.sandbox.snapshot import BlobStore
+
+    bench = ToolBench()
+    store = BlobStore(tmp_path / "store")
+    states = MemoryStates(store, [initial_state(bench, 5, "threshold", store, "hermes")])
+    [state_id] = states.select()
+    case = next(iter(bench._rows(bench.task_of_state(states.get(state_id)))))
+    calls = [
+        ToolCall(name="lookup_case", arguments={"case_id": case}),
+        ToolCall(name="lookup_case", arguments={"case_id": "nope"}),
+        ToolCall(name="count_files", arguments={"directory": "data"}),
+        ToolCall(name="finish", arguments={"summary": "looked"}),
+    ]
+
+    def env():
+        return RubricReward(StageEnv(benchmark=bench, states=states))
+
+    native = env()
+    native.reset(options={"state_id": state_id})
+    expected = [native.step(HERMES.render("", [c])) for c in calls]
+    native.close()
+    episode = McpEpisode(env(), state_id)
+
+    async def play():
+        async with Client(build_server(episode)) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            return tools, [await client.call_tool(c.name, c.arguments) for c in calls]
+
+    try:
+        tools, results = asyncio.run(play())
+    finally:
+        episode.close()
+    schemas = {t.schema()["function"]["name"]: t.schema()["function"] for t in bench.tools()}
+    assert tools["lookup_case"].input_schema == schemas["lookup_case"]["parameters"]
+    observations = [obs for obs, *_ in expected]
+    assert [_text(r) for r in results[:3]] == observations[:3]
+    assert [r.is_error for r in results] == [False, True, False, False]
+    assert results[-1].structured_content["reward"] == pytest.approx(expected[-1][1])
