@@ -111,9 +111,13 @@ class McpEpisode:
         self.agent: dict[str, Any] | None = None
         # One thread owns the env: calls run one at a time, in arrival order.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bat-gym-mcp")
-        self.prompt, self.info = self._worker.submit(
-            env.reset, options={"state_id": state_id}
-        ).result()
+        try:
+            self.prompt, self.info = self._worker.submit(
+                env.reset, options={"state_id": state_id}
+            ).result()
+        except BaseException:  # an unknown state, a sandbox that will not start
+            self.close()
+            raise
         self.tools: tuple[dict[str, Any], ...] = tuple(self.info["tools"])
         self.reward: float | None = None
         self.verdict: Verdict | None = None
@@ -191,6 +195,8 @@ def build_server(episode: McpEpisode) -> MCPServer:
         name="bat-gym",
         title=f"bat-gym state {episode.state_id}",
         instructions=_instructions(episode),
+        # The SDK sets up the root logger; at INFO it would echo bat_gym's own notes.
+        log_level="WARNING",
         tools=[_tool(episode, schema["function"]) for schema in episode.tools],
     )
 

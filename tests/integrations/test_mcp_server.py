@@ -266,8 +266,10 @@ def test_a_benchmarks_own_tools_answer_as_in_process(tmp_path) -> None:
 
     try:
         tools, results = asyncio.run(play())
+        late = episode.call("finish", {"summary": "again"})
     finally:
         episode.close()
+    assert late.is_error and late.ended and "the episode has ended" in late.text
     schemas = {t.schema()["function"]["name"]: t.schema()["function"] for t in bench.tools()}
     assert tools["lookup_case"].input_schema == schemas["lookup_case"]["parameters"]
     observations = [obs for obs, *_ in expected]
