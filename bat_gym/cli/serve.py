@@ -21,7 +21,8 @@ app = typer.Typer(
 @app.command("mcp")
 def mcp(
     state: Annotated[
-        str, typer.Option("--state", help="The state to play, by id (bat-gym bank ls lists them).")
+        str,
+        typer.Option("--state", help="The state to play, by id (a bank's rows.jsonl lists them)."),
     ],
     states: Annotated[
         Path | None,
