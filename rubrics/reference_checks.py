@@ -236,7 +236,7 @@ def pipeline_reproduces(
     again = ctx.task.reproduce(ctx.workspace, (path,), _later_artifacts(ctx, stage))
     if again is None:
         raise CheckUnscorable("the benchmark declares no way to run the pipeline again")
-    evidence = ctx.artifact("pipeline/infer.py") or ctx.artifact(path)
+    evidence = _pipeline_evidence(ctx, again) or ctx.artifact(path)
     try:
         result = _agree(
             ctx, again, ref, path, [path], mode, None, complete, 1, rtol, atol, evidence
@@ -244,6 +244,17 @@ def pipeline_reproduces(
     except CheckFailed as exc:
         raise CheckFailed(f"the shipped pipeline, run again: {exc.detail}", exc.evidence) from None
     return CheckResult.ok(f"the shipped pipeline, run again: {result.detail}", evidence)
+
+
+def _pipeline_evidence(ctx: CheckContext, again: FrozenWorkspace) -> tuple:
+    """Pointers to the pipeline's files: those the verifier's run read, written ones first.
+
+    The reproduction records what it read (the pipeline is what ran, wherever it lives:
+    ``pipeline/infer.py``, ``pipeline/score.py``, a helper module), so the evidence
+    names the benchmark's own pipeline files, not a path this check assumes.
+    """
+    read = sorted(getattr(again, "read", ()) or (), key=lambda p: (not ctx.changed(p), p))
+    return tuple(e for p in read[:5] for e in ctx.artifact(p))
 
 
 def _later_artifacts(ctx: CheckContext, stage: str | None) -> tuple[str, ...]:
