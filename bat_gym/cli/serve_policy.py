@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import tempfile
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -56,23 +56,19 @@ def serve_policy(
     bat-gym eval plays) and every state of --bank; a request may name its state in
     metadata.state_id. A model (hf:PATH) answers any conversation. Serves until Ctrl-C.
     """
-    from bat_gym.integrations.policy_server import PolicyServer, load_states
-    from bat_gym.policies import ScriptedPolicy
+    from bat_gym.integrations.policy_server import policy_server
 
     options = policy_options(policy, max_new_tokens, temperature, seed, chat_template_kwargs)
     agent = build_policy(policy, options)
-    with agent, tempfile.TemporaryDirectory(prefix="bat-serve-policy-") as scratch:
-        states = None
-        if isinstance(agent, ScriptedPolicy):
-            states = load_states(benchmark, bank, store_dir=scratch)
-        server = PolicyServer(agent, states, model=policy, host=host, port=port)
-        held = f", {len(states)} states" if states is not None else ""
+    with (
+        agent,
+        policy_server(
+            agent, benchmark=benchmark, bank=bank, model=policy, host=host, port=port
+        ) as server,
+    ):
+        held = f", {len(server.states)} states" if server.states is not None else ""
         typer.echo(
             f"bat-gym serve-policy: {policy} at {server.url}{held}  (Ctrl-C stops)", err=True
         )
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.close()

@@ -63,6 +63,7 @@ __all__ = [
     "PolicyServer",
     "chat_completion",
     "load_states",
+    "policy_server",
     "serve_policy",
     "state_url",
 ]
@@ -178,6 +179,15 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{**m, "content": message_text(m.get("content"))} for m in messages]
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    """A thread per connection, and a listen backlog for many episodes at once."""
+
+    # The default backlog of 5 resets connections when a harness opens dozens at once
+    # (64 concurrent sessions) while the accepting thread waits for a CPU.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 class PolicyServer:
     """One policy answering OpenAI chat-completion requests over HTTP.
 
@@ -218,8 +228,7 @@ class PolicyServer:
         self.protocol = get_protocol(protocol)
         self._script_cache: dict[tuple[str, int], PolicyOutput] = {}
         self._cache_lock = threading.Lock()
-        self._http = ThreadingHTTPServer((host, port), _handler(self))
-        self._http.daemon_threads = True
+        self._http = _HTTPServer((host, port), _handler(self))
         self._thread: threading.Thread | None = None
 
     @property
@@ -529,23 +538,47 @@ def serve_policy(
         with _subprocess_server(policy, benchmark, bank, host, port, startup_timeout_s) as url:
             yield url
         return
-    import tempfile
-
     from bat_gym.policies import make_policy
 
     agent = make_policy(policy, **policy_options) if isinstance(policy, str) else policy
+    model = policy if isinstance(policy, str) else None
+    try:
+        with policy_server(
+            agent, benchmark=benchmark, bank=bank, model=model, host=host, port=port
+        ) as server:
+            yield server.start()
+    finally:
+        if isinstance(policy, str):
+            agent.close()
+
+
+@contextlib.contextmanager
+def policy_server(
+    policy: Policy,
+    *,
+    benchmark: str | None = None,
+    bank: str | Path | None = None,
+    model: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> Iterator[PolicyServer]:
+    """A :class:`PolicyServer` bound and ready (not yet serving), closed when the block ends.
+
+    A scripted policy is given the states of ``benchmark`` and ``bank``
+    (:func:`load_states`), their held-out files captured in a scratch directory that
+    lives as long as the block.
+    """
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="bat-serve-policy-") as scratch:
         states = None
-        if isinstance(agent, ScriptedPolicy):
+        if isinstance(policy, ScriptedPolicy):
             states = load_states(benchmark, bank, store_dir=scratch)
-        model = policy if isinstance(policy, str) else None
-        server = PolicyServer(agent, states, model=model, host=host, port=port)
+        server = PolicyServer(policy, states, model=model, host=host, port=port)
         try:
-            yield server.start()
+            yield server
         finally:
             server.close()
-            if isinstance(policy, str):
-                agent.close()
 
 
 @contextlib.contextmanager

@@ -271,3 +271,18 @@ def test_sampling_options_are_refused_for_a_scripted_policy():
     result = CliRunner().invoke(app, ["serve-policy", "--policy", "teacher", "--temperature", "1"])
     assert result.exit_code == 2
     assert "model policies" in result.output
+
+
+def test_the_user_field_names_a_state_it_holds(teacher_url, states):
+    state = states[0]  # E2E: ambiguous without an id
+    body = {"model": "teacher", "messages": [dict(m) for m in state.messages]}
+    status, _, text = _post(teacher_url, {**body, "user": state.state_id})
+    assert status == 200
+    calls = json.loads(text)["choices"][0]["message"]["tool_calls"]
+    expected = HERMES.parse(ScriptedPolicy("teacher").act(_scripted_request(state)).text).calls
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [
+        c.arguments for c in expected
+    ]
+    # A user field that is not a state id is a harness's own: it names nothing.
+    status, _, _ = _post(teacher_url, {**body, "user": "someone"})
+    assert status == 400
