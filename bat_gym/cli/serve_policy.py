@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -71,4 +72,10 @@ def serve_policy(
             f"bat-gym serve-policy: {policy} at {server.url}{held}  (Ctrl-C stops)", err=True
         )
         with contextlib.suppress(KeyboardInterrupt):
+            signal.signal(signal.SIGTERM, _interrupt)
             server.serve_forever()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM stops the server as Ctrl-C does (a background job may ignore SIGINT)."""
+    raise KeyboardInterrupt

@@ -33,7 +33,6 @@ import contextlib
 import json
 import logging
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -228,7 +227,13 @@ class PolicyServer:
         self.protocol = get_protocol(protocol)
         self._script_cache: dict[tuple[str, int], PolicyOutput] = {}
         self._cache_lock = threading.Lock()
-        self._http = _HTTPServer((host, port), _handler(self))
+        try:
+            self._http = _HTTPServer((host, port), _handler(self))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); choose another --port, "
+                "or --port 0 for a free one"
+            ) from None
         self._thread: threading.Thread | None = None
 
     @property
@@ -623,7 +628,7 @@ def _subprocess_server(
                 )
         yield url[0]
     finally:
-        proc.send_signal(signal.SIGINT)  # as Ctrl-C: the command cleans its scratch up
+        proc.terminate()  # the command stops as on Ctrl-C, cleaning its scratch up
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
