@@ -23,8 +23,8 @@ from bat_gym.rubrics.reward import RubricReward
 
 HERMES = get_protocol("hermes")
 
-# An E2E start state and two stage rows with a stored history (one deep in the episode).
-FOCUSES = ("E2E", "S2", "S4")
+# An E2E start state, and a stage row with a stored history (three turns of earlier stages).
+FOCUSES = ("E2E", "S4")
 
 
 @pytest.fixture(scope="module")
