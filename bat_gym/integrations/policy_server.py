@@ -45,9 +45,7 @@ from bat_gym.errors import StateNotFound, UnsupportedPolicy
 from bat_gym.integrations.conversations import (
     AmbiguousConversation,
     ConversationStates,
-    Placement,
     UnknownConversation,
-    same_turn,
 )
 from bat_gym.integrations.openai_chat import (
     ChatHTTPServer,
@@ -193,8 +191,8 @@ class PolicyServer:
     ) -> tuple[PolicyOutput, int]:
         """The script's turn for the episode ``messages`` is, and that turn's index.
 
-        When the conversation fits several states, it is answered if they all give the
-        same reply, or if those whose earlier replies are the conversation's own do.
+        When the conversation fits several states, it is answered if their scripts all
+        give the same reply at this turn (whichever state it is, that is the reply).
 
         Raises:
             AmbiguousConversation: the states that fit give different replies.
@@ -202,23 +200,10 @@ class PolicyServer:
         assert self.states is not None
         explicit = _explicit_state_id(body, self.states, state_id)
         found = self.states.placements(messages, explicit)
-        replies = {p.state.state_id: self._script_turn(p.state.state_id, p.turn) for p in found}
-        if len({r.text for r in replies.values()}) > 1:
-            found = [p for p in found if self._replays(p, messages)] or found
-        if len({replies[p.state.state_id].text for p in found}) > 1:
+        replies = [self._script_turn(p.state.state_id, p.turn) for p in found]
+        if len({r.text for r in replies}) > 1:
             raise AmbiguousConversation([p.state.state_id for p in found])
-        return replies[found[0].state.state_id], found[0].turn
-
-    def _replays(self, placed: Placement, messages: list[dict[str, Any]]) -> bool:
-        """Whether the conversation's turns after the state's history are the script's own."""
-        stored = sum(1 for m in placed.state.messages if m["role"] == "assistant")
-        said = [m for m in messages if m["role"] == "assistant"][stored:]
-        for turn, message in enumerate(said):
-            script = self._script_turn(placed.state.state_id, turn)
-            mine = chat_completion(script, self.protocol, model="", turn=turn)
-            if not same_turn(mine["choices"][0]["message"], message):
-                return False
-        return True
+        return replies[0], found[0].turn
 
     def _script_turn(self, state_id: str, turn: int) -> PolicyOutput:
         """The scripted policy's reply at ``turn`` of an episode from ``state_id``.
