@@ -139,7 +139,7 @@ def test_served_naive_scores_as_the_in_process_naive(toy, toy_bank, states, naiv
     _assert_same(served, local)
 
 
-def test_an_e2e_teacher_episode_without_an_id_is_ambiguous(teacher_url, states):
+def test_an_e2e_teacher_episode_without_an_id_is_ambiguous(toy, toy_bank, teacher_url, states):
     status, _, text = _post(
         teacher_url, {"model": "teacher", "messages": [dict(m) for m in states[0].messages]}
     )
@@ -147,7 +147,9 @@ def test_an_e2e_teacher_episode_without_an_id_is_ambiguous(teacher_url, states):
     error = json.loads(text)["error"]
     assert error["code"] == "unknown_conversation"
     # The bank's and the held-out tasks of the track open alike; their first turns differ.
-    assert "opens like 12 states" in error["message"] and "state_id" in error["message"]
+    track = states[0].track
+    alike = len(toy_bank.select(focus="E2E", track=track)) + len(toy.evaluated_seeds())
+    assert f"opens like {alike} states" in error["message"] and "state_id" in error["message"]
 
 
 def _post(url, body, path="/chat/completions"):
