@@ -191,6 +191,57 @@ def test_a_held_out_runs_log_carries_aggregates_only(tmp_path):
     assert "cases.csv" not in text and "reward 0.000" not in text
 
 
+def test_a_benchmarks_own_tools_are_inspect_tools_stepping_the_env(tmp_path):
+    from inspect_ai import Task
+    from inspect_ai.dataset import Sample
+    from inspect_ai.util import SandboxEnvironmentSpec
+    from tool_bench import ToolBench
+
+    from bat_gym.bank.states import MemoryStates, initial_state
+    from bat_gym.catalog import register_benchmark, unregister_benchmark
+    from bat_gym.integrations.inspect import play_stage, rubric_scorer
+    from bat_gym.integrations.inspect.sandbox import register_states
+    from bat_gym.integrations.inspect.tasks import chat_messages
+    from bat_gym.sandbox.snapshot import BlobStore
+
+    bench = ToolBench()
+    store = BlobStore(tmp_path / "store")
+    state = initial_state(bench, 5, "threshold", store, "hermes")
+    states = MemoryStates(store, [state])
+    actions = teacher_actions(bench, state)
+    # The teacher calls the benchmark's own tool in its first turn.
+    assert "lookup_case" in [c.name for c in HERMES.parse(actions[0]).calls]
+    register_benchmark("toy_tools", bench)
+    try:
+        config = StageSandboxConfig(
+            benchmark="toy_tools", stage="E2E", states_token=register_states(states)
+        )
+        task = Task(
+            dataset=[
+                Sample(
+                    id="s",
+                    input=chat_messages(state.messages),
+                    metadata={"state_id": state.state_id},
+                )
+            ],
+            solver=play_stage(),
+            scorer=rubric_scorer(),
+            sandbox=SandboxEnvironmentSpec("bat_gym", config),
+        )
+        log = _run(task, _replies(actions), log_dir=str(tmp_path / "logs"))
+        env = make_env("E2E", benchmark=bench, states=states)
+        it = iter(actions)
+        native = run_episode(env, lambda info: next(it, None), state_id=state.state_id).info
+        env.close()
+    finally:
+        unregister_benchmark("toy_tools")
+    (sample,) = log.samples
+    (lookup,) = [m for m in sample.messages if m.role == "tool" and m.function == "lookup_case"]
+    (native_lookup,) = [m for m in native["messages"] if m.get("name") == "lookup_case"]
+    assert lookup.text == native_lookup["content"]
+    assert sample.scores["rubric_scorer"].value == native["verdict"].reward >= 0.9
+
+
 class _Replay(BaseHTTPRequestHandler):
     """An OpenAI-compatible chat endpoint replaying fixed assistant messages, with usage."""
 
