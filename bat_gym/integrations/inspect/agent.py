@@ -86,14 +86,24 @@ def _params(schema: dict[str, Any]) -> ToolParams:
 
 
 @solver
-def play_stage() -> Solver:
-    """Play the sample's stage env to its end with the env's tools (see the module)."""
+def play_stage(name_state: bool = False) -> Solver:
+    """Play the sample's stage env to its end with the env's tools (see the module).
+
+    Args:
+        name_state: send the episode's start state id as each request's ``user``
+            field, for an endpoint that replays a script per state (``bat-gym
+            serve-policy``: every E2E task of a track opens alike, so its teacher needs
+            the id). A model needs no such hint; leave it off for one.
+    """
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
         episode = episode_of_sample()
         state.tools = stage_tools(episode)
+        # Inspect drops an extra_body "metadata" (OpenAI wants it only with store=true);
+        # "user" is the request field every OpenAI-compatible server accepts.
+        named = {"extra_body": {"user": episode.state_id}} if name_state else {}
         while not episode.ended:
-            state = await generate(state, tool_calls="single")
+            state = await generate(state, tool_calls="single", **named)
             if state.output.message.tool_calls or episode.ended:
                 continue
             reply = await episode.message(state.output.message.text)

@@ -85,10 +85,10 @@ def _sample(state: Any, sample_id: str, **metadata: Any) -> Sample:
     )
 
 
-def _task(name: str, samples: list[Sample], config: StageSandboxConfig) -> Task:
+def _task(name: str, samples: list[Sample], config: StageSandboxConfig, name_state: bool) -> Task:
     return Task(
         dataset=samples,
-        solver=play_stage(),
+        solver=play_stage(name_state=name_state),
         scorer=rubric_scorer(),
         sandbox=SandboxEnvironmentSpec(SANDBOX_NAME, config),
         name=name,
@@ -104,6 +104,7 @@ def stage(
     bank: str | None = None,
     backend: str = "local",
     max_turns: int | None = None,
+    name_state: bool = False,
 ) -> Task:
     """A sample per Stage Bank state of one focus.
 
@@ -114,6 +115,8 @@ def stage(
         bank: a Stage Bank directory; default: the benchmark's default states.
         backend: the project's sandbox backend, ``local`` or ``docker``.
         max_turns: override the benchmark's turn budget (assistant turns per episode).
+        name_state: send each request the state's id (see
+            :func:`~bat_gym.integrations.inspect.agent.play_stage`).
     """
     from bat_gym.catalog import get_benchmark, state_source
 
@@ -134,7 +137,7 @@ def stage(
         bank=bank,
         budgets=_budgets(bench, max_turns),
     )
-    return _task(f"bat_gym/stage/{bench.name}/{focus}", samples, config)
+    return _task(f"bat_gym/stage/{bench.name}/{focus}", samples, config, name_state)
 
 
 @task
@@ -144,6 +147,7 @@ def heldout(
     track: str | None = None,
     backend: str = "local",
     max_turns: int | None = None,
+    name_state: bool = False,
 ) -> Task:
     """A sample per held-out cell, as ``bat-gym eval`` plays them (aggregates-only log).
 
@@ -154,6 +158,8 @@ def heldout(
         track: only this track's cells.
         backend: the project's sandbox backend, ``local`` or ``docker``.
         max_turns: override the benchmark's turn budget.
+        name_state: send each request the state's id (see
+            :func:`~bat_gym.integrations.inspect.agent.play_stage`).
     """
     from bat_gym.bank import task_states
     from bat_gym.catalog import get_benchmark
@@ -183,7 +189,7 @@ def heldout(
         states_token=register_states(source),
         budgets=_budgets(bench, max_turns),
     )
-    return _task(HELDOUT_TASK, samples, config)
+    return _task(HELDOUT_TASK, samples, config, name_state)
 
 
 def _held_out_logged() -> str:
