@@ -317,3 +317,36 @@ def test_inspect_eval_runs_the_entry_points_task_from_the_command_line(toy, toy_
     assert log.status == "success" and log.eval.task == "bat_gym/stage/toy_pipeline/S3"
     score = log.samples[0].scores["rubric_scorer"]
     assert score.value == 1.0 and score.explanation.startswith("S3 reward 1.000")
+
+
+@pytest.mark.parametrize("policy", ["teacher", "naive"])
+def test_a_served_policy_scores_in_inspect_as_in_bat_gym_eval(policy, tmp_path):
+    """Held-out cells through `bat-gym serve-policy`: each cell's numbers equal `bat-gym eval`'s."""
+    from bat_gym.evaluation import EvalConfig, evaluate
+    from bat_gym.integrations.policy_server import serve_policy
+    from bat_gym.policies import make_policy
+
+    cfg = EvalConfig(repeats=1, workers=1, progress=False)
+    with make_policy(policy) as agent:
+        report = evaluate("toy_pipeline", agent, tmp_path / "eval", cfg)
+    with serve_policy(policy, benchmark="toy_pipeline") as url:
+        model = get_model(f"openai-api/local/{policy}", base_url=url, api_key="unused")
+        task = heldout(benchmark="toy_pipeline", repeats=1, name_state=True)
+        (log,) = inspect_eval(
+            task, model=model, log_samples=False, display="none", log_dir=str(tmp_path / "log")
+        )
+    assert log.status == "success", log.error
+    scored = {s.sample_id: s for r in log.reductions for s in r.samples}
+    expected = {f"{c.cell.track}-r{c.cell.repeat}": c for c in report.cells}
+    assert scored.keys() == expected.keys()
+    for key, cell in expected.items():
+        got = scored[key]
+        assert (got.value, got.metadata["overall"], got.metadata["task"]) == (
+            cell.reward,
+            cell.overall,
+            cell.task,
+        )
+        assert got.metadata["stages"] == cell.stages
+    assert log.results.scores[0].metrics["overall"].value == pytest.approx(
+        report.aggregates.overall
+    )
