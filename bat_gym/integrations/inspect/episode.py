@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from bat_gym.errors import ConfigError
 from bat_gym.protocol import ToolCall
 from bat_gym.rubrics.reward import RubricReward
 
@@ -77,8 +78,9 @@ class StageEpisode:
 
     def __init__(self, env: RubricReward, state_id: str) -> None:
         if not isinstance(env, RubricReward):
-            raise TypeError(
-                f"StageEpisode scores with the rubric: expected a RubricReward, got {type(env).__name__}"
+            raise ConfigError(
+                "StageEpisode scores with the rubric: expected a RubricReward around a "
+                f"StageEnv (bat_gym.rubrics.reward.make_env), got {type(env).__name__}"
             )
         self.env = env
         self.state_id = state_id

@@ -25,7 +25,6 @@ the Inspect scorer reads the verdict from the sample's episode
 
 from __future__ import annotations
 
-import functools
 import shlex
 import threading
 import uuid
@@ -50,11 +49,16 @@ _SOURCES: dict[str, Any] = {}
 _SOURCES_LOCK = threading.Lock()
 
 
-def register_states(source: Any) -> str:
-    """Keep an in-memory state source for this process's samples; returns its token."""
+def register_states(source: Any, *, keep: Any = None) -> str:
+    """Keep an in-memory state source for this process's samples; returns its token.
+
+    Args:
+        source: the state source (``select``, ``get``, ``store``).
+        keep: an object to keep alive with it (the temporary directory of its store).
+    """
     token = uuid.uuid4().hex
     with _SOURCES_LOCK:
-        _SOURCES[token] = source
+        _SOURCES[token] = (source, keep)
     return token
 
 
@@ -81,7 +85,7 @@ class StageSandboxConfig(BaseModel):
 def _states_of(config: StageSandboxConfig) -> Any:
     if config.states_token is not None:
         with _SOURCES_LOCK:
-            source = _SOURCES.get(config.states_token)
+            source, _ = _SOURCES.get(config.states_token, (None, None))
         if source is None:
             raise ConfigError(
                 "the sample's held-out states were built by another process; run the task "
@@ -223,7 +227,7 @@ class StageSandbox(SandboxEnvironment):
             raise PermissionError(f"{file!r} leaves the workspace")
         if not host.is_file():
             raise FileNotFoundError(file)
-        data = await self.episode.run(functools.partial(host.read_bytes))
+        data = await self.episode.run(host.read_bytes)
         return data.decode("utf-8") if text else data
 
     def _calls(self) -> list[Any]:

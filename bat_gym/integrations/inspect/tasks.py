@@ -175,7 +175,6 @@ def heldout(
     store = BlobStore(scratch.name)
     source = task_states(bench, sorted({(c.track, c.seed) for c in cells}), "heldout", store)
     by_task = {(s.track, s.provenance["seed"]): s for s in map(source.get, source.select())}
-    source.scratch = scratch  # kept alive with the source
     # A cell is named by its track and repeat, as the aggregates name tracks: its
     # held-out seed (which task it is) stays out of the log.
     samples = [
@@ -186,7 +185,7 @@ def heldout(
         benchmark=bench.name,
         stage="E2E",
         backend=backend,
-        states_token=register_states(source),
+        states_token=register_states(source, keep=scratch),
         budgets=_budgets(bench, max_turns),
     )
     return _task(HELDOUT_TASK, samples, config, name_state)
