@@ -428,8 +428,9 @@ def _image_folder(bench: Benchmark, out: Path) -> Path:
                 "RUN apt-get update && apt-get install -y --no-install-recommends python3-venv"
                 " && rm -rf /var/lib/apt/lists/*",
                 "COPY dist/ /opt/bat-gym-dist/",
-                "RUN python3 -m venv /opt/bat-gym"
-                " && /opt/bat-gym/bin/pip install --no-cache-dir /opt/bat-gym-dist/*.whl",
+                # The sidecar serves MCP: the wheel with its mcp extra.
+                "RUN python3 -m venv /opt/bat-gym && for w in /opt/bat-gym-dist/*.whl; do"
+                ' /opt/bat-gym/bin/pip install --no-cache-dir "$w[mcp]"; done',
                 "ENV PATH=/opt/bat-gym/bin:$PATH",
                 "",
             ]
