@@ -1,7 +1,8 @@
-"""``bat-gym harbor``: what runs inside an exported Harbor task (``bat-gym export harbor``).
+"""``bat-gym harbor``: what runs inside an exported Harbor task, and its jobs read back.
 
 ``serve`` is the MCP sidecar's command, ``verify`` the separate verifier's
-``tests/test.sh``; see :mod:`bat_gym.integrations.harbor_runtime`.
+``tests/test.sh`` (:mod:`bat_gym.integrations.harbor_runtime`); ``import`` reads a
+Harbor job back as an evaluation (:mod:`bat_gym.integrations.harbor_jobs`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import typer
 
 __all__ = ["app"]
 
-app = typer.Typer(no_args_is_help=True, help="Run inside an exported Harbor task.")
+app = typer.Typer(
+    no_args_is_help=True, help="Run inside an exported Harbor task; read its jobs back."
+)
 
 TaskFile = Annotated[
     Path, typer.Argument(help="The task file the export wrote (task.json).", show_default=False)
@@ -52,3 +55,17 @@ def verify(
     typer.echo(f"reward {result['reward']:.3f}: {result['summary']}")
     if result.get("explain"):
         typer.echo(result["explain"])
+
+
+@app.command("import")
+def import_(
+    job: Annotated[
+        Path, typer.Argument(help="A job folder `harbor run` wrote.", show_default=False)
+    ],
+    out: Annotated[Path, typer.Option("--out", help="The evaluation folder to write.")],
+) -> None:
+    """Read a Harbor job's trials back as a bat-gym evaluation (for bat-gym view)."""
+    from bat_gym.integrations.harbor_jobs import import_job
+
+    for run in import_job(job, out):
+        typer.echo(f"{run}  (bat-gym view {run})")

@@ -90,9 +90,16 @@ class VerifyResult(dict):
     """What the verifier wrote to ``verdict.json`` (a dict; ``reward`` is the score)."""
 
 
-def _replay(bench: Any, task: HarborTask, states: Any, state: Any, actions: list[str]) -> Any:
-    """Play ``actions`` from ``state`` through the one episode loop; the ended Rollout."""
+def _replay(
+    bench: Any, task: HarborTask, states: Any, state: Any, actions: list[str], logs: Path
+) -> tuple[Any, str]:
+    """Play ``actions`` from ``state`` through the one episode loop; ``(Rollout, trace key)``.
+
+    The replayed episode's trace (with the files its calls wrote) is kept under ``logs``
+    as an evaluation keeps a cell's, for ``bat-gym harbor import``.
+    """
     from bat_gym.completion import Completion
+    from bat_gym.evaluation.episodes import write_episode
     from bat_gym.rollout import run_episode
 
     pending = iter(actions)
@@ -104,13 +111,34 @@ def _replay(bench: Any, task: HarborTask, states: Any, state: Any, actions: list
     env = _env(bench, states, task.protocol)
     try:
         # A recorded episode is replayed as it was, a restarted sandbox included.
-        return run_episode(env, act, state_id=state.state_id, on_restart="ignore")
+        end = run_episode(env, act, state_id=state.state_id, on_restart="ignore")
+        key = _cell(task).key if task.source == "heldout" else state.state_id
+        write_episode(logs, key, end.info, env)
+        return end, key
     finally:
         env.close()
 
 
+def _cell(task: HarborTask) -> Any:
+    from bat_gym.evaluation.cells import Cell
+
+    return Cell(track=task.track, seed=task.seed or 0, repeat=task.repeat or 0)
+
+
+def _cell_result(bench: Any, task: HarborTask, state: Any, end: Any) -> Any:
+    """The held-out cell's result, scored as ``bat-gym eval`` scores one."""
+    from bat_gym.evaluation.cells import CellResult
+    from bat_gym.evaluation.harness import _score
+
+    scored = _score(end.info, bool(end.terminated), bench)
+    return CellResult(cell=_cell(task), task_id=state.task_id, valid=True, **scored)
+
+
 def verify_task(task: HarborTask, trace_dir: str | Path, logs: str | Path) -> VerifyResult:
     """Score the agent's episode of ``task`` and write ``reward.json`` and ``verdict.json``.
+
+    Besides Harbor's ``reward.json`` and ``verdict.json``, ``logs`` gets the replayed
+    episode's trace (``episodes/``) and, for a held-out cell, its ``cell.json``.
 
     Args:
         task: the exported task.
@@ -131,7 +159,11 @@ def verify_task(task: HarborTask, trace_dir: str | Path, logs: str | Path) -> Ve
         trace_path = Path(trace_dir) / EPISODES_DIR / f"{state.state_id}.json"
         agent = _read_json(Path(trace_dir) / "agent.json")
         trace = _read_json(trace_path)
-        result = VerifyResult(state_id=state.state_id, agent=(agent or {}).get("agent"))
+        result = VerifyResult(
+            state_id=state.state_id,
+            task=task.model_dump(mode="json"),
+            agent=(agent or {}).get("agent"),
+        )
         if trace is None:
             result.update(
                 reward=0.0,
@@ -142,7 +174,8 @@ def verify_task(task: HarborTask, trace_dir: str | Path, logs: str | Path) -> Ve
             )
             rewards = {"reward": 0.0}
         else:
-            end = _replay(bench, task, states, state, recorded_actions(trace, task.protocol))
+            actions = recorded_actions(trace, task.protocol)
+            end, key = _replay(bench, task, states, state, actions, logs)
             verdict = end.info.get("verdict")
             ended = end.terminated or end.truncated
             reward = float(end.reward or 0.0) if ended and verdict is not None else 0.0
@@ -153,12 +186,16 @@ def verify_task(task: HarborTask, trace_dir: str | Path, logs: str | Path) -> Ve
                 summary=verdict.summary() if verdict is not None else "the replay did not end",
                 explain=verdict.explain() if verdict is not None else None,
                 verdict=verdict_summary(verdict) if verdict is not None else None,
+                trace=f"{EPISODES_DIR}/{key}.json",
             )
             rewards = {"reward": reward}
             if verdict is not None:
                 if verdict.task_score is not None:
                     rewards["task_score"] = float(verdict.task_score)
                 rewards.update({f"stage_{s.stage}": float(s.credit or 0.0) for s in verdict.stages})
+                if task.source == "heldout" and ended:
+                    cell = _cell_result(bench, task, state, end)
+                    write_atomic(logs / "cell.json", cell.model_dump_json(indent=1))
     write_atomic(logs / "reward.json", json.dumps(rewards, indent=2))
     write_atomic(logs / "verdict.json", json.dumps(result, indent=2, default=str))
     return result

@@ -231,7 +231,9 @@ def test_the_sidecar_and_the_verifier_score_an_mcp_agent_as_in_process(
         server.wait(timeout=30)
     assert results[-1].structured_content["ended"]
     served = results[-1].structured_content["reward"]
-    logs = tmp_path / "verifier"
+    # Where Harbor's trial keeps the verifier's folder (TrialPaths: <trial>/verifier).
+    trial = tmp_path / "job" / f"{folder.name}__teacher"
+    logs = trial / "verifier"
     result = RUNNER.invoke(
         app,
         [
@@ -253,6 +255,35 @@ def test_the_sidecar_and_the_verifier_score_an_mcp_agent_as_in_process(
     assert verdict["recorded_reward"] == pytest.approx(served)
     assert verdict["agent"] == {"name": "scripted-teacher", "version": "1.0"}
     assert result.output.startswith("reward 1.000: E2E reward 1.000")
+    _job_reads_back_into_view(trial, tmp_path, served)
+
+
+def _job_reads_back_into_view(trial: Path, tmp_path: Path, reward: float) -> None:
+    """`bat-gym harbor import` makes the trial an evaluation that `bat-gym view` shows."""
+    from bat_gym.viewer import Site
+    from bat_gym.viewer.runs import load_runs
+
+    # The trial's result.json: the fields of Harbor's TrialResult the import reads.
+    agent_info = {"name": "claude-code", "version": "2.0", "model_info": {"name": "m"}}
+    try:
+        from harbor.models.trial.result import AgentInfo, TrialResult
+    except ImportError:  # the dev venv: the shape is checked where Harbor is installed
+        pass
+    else:
+        assert "agent_info" in TrialResult.model_fields
+        AgentInfo.model_validate(agent_info)
+    (trial / "result.json").write_text(json.dumps({"agent_info": agent_info}))
+    run = tmp_path / "imported"
+    result = RUNNER.invoke(app, ["harbor", "import", str(trial.parent), "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    (loaded,) = load_runs([run])
+    assert loaded.kind == "eval" and loaded.title == "toy_pipeline evaluation of claude-code"
+    (cell,) = loaded.cells
+    assert cell["reward"] == pytest.approx(reward) and cell["valid"]
+    key = "{track}-{seed}-r{repeat}".format(**cell["cell"])
+    episode = loaded.episode(key)
+    assert episode["verdict"]["reward"] == pytest.approx(reward) and episode["messages"]
+    assert Site([run]).export(tmp_path / "site") > 0
 
 
 def test_the_verifier_scores_the_replayed_calls_not_the_recorded_reward(heldout_tasks, tmp_path):
