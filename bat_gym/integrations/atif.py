@@ -408,6 +408,12 @@ def _eval_agent(run_dir: Path) -> dict[str, Any] | None:
         return None
     policy = manifest.get("policy") or {}
     model = policy.get("model") or policy.get("path")
+    if policy.get("kind") == "harbor":  # a Harbor job read back: the agent as Harbor named it
+        return {
+            "name": str(policy.get("name")),
+            "version": str(policy.get("version", "unknown")),
+            "model_name": str(model) if model else None,
+        }
     return {
         "name": f"bat_gym {policy.get('name', 'policy')}",
         "model_name": str(model) if model else None,

@@ -25,6 +25,7 @@ from typing import Any
 from bat_gym.errors import BatGymError
 from bat_gym.evaluation.episodes import BLOBS_DIR, EPISODES_DIR
 from bat_gym.files import write_atomic
+from bat_gym.integrations.harbor_runtime import read_json
 
 __all__ = ["HarborJobError", "import_job", "trial_dirs"]
 
@@ -40,14 +41,7 @@ def trial_dirs(job_dir: str | Path) -> list[Path]:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except ValueError as exc:
-        raise HarborJobError(
-            f"{path} is not valid JSON ({exc}); was the trial written whole?"
-        ) from None
+    data = read_json(path)
     return data if isinstance(data, dict) else {}
 
 

@@ -27,7 +27,15 @@ from bat_gym.evaluation.episodes import EPISODES_DIR
 from bat_gym.files import write_atomic
 from bat_gym.integrations.harbor import HarborTask, load_state
 
-__all__ = ["VerifyResult", "read_task", "recorded_actions", "serve_task", "verify_task"]
+__all__ = [
+    "HarborRuntimeError",
+    "VerifyResult",
+    "read_json",
+    "read_task",
+    "recorded_actions",
+    "serve_task",
+    "verify_task",
+]
 
 
 class HarborRuntimeError(BatGymError):
@@ -157,8 +165,8 @@ def verify_task(task: HarborTask, trace_dir: str | Path, logs: str | Path) -> Ve
     with tempfile.TemporaryDirectory(prefix="bat-harbor-") as store:
         states, state = load_state(bench, task, store)
         trace_path = Path(trace_dir) / EPISODES_DIR / f"{state.state_id}.json"
-        agent = _read_json(Path(trace_dir) / "agent.json")
-        trace = _read_json(trace_path)
+        agent = read_json(Path(trace_dir) / "agent.json")
+        trace = read_json(trace_path)
         result = VerifyResult(
             state_id=state.state_id,
             task=task.model_dump(mode="json"),
@@ -201,7 +209,8 @@ def verify_task(task: HarborTask, trace_dir: str | Path, logs: str | Path) -> Ve
     return result
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file the sidecar, the verifier or Harbor wrote; None when it is missing."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -26,6 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
+from bat_gym.integrations.atif import export_atif
 from bat_gym.integrations.harbor import HarborExportError, HarborTask, load_state
 from bat_gym.integrations.harbor_runtime import verify_task
 from bat_gym.protocol import get_protocol
@@ -284,6 +285,10 @@ def _job_reads_back_into_view(trial: Path, tmp_path: Path, reward: float) -> Non
     episode = loaded.episode(key)
     assert episode["verdict"]["reward"] == pytest.approx(reward) and episode["messages"]
     assert Site([run]).export(tmp_path / "site") > 0
+    # And on to ATIF, named after the Harbor agent.
+    (doc,) = [json.loads(p.read_text()) for p in export_atif(run, tmp_path / "atif")]
+    assert doc["agent"] == {"name": "claude-code", "version": "2.0", "model_name": "m"}
+    assert doc["extra"]["reward"] == pytest.approx(reward)
 
 
 def test_the_verifier_scores_the_replayed_calls_not_the_recorded_reward(heldout_tasks, tmp_path):
