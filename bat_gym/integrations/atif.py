@@ -341,8 +341,7 @@ def bank_trajectories(bank_dir: str | Path) -> Iterator[tuple[str, dict[str, Any
         turns = load_demonstration(bank.store, row)
         if turns is None:
             continue
-        messages = [m if isinstance(m, Mapping) else dict(m) for m in row.messages]
-        steps = messages_to_steps(messages, prefix=len(messages))
+        steps = messages_to_steps(row.messages, prefix=len(row.messages))
         steps += _demonstration_steps(turns, protocol, len(steps) + 1)
         stored = json.loads(bank.store.read_blob(row.provenance["demonstration"]["blob"]))
         brief = stored.get("verdict")

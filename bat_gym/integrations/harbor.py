@@ -237,9 +237,8 @@ def _instruction(task: HarborTask, state: Any) -> str:
         "",
     ]
     earlier = 0
-    for m in state.messages:
-        role = m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
-        content = m.get("content") if isinstance(m, dict) else getattr(m, "content", "")
+    for m in state.messages:  # OpenAI-format dicts (StageState.messages)
+        role, content = m.get("role"), m.get("content")
         if role in ("system", "user") and content and not earlier:
             lines += [f"## {role}", "", str(content), ""]
         elif role == "assistant":
