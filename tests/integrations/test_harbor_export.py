@@ -232,6 +232,10 @@ def test_the_sidecar_and_the_verifier_score_an_mcp_agent_as_in_process(
         server.wait(timeout=30)
     assert results[-1].structured_content["ended"]
     served = results[-1].structured_content["reward"]
+    # The sidecar's session is a stored episode too: ATIF, named after the MCP client.
+    (session,) = [json.loads(p.read_text()) for p in export_atif(out, tmp_path / "session")]
+    assert session["agent"] == {"name": "scripted-teacher", "version": "1.0"}
+    assert session["extra"]["reward"] == pytest.approx(served)
     # Where Harbor's trial keeps the verifier's folder (TrialPaths: <trial>/verifier).
     trial = tmp_path / "job" / f"{folder.name}__teacher"
     logs = trial / "verifier"
