@@ -1,7 +1,7 @@
 """``bat-gym export``: stored runs and benchmark states in the formats other tools read.
 
 ``export atif RUN_DIR`` writes every stored episode as an ATIF trajectory
-(:mod:`bat_gym.integrations.atif`); ``export harbor`` writes Harbor task folders
+(:mod:`bat_gym.integrations.atif_export`); ``export harbor`` writes Harbor task folders
 (:mod:`bat_gym.integrations.harbor`).
 """
 
@@ -34,7 +34,7 @@ def atif(
     out: Annotated[Path, typer.Option("--out", help="Folder for the .json trajectories.")],
 ) -> None:
     """Write every stored episode of RUN_DIR as an ATIF trajectory (one .json each)."""
-    from bat_gym.integrations.atif import export_atif
+    from bat_gym.integrations.atif_export import export_atif
 
     written = export_atif(run_dir, out)
     typer.echo(f"{len(written)} ATIF trajectories -> {out}")

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from bat_gym.cli import app
 from bat_gym.env import StageEnv
-from bat_gym.integrations.atif import ATIF_VERSION, AtifExportError, export_atif
+from bat_gym.integrations.atif import ATIF_VERSION
+from bat_gym.integrations.atif_export import AtifExportError, export_atif
 from bat_gym.policies import ScriptedPolicy
 from bat_gym.rollout import policy_actor, run_episode
 from bat_gym.rollout.token_episode import EpisodeResult
