@@ -237,6 +237,32 @@ def test_tool_calls_come_back_in_the_openai_format_plain_and_streamed(teacher_ur
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_the_openai_client_reads_the_replies_plain_and_streamed(teacher_url, states):
+    openai = pytest.importorskip("openai", reason="openai comes with the inspect extra (dev)")
+    client = openai.OpenAI(base_url=teacher_url, api_key="unused", max_retries=0)
+    state = states[0]  # E2E: named in metadata, the OpenAI field the client sends as it is
+    messages = [dict(m) for m in state.messages]
+    named = {"metadata": {"state_id": state.state_id}}
+    reply = client.chat.completions.create(model="teacher", messages=messages, **named)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    expected = HERMES.parse(ScriptedPolicy("teacher").act(_scripted_request(state)).text)
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    assert got == [(c.name, c.arguments) for c in expected.calls]
+    assert choice.message.content == (expected.content or None)
+    stream = client.chat.completions.create(
+        model="teacher", messages=messages, stream=True, **named
+    )
+    chunks = list(stream)
+    streamed = [c for ch in chunks for c in (ch.choices[0].delta.tool_calls or [])]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in streamed] == got
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    with pytest.raises(openai.BadRequestError, match="metadata"):
+        client.chat.completions.create(
+            model="teacher", messages=[{"role": "user", "content": "hi"}]
+        )
+
+
 def _scripted_request(state):
     from bat_gym.catalog import get_benchmark
     from bat_gym.policies import EpisodeContext, PolicyRequest
