@@ -94,6 +94,60 @@ def mcp(
         typer.echo(episode.ending(), err=True)
 
 
+@app.command("openenv")
+def openenv(
+    states: Annotated[
+        Path | None,
+        typer.Option(
+            "--states",
+            help="A Stage Bank directory (bank build --out). Default: the benchmark's default "
+            "states, built on first use.",
+        ),
+    ] = None,
+    benchmark: BenchmarkName = None,
+    backend: Backend = "local",
+    port: Annotated[
+        int, typer.Option("--port", min=1, max=65535, help="Serve on 127.0.0.1:PORT.")
+    ] = 8000,
+    max_sessions: Annotated[
+        int,
+        typer.Option(
+            "--max-sessions",
+            min=1,
+            help="Concurrent sessions (WebSocket clients) admitted; each holds one sandbox.",
+        ),
+    ] = 64,
+    budget: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--budget",
+            metavar="NAME=VALUE",
+            help="Override one of the benchmark's budgets (repeatable), e.g. max_turns=2 "
+            "(each step is one turn): " + ", ".join(Budgets.model_fields) + ".",
+        ),
+    ] = None,
+) -> None:
+    """Serve Stage Bank states as an OpenEnv environment (HTTP and WebSocket) until Ctrl-C.
+
+    A client resets a session to a state (reset(state_id=...)) and steps it one tool
+    call at a time; the final step carries the rubric reward, the verdict and the stage
+    scores. OpenEnv's typed client: bat_gym.integrations.openenv_client.BatEnvClient.
+    """
+    from bat_gym.catalog import get_benchmark
+    from bat_gym.integrations.openenv import create_bat_app, serve
+
+    bench = get_benchmark(benchmark)
+    env_kwargs = {
+        "benchmark": bench,
+        "backend": backend,
+        "budgets": _budgets(bench.spec.budgets, budget or []),
+        "states": None if states is None else str(states),
+    }
+    app_ = create_bat_app("bat/E2E-v0", env_kwargs, max_concurrent_envs=max_sessions)
+    typer.echo(f"bat-gym serve openenv: http://127.0.0.1:{port}  (Ctrl-C stops)", err=True)
+    serve(app_, port)
+
+
 def _budgets(default: Budgets, overrides: list[str]) -> Budgets:
     """``default`` with each ``NAME=VALUE`` of ``--budget`` applied, checked by the model."""
     values = default.model_dump()
