@@ -189,6 +189,23 @@ def test_sessions_do_not_see_each_other(e2e_state, stage_state, server) -> None:
     assert (state_b.state_id, state_b.step_count) == (stage_state, 1)
 
 
+def test_sessions_past_the_cap_are_refused(server) -> None:
+    """The server admits --max-sessions (4 here) WebSocket sessions; one more is refused."""
+
+    async def crowd():
+        clients = [BatEnvClient(base_url=server) for _ in range(5)]
+        try:
+            for client in clients[:4]:
+                await client.connect()
+            with pytest.raises(RuntimeError, match="CAPACITY_REACHED"):
+                await clients[4].reset(state_id="any")
+        finally:
+            for client in clients:
+                await client.close()
+
+    asyncio.run(crowd())
+
+
 def test_bad_actions_give_error_observations(toy, toy_bank, e2e_state, server) -> None:
     finish = ToolCall(name="finish", arguments={"summary": "stopping"})
     reward, info = in_process(toy, toy_bank, e2e_state, [finish])
@@ -276,6 +293,7 @@ def test_nemo_gym_openenv_route(toy, toy_bank, e2e_state, monkeypatch) -> None:
         env.close()
 
 
+@pytest.mark.slow  # about 25 s of training on top of the server's start
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers deprecations inside TRL
 def test_grpo_step_with_environment_factory_and_no_rollout_func(
     toy, toy_bank, e2e_state, server, tiny_model_dir, tmp_path, monkeypatch
