@@ -8,7 +8,9 @@ times with a small ``execute_code`` call that writes the session's own token int
 another's token fails the run. The same calls are timed on one in-process env
 (RubricReward around StageEnv), one step after another, as the baseline.
 
-Each step's latency is the client's round trip (send, env step in the sandbox, reply).
+Each step's latency is the client's round trip (send, env step in the sandbox, reply),
+given apart for the ``execute_code`` steps and the ``finish`` step (which runs the
+rubric verifier).
 With more sessions than cores the sandboxes queue for the CPUs, so the server's p50
 grows with the sessions; compare the one-session row with the in-process one for
 the server's own overhead.
@@ -56,7 +58,7 @@ def quantiles(seconds: list[float]) -> tuple[float, float]:
     return statistics.median(ms), p99
 
 
-def in_process(bench, bank, state_ids: list[str], steps: int) -> list[float]:
+def in_process(bench, bank, state_ids: list[str], steps: int) -> list[tuple[str, float]]:
     protocol = get_protocol("hermes")
     env = RubricReward(StageEnv(benchmark=bench, states=bank))
     latencies = []
@@ -67,27 +69,27 @@ def in_process(bench, bank, state_ids: list[str], steps: int) -> list[float]:
                 turn = protocol.render("", [ToolCall(name=action.tool, arguments=action.arguments)])
                 t0 = time.perf_counter()
                 env.step(turn)
-                latencies.append(time.perf_counter() - t0)
+                latencies.append((action.tool, time.perf_counter() - t0))
     finally:
         env.close()
     return latencies
 
 
-async def session(url: str, state_id: str, token: str, steps: int) -> list[float]:
+async def session(url: str, state_id: str, token: str, steps: int) -> list[tuple[str, float]]:
     latencies = []
     async with BatEnvClient(base_url=url, message_timeout_s=600) as env:
         await env.reset(state_id=state_id)
         for action in [token_call(token)] * steps + [FINISH]:
             t0 = time.perf_counter()
             result = await env.step(action)
-            latencies.append(time.perf_counter() - t0)
+            latencies.append((action.tool, time.perf_counter() - t0))
             seen = {w for w in result.observation.text.split() if w.startswith("token_")}
             if seen - {f"token_{token}.txt"}:
                 raise RuntimeError(f"session {token} saw another session's files: {sorted(seen)}")
     return latencies
 
 
-async def sessions(url: str, state_ids: list[str], steps: int) -> list[float]:
+async def sessions(url: str, state_ids: list[str], steps: int) -> list[tuple[str, float]]:
     played = await asyncio.gather(
         *(session(url, s, f"s{i}", steps) for i, s in enumerate(state_ids))
     )
@@ -135,15 +137,18 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=60)
 
-    print(f"{'path':<34}{'steps':>7}{'p50 ms':>10}{'p99 ms':>10}")
+    print(f"{'path':<34}{'step':<14}{'steps':>7}{'p50 ms':>10}{'p99 ms':>10}")
     rows = [
         ("in-process env, one at a time", baseline),
         ("server, 1 session", one),
         (f"server, {args.sessions} concurrent sessions", many),
     ]
+    # execute_code steps run a program; the finish step runs the rubric verifier.
     for name, latencies in rows:
-        p50, p99 = quantiles(latencies)
-        print(f"{name:<34}{len(latencies):>7}{p50:>10.1f}{p99:>10.1f}")
+        for tool in ("execute_code", "finish"):
+            seconds = [t for kind, t in latencies if kind == tool]
+            p50, p99 = quantiles(seconds)
+            print(f"{name:<34}{tool:<14}{len(seconds):>7}{p50:>10.1f}{p99:>10.1f}")
     print(
         f"{args.sessions} sessions x {args.steps + 1} steps in {wall:.1f} s "
         f"({len(many) / wall:.1f} steps/s); no session saw another's files"

@@ -1,4 +1,4 @@
-"""``bat-gym serve``: serve a stage env to agents outside bat_gym (``serve mcp``)."""
+"""``bat-gym serve``: serve a stage env to agents outside bat_gym (``serve mcp``, ``serve openenv``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,24 @@ from bat_gym.spec import Budgets
 
 __all__ = ["app"]
 
+StatesDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--states",
+        help="A Stage Bank directory (bank build --out). Default: the benchmark's default "
+        "states, built on first use.",
+    ),
+]
+BudgetOverrides = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--budget",
+        metavar="NAME=VALUE",
+        help="Override one of the benchmark's budgets (repeatable), e.g. max_turns=2 "
+        "(each tool call is one turn): " + ", ".join(Budgets.model_fields) + ".",
+    ),
+]
+
 app = typer.Typer(
     no_args_is_help=True, help="Serve a stage env to agents that are not bat_gym policies."
 )
@@ -24,14 +42,7 @@ def mcp(
         str,
         typer.Option("--state", help="The state to play, by id (a bank's rows.jsonl lists them)."),
     ],
-    states: Annotated[
-        Path | None,
-        typer.Option(
-            "--states",
-            help="A Stage Bank directory (bank build --out). Default: the benchmark's default "
-            "states, built on first use.",
-        ),
-    ] = None,
+    states: StatesDir = None,
     benchmark: BenchmarkName = None,
     backend: Backend = "local",
     protocol: Annotated[
@@ -59,15 +70,7 @@ def mcp(
             help="Serve streamable HTTP on 127.0.0.1:PORT (at /mcp) instead of stdio.",
         ),
     ] = None,
-    budget: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--budget",
-            metavar="NAME=VALUE",
-            help="Override one of the benchmark's budgets (repeatable), e.g. max_turns=2 "
-            "(each MCP call is one turn): " + ", ".join(Budgets.model_fields) + ".",
-        ),
-    ] = None,
+    budget: BudgetOverrides = None,
 ) -> None:
     """Serve one state's episode as MCP tools: execute_code, finish and the benchmark's own.
 
@@ -96,14 +99,7 @@ def mcp(
 
 @app.command("openenv")
 def openenv(
-    states: Annotated[
-        Path | None,
-        typer.Option(
-            "--states",
-            help="A Stage Bank directory (bank build --out). Default: the benchmark's default "
-            "states, built on first use.",
-        ),
-    ] = None,
+    states: StatesDir = None,
     benchmark: BenchmarkName = None,
     backend: Backend = "local",
     port: Annotated[
@@ -117,15 +113,7 @@ def openenv(
             help="Concurrent sessions (WebSocket clients) admitted; each holds one sandbox.",
         ),
     ] = 64,
-    budget: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--budget",
-            metavar="NAME=VALUE",
-            help="Override one of the benchmark's budgets (repeatable), e.g. max_turns=2 "
-            "(each step is one turn): " + ", ".join(Budgets.model_fields) + ".",
-        ),
-    ] = None,
+    budget: BudgetOverrides = None,
 ) -> None:
     """Serve Stage Bank states as an OpenEnv environment (HTTP and WebSocket) until Ctrl-C.
 
