@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openenv")
+pytest.importorskip(
+    "openenv", reason="the openenv extra has a venv of its own: .ci/venv-openenv.sh"
+)
 
 from bat_gym.env import StageEnv  # noqa: E402
 from bat_gym.integrations.openenv import BatAction, BatObservation, BatOpenEnv  # noqa: E402
