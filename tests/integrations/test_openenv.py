@@ -47,20 +47,6 @@ def scripted_calls(bench, state, script: str) -> list[ToolCall]:
     raise AssertionError(f"the {script} never finishes")
 
 
-def in_process(toy, toy_bank, state_id, calls):
-    """Play ``calls`` one per step in the in-process env; the last step's (reward, info)."""
-    env = RubricReward(StageEnv(benchmark=toy, states=toy_bank))
-    try:
-        env.reset(options={"state_id": state_id})
-        for call in calls:
-            _, reward, terminated, truncated, info = env.step(HERMES.render("", [call]))
-            if terminated or truncated:
-                return reward, info
-        raise AssertionError("the episode did not end")
-    finally:
-        env.close()
-
-
 def assert_scored_as(final: BatObservation, reward: float, verdict) -> None:
     assert final.done and final.error is None
     assert final.reward == pytest.approx(reward, abs=EXACT)
@@ -116,7 +102,7 @@ def server(toy_bank):
 
 
 @pytest.mark.parametrize("script", ["teacher", "naive"])
-def test_client_scores_as_in_process(script, toy, toy_bank, e2e_state, server) -> None:
+def test_client_scores_as_in_process(script, toy, toy_bank, e2e_state, server, in_process) -> None:
     calls = scripted_calls(toy, toy_bank.get(e2e_state), script)
     reward, info = in_process(toy, toy_bank, e2e_state, calls)
     with BatEnvClient(base_url=server).sync() as env:
@@ -208,7 +194,7 @@ def test_sessions_past_the_cap_are_refused(server) -> None:
     asyncio.run(crowd())
 
 
-def test_bad_actions_give_error_observations(toy, toy_bank, e2e_state, server) -> None:
+def test_bad_actions_give_error_observations(toy, toy_bank, e2e_state, server, in_process) -> None:
     finish = ToolCall(name="finish", arguments={"summary": "stopping"})
     reward, info = in_process(toy, toy_bank, e2e_state, [finish])
     with BatEnvClient(base_url=server).sync() as env:
@@ -228,7 +214,9 @@ def test_bad_actions_give_error_observations(toy, toy_bank, e2e_state, server) -
     assert after.error and "ended" in after.error and after.done
 
 
-def test_trl_tool_methods_play_through_the_server(toy, toy_bank, e2e_state, server) -> None:
+def test_trl_tool_methods_play_through_the_server(
+    toy, toy_bank, e2e_state, server, in_process
+) -> None:
     """TRL's environment_factory path: the tool methods' schemas and one teacher episode."""
     pytest.importorskip("transformers")
     from transformers.utils import get_json_schema
@@ -254,7 +242,9 @@ def test_trl_tool_methods_play_through_the_server(toy, toy_bank, e2e_state, serv
         assert_scored_as(environment.observation, reward, info["verdict"])
 
 
-def test_unfinished_rollout_is_finished_for_its_reward(toy, toy_bank, e2e_state) -> None:
+def test_unfinished_rollout_is_finished_for_its_reward(
+    toy, toy_bank, e2e_state, in_process
+) -> None:
     finish = ToolCall(
         name="finish", arguments={"summary": "[the rollout ended without calling finish]"}
     )
@@ -273,7 +263,7 @@ class ToyBankEnv(BatOpenEnv):
     ENV_KWARGS = {"benchmark": "toy_pipeline"}
 
 
-def test_nemo_gym_openenv_route(toy, toy_bank, e2e_state, monkeypatch) -> None:
+def test_nemo_gym_openenv_route(toy, toy_bank, e2e_state, monkeypatch, in_process) -> None:
     """NeMo Gym's OpenEnv resources server (resources_servers/openenv/app.py) builds the
     env_class with no arguments, resets it with the config's reset_kwargs, builds the
     action_class from each "step" tool body and sums the observations' rewards."""
@@ -298,14 +288,14 @@ def test_nemo_gym_openenv_route(toy, toy_bank, e2e_state, monkeypatch) -> None:
 @pytest.mark.slow  # about 25 s of training on top of the server's start
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers deprecations inside TRL
 def test_grpo_step_with_environment_factory_and_no_rollout_func(
-    toy, toy_bank, e2e_state, server, tiny_model_dir, tmp_path, monkeypatch
+    toy, toy_bank, e2e_state, server, tiny_model_dir, tmp_path, monkeypatch, helpers
 ) -> None:
     """One GRPO step of TRL's own tool loop on a tiny model: the environments play the
     server's sessions, the reward is theirs (get_reward), and no rollout_func is given."""
     pytest.importorskip("trl")
     torch = pytest.importorskip("torch")
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
     from trl.chat_template_utils import qwen3_chat_template
 
     from bat_gym.integrations.trl import bat_dataset
@@ -316,24 +306,7 @@ def test_grpo_step_with_environment_factory_and_no_rollout_func(
     # A chat template TRL parses tool calls of (Qwen3's): the tiny model's own ChatML
     # one has no tool syntax TRL knows.
     tokenizer.chat_template = qwen3_chat_template
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=1,
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_completion_length=24,
-        learning_rate=1e-3,
-        beta=0.0,
-        # A random model scores the same in both rollouts, so GRPO's advantages are 0;
-        # the entropy bonus still sends a gradient through the sampled tokens.
-        entropy_coef=0.01,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-    )
+    args = helpers.tiny_grpo_config(tmp_path, max_steps=1, max_completion_length=24)
     with BatToolEnvironments(server, benchmark="toy_pipeline") as environments:
         trainer = GRPOTrainer(
             model=str(tiny_model_dir),
