@@ -1,0 +1,228 @@
+"""The study runner: its config, its units (cache, resume, lock), the token budget, the report."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bat_gym.errors import BatGymError, ConfigError
+from bat_gym.trainers.study.arms import ARMS, composition
+from bat_gym.trainers.study.config import ARM_NAMES, StudyConfig, load_study
+from bat_gym.trainers.study.units import Unit, UnitBusy, run_unit
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDIES = ROOT / "benchmarks" / "studies"
+
+# A study small enough for a test: skill_ladder's short teacher turns, one SFT step.
+MICRO = {
+    "name": "micro",
+    "benchmark": "skill_ladder",
+    "arms": ["sft", "grpo-e2e"],
+    "seeds": 1,
+    "tasks_per_track": 1,
+    "sft_steps": 1,
+    "token_budget": 40,
+    "groups_per_step": 2,
+    "group_size": 2,
+    "rounds": 1,
+    "eval_repeats": 1,
+    "eval_workers": 2,
+    "max_turns": 2,
+    "max_new_tokens": 16,
+}
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"arms": ["sft", "sft"]}, "twice"),
+        ({"arms": ["sft", "ppo"]}, "arms"),
+        ({"token_budget": 0}, "token_budget"),
+        ({"seeds": 0}, "seeds"),
+        ({"grpo": {"target": "S3"}}, "remove them from grpo"),
+        ({"grpo": {"max_generated_tokens": 5}}, "remove them from grpo"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
+def test_a_bad_study_field_is_a_config_error_naming_it(tmp_path, change, names):
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps({**MICRO, **change}))  # JSON is YAML
+    with pytest.raises(ConfigError, match=names) as info:
+        load_study(path)
+    assert isinstance(info.value, BatGymError)
+    assert str(path) in str(info.value)
+
+
+def test_a_missing_or_unreadable_study_file_says_what_to_give(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist; give a YAML file"):
+        load_study(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_study(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping of study fields"):
+        load_study(bad)
+
+
+def test_quick_overrides_the_full_sizes_of_the_shipped_study():
+    full = load_study(STUDIES / "skill_ladder.yaml")
+    quick = load_study(STUDIES / "skill_ladder.yaml", quick=True)
+    assert full.arms == ARM_NAMES and full.seeds >= 5 and full.rounds >= 10
+    assert quick.seeds < full.seeds and quick.token_budget < full.token_budget
+    assert quick.max_new_tokens == full.max_new_tokens  # not in quick: kept
+
+
+def test_every_arm_is_runnable_and_the_pools_fill_each_batch():
+    assert set(ARMS) == set(ARM_NAMES)
+    for arm in ARMS.values():
+        if arm.mix is None:
+            continue
+        for batch in (2, 4, 8):
+            counts = composition(arm.mix, batch)
+            assert sum(counts.values()) == batch
+            # A dropped pool stays dropped; a kept one keeps at least its share's floor.
+            for share, n in zip(arm.mix, counts.values(), strict=True):
+                assert (n == 0) == (share == 0) or batch < 4
+
+
+def test_the_config_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from bat_gym.trainers.study import load_study; "
+        f"load_study({str(STUDIES / 'skill_ladder.yaml')!r}); print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------------------- units
+
+
+def test_a_finished_unit_is_skipped_and_an_interrupted_one_is_redone(tmp_path):
+    calls = []
+
+    def work(path):
+        calls.append(path)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # killed midway: no marker is written
+        return {"value": 1}
+
+    unit = Unit(tmp_path / "u", {"arm": "sft", "seed": 0})
+    with pytest.raises(KeyboardInterrupt):
+        run_unit(unit, work)
+    assert not unit.done and not (unit.path / "metrics.json").exists()
+    assert run_unit(unit, work) == "ran"
+    assert unit.done and unit.metrics() == {"value": 1}
+    assert run_unit(unit, work) == "skipped"
+    assert len(calls) == 2
+
+
+def test_a_unit_held_by_another_process_is_busy_and_other_settings_are_refused(tmp_path):
+    unit = Unit(tmp_path / "u", {"seed": 0})
+    with unit.lock():
+        # A second open file description: what another process would hold.
+        with pytest.raises(UnitBusy, match="another process"), Unit(tmp_path / "u", {}).lock():
+            pass
+        assert run_unit(unit, lambda p: {"x": 1}) == "busy"
+    unit.check_settings()
+    with pytest.raises(ConfigError, match="other seed"):
+        Unit(tmp_path / "u", {"seed": 1}).check_settings()
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _fake_unit(out: Path, arm: str, seed: int, level: float, rounds=()) -> None:
+    """A finished unit's files as run_arm_unit writes them (3 tracks x 4 episodes)."""
+    per_track = {t: [level + d for d in (-0.05, 0.0, 0.0, 0.05)] for t in ("a", "b", "c")}
+    unit = Unit(out / "units" / arm / f"seed-{seed}", {"arm": arm, "seed": seed})
+    unit.check_settings()
+    unit.finish(
+        {
+            "arm": arm, "seed": seed, "checkpoint": "x", "generated_tokens": 100.0,
+            "grpo_steps": 2, "rounds": list(rounds), "train_s": 1.0, "wall_s": 2.0,
+            "overall": level, "task": level, "stages": {"S1": level, "S3": level / 2},
+            "episodes": 12, "finished": 6, "finish_rate": 0.5, "overall_by_track": per_track,
+            "overall_ci": [level - 0.05, level + 0.05], "eval_s": 1.0,
+        }
+    )  # fmt: skip
+
+
+def test_the_report_has_a_row_per_arm_with_ci_bounds_and_the_comparisons(tmp_path):
+    from bat_gym.trainers.study.report import write_report
+
+    (tmp_path / "study.json").write_text(
+        StudyConfig(**{**MICRO, "arms": list(ARM_NAMES)}).model_dump_json()
+    )
+    rounds = [
+        {"round": 0, "target": "S3", "decision": "promote", "raw_overall": 0.6,
+         "retained_overall": 0.6, "stages": {"S1": 0.7, "S3": 0.5}},
+        {"round": 1, "target": "S3", "decision": "hold", "raw_overall": 0.4,
+         "retained_overall": 0.6, "stages": {"S1": 0.5, "S3": 0.3}},
+    ]  # fmt: skip
+    for seed in (0, 1):
+        _fake_unit(tmp_path, "grpo-e2e", seed, 0.3)
+        _fake_unit(tmp_path, "bicurl", seed, 0.6, rounds)
+    res = write_report(tmp_path)
+    assert list(res["arms"]) == ["grpo-e2e", "bicurl"]
+    for row in res["arms"].values():
+        low, high = row["overall_ci"]
+        assert low <= row["overall"] <= high and len(row["seeds"]) == 2
+    diff = res["comparisons"]["bicurl - grpo-e2e"]
+    assert diff["difference"] == pytest.approx(0.3) and diff["excludes_zero"]
+    assert res["bicurl_rounds"]["raw_overall"] == [0.6, 0.4]
+    assert res["bicurl_rounds"]["retained_max_fall"] == 0.0
+    table = (tmp_path / "results.md").read_text()
+    assert "| GRPO E2E-only | 2 | 0.300 | [" in table and "| bicurl - grpo-e2e | +0.300" in table
+    for png in ("overall.png", "bicurl_rounds.png", "bicurl_stages.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------------------- a real study
+
+
+@pytest.mark.slow
+def test_a_micro_study_runs_caches_resumes_and_keeps_the_token_budget(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from bat_gym.trainers.study import runner
+
+    study = StudyConfig(**MICRO)
+    out = tmp_path / "study"
+    first = runner.run_study(study, out)
+    assert first == {"sft/seed-0": "ran", "grpo-e2e/seed-0": "ran"}
+    grpo = runner.unit_dir(out, "grpo-e2e", 0)
+    steps = [json.loads(x) for x in (grpo / "train" / "metrics.jsonl").read_text().splitlines()]
+    spent = sum(s["generated_tokens"] for s in steps)
+    # Stopped by the budget: at least the budget, at most one step's tokens above it.
+    assert study.token_budget <= spent <= study.token_budget + steps[-1]["generated_tokens"]
+    metrics = json.loads((grpo / "metrics.json").read_text())
+    assert metrics["generated_tokens"] == spent and 0 <= metrics["finish_rate"] <= 1
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["arms"]) == {"sft", "grpo-e2e"}
+
+    # A rerun trains nothing: every unit is skipped, no file of a unit changes.
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*") if p.is_file()}
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished unit was run again")
+
+    monkeypatch.setattr(runner, "run_arm_unit", no_training)
+    assert set(runner.run_study(study, out).values()) == {"skipped"}
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    monkeypatch.undo()
+
+    # A unit killed before its marker is redone; GRPO resumes from its last checkpoint.
+    os.remove(grpo / "DONE")
+    again = runner.run_study(study, out)
+    assert again == {"sft/seed-0": "skipped", "grpo-e2e/seed-0": "ran"}
+    lines = (grpo / "train" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == len(steps)  # no step was redone
