@@ -226,3 +226,17 @@ def test_a_micro_study_runs_caches_resumes_and_keeps_the_token_budget(tmp_path, 
     assert again == {"sft/seed-0": "skipped", "grpo-e2e/seed-0": "ran"}
     lines = (grpo / "train" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == len(steps)  # no step was redone
+
+
+def test_bat_gym_view_shows_a_study_table(tmp_path):
+    from bat_gym.trainers.study.report import write_report
+    from bat_gym.viewer import Site
+
+    (tmp_path / "study.json").write_text(StudyConfig(**MICRO).model_dump_json())
+    _fake_unit(tmp_path, "sft", 0, 0.5)
+    write_report(tmp_path)
+    site = Site([tmp_path])
+    assert [r.kind for r in site.runs] == ["study"]
+    site.export(tmp_path.parent / "site")
+    page = (tmp_path.parent / "site" / f"{site.runs[0].id}.html").read_text()
+    assert "SFT</td><td class='num'>1</td><td class='num'>0.500</td>" in page

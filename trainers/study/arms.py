@@ -22,6 +22,7 @@ with a held-out evaluation of its final checkpoint (:func:`held_out`), sampling 
 from __future__ import annotations
 
 import json
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 from bat_gym.trainers.study.config import StudyConfig
 
-__all__ = ["ARMS", "Arm", "composition", "held_out", "run_arm_unit"]
+__all__ = ["ARMS", "Arm", "composition", "cpu_seconds", "held_out", "run_arm_unit"]
 
 PAPER_MIX = (0.5, 0.25, 0.25)
 """BaT's pool proportions: S-target, S-mix, E2E."""
@@ -231,6 +232,17 @@ def _train_bicurl(
     return state.incumbent, rounds
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children (user + system).
+
+    On a shared machine wall time measures the neighbours as much as the work; CPU
+    time does not, and over two cores an idle machine's wall time is about half of it.
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def run_arm_unit(
     study: StudyConfig, arm: Arm, seed: int, unit_dir: Path, *, init: Path, sft: Path, bank: Path
 ) -> dict[str, Any]:
@@ -246,7 +258,7 @@ def run_arm_unit(
         sft: the shared SFT checkpoint every RL arm starts from.
         bank: the Stage Bank the RL arms draw their states from.
     """
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
     rounds: list[dict[str, Any]] = []
     if arm.kind == "eval":
         final = str(init if arm.start == "init" else sft)
@@ -266,5 +278,6 @@ def run_arm_unit(
         "rounds": rounds,
         "train_s": train_s,
         "wall_s": time.perf_counter() - t0,
+        "cpu_s": cpu_seconds() - cpu0,
         **evaluation,
     }

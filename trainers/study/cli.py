@@ -33,7 +33,7 @@ def run(
         ),
     ] = None,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch intra-op threads.")] = 2,
-) -> None:
+) -> Path:
     """Run (or resume) every arm x seed of a study, then write its report.
 
     A finished unit is never rerun; a killed one resumes where its trainer allows.
@@ -55,6 +55,7 @@ def run(
 
     run_study(study, folder, on_unit=line)
     typer.echo(f"report: {folder / 'results.md'}  (bat-gym view {folder})")
+    return folder
 
 
 @study_app.command("report")

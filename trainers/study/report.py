@@ -89,6 +89,7 @@ def _arm_row(name: str, units: list[dict[str, Any]], draws: np.ndarray) -> dict[
         "generated_tokens": _mean([u["generated_tokens"] for u in units]),
         "grpo_steps": _mean([u["grpo_steps"] for u in units]),
         "wall_s": _mean([u["wall_s"] for u in units]),
+        "cpu_s": _mean([u.get("cpu_s") for u in units]),
     }
 
 
@@ -145,8 +146,10 @@ def summarize(out: Path) -> dict[str, Any]:
                 "ci": [low, high],
                 "excludes_zero": low > 0 or high < 0,
             }
+    sft = out / "units" / "sft-train" / METRICS_FILE
     return {
         "study": study["name"],
+        "sft_train": json.loads(sft.read_text(encoding="utf-8")) if sft.is_file() else None,
         "benchmark": study["benchmark"],
         "token_budget": study["token_budget"],
         "arms": {a: _arm_row(a, us, draws[a]) for a, us in units.items()},
@@ -160,6 +163,13 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _sft_line(sft: dict[str, Any] | None) -> str:
+    if sft is None:
+        return "The shared SFT run has not finished."
+    cpu = f", {sft['cpu_s']:.0f} CPU s" if sft.get("cpu_s") is not None else ""
+    return f"The shared set-up and SFT run took {sft['wall_s']:.0f} s{cpu}."
+
+
 def _markdown(res: dict[str, Any]) -> str:
     stages = sorted({s for row in res["arms"].values() for s in row["stages"]})
     lines = [
@@ -169,10 +179,12 @@ def _markdown(res: dict[str, Any]) -> str:
         f"(seeds, then episodes within tracks). Every RL arm starts from the same SFT "
         f"checkpoint with a budget of {res['token_budget']} generated tokens per seed.",
         "",
+        _sft_line(res.get("sft_train")),
+        "",
         "| arm | seeds | Overall | CI | task | "
         + " | ".join(stages)
-        + " | finish rate | gen. tokens | GRPO steps | s/unit |",
-        "|---|---|---|---|---|" + "---|" * len(stages) + "---|---|---|---|",
+        + " | finish rate | gen. tokens | GRPO steps | wall s/unit | CPU s/unit |",
+        "|---|---|---|---|---|" + "---|" * len(stages) + "---|---|---|---|---|",
     ]
     for row in res["arms"].values():
         low, high = row["overall_ci"]
@@ -181,7 +193,7 @@ def _markdown(res: dict[str, Any]) -> str:
             f"[{_fmt(low)}, {_fmt(high)}] | {_fmt(row['task'])} | "
             + " | ".join(_fmt(row["stages"].get(s)) for s in stages)
             + f" | {_fmt(row['finish_rate'], 2)} | {_fmt(row['generated_tokens'], 0)} | "
-            f"{_fmt(row['grpo_steps'], 1)} | {_fmt(row['wall_s'], 0)} |"
+            f"{_fmt(row['grpo_steps'], 1)} | {_fmt(row['wall_s'], 0)} | {_fmt(row['cpu_s'], 0)} |"
         )
     if res["comparisons"]:
         lines += ["", "| comparison | difference | CI | CI excludes 0 |", "|---|---|---|---|"]

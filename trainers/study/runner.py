@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from bat_gym.files import write_atomic
-from bat_gym.trainers.study.arms import ARMS, run_arm_unit
+from bat_gym.trainers.study.arms import ARMS, cpu_seconds, run_arm_unit
 from bat_gym.trainers.study.config import StudyConfig
-from bat_gym.trainers.study.units import Unit, UnitOutcome, run_unit
+from bat_gym.trainers.study.units import Unit, UnitBusy, UnitOutcome, run_unit
 
 __all__ = ["run_study", "unit_dir"]
 
@@ -63,15 +63,19 @@ def _sft_unit(study: StudyConfig, out: Path) -> Path:
     )  # fmt: skip
 
     def work(path: Path) -> dict[str, Any]:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_seconds()
         setup = build_tiny_setup(
             out / "setup", study.benchmark, tasks_per_track=study.tasks_per_track
         )
         final = train_tiny_sft(setup, path / "run", steps=study.sft_steps)
-        return {"checkpoint": str(final), "wall_s": time.perf_counter() - t0}
+        return {
+            "checkpoint": str(final),
+            "wall_s": time.perf_counter() - t0,
+            "cpu_s": cpu_seconds() - cpu0,
+        }
 
     if run_unit(unit, work) == "busy":
-        raise RuntimeError(f"{unit.path} is being trained by another process; rerun after it")
+        raise UnitBusy(f"{unit.path} is being trained by another process; rerun after it")
     return Path(unit.metrics()["checkpoint"])
 
 
