@@ -92,6 +92,16 @@ def test_every_arm_is_runnable_and_the_pools_fill_each_batch():
                 assert (n == 0) == (share == 0) or batch < 4
 
 
+def test_a_batch_too_small_for_an_arms_pools_is_refused_before_any_work(tmp_path):
+    from bat_gym.trainers.study.runner import check_pools, run_study
+
+    check_pools(StudyConfig(**{**MICRO, "arms": ["bicurl"], "groups_per_step": 4}))
+    small = StudyConfig(**{**MICRO, "arms": ["bicurl"], "groups_per_step": 2})
+    with pytest.raises(ConfigError, match="no e2e_per_batch rows .* groups_per_step >= 4"):
+        run_study(small, tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+
+
 def test_the_config_imports_no_torch():
     import subprocess
     import sys

@@ -22,12 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bat_gym.errors import ConfigError
 from bat_gym.files import write_atomic
-from bat_gym.trainers.study.arms import ARMS, cpu_seconds, run_arm_unit
+from bat_gym.trainers.study.arms import ARMS, composition, cpu_seconds, run_arm_unit
 from bat_gym.trainers.study.config import StudyConfig
 from bat_gym.trainers.study.units import Unit, UnitBusy, UnitOutcome, run_unit
 
-__all__ = ["run_study", "unit_dir"]
+__all__ = ["check_pools", "run_study", "unit_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,26 @@ _TRAINING_FIELDS = frozenset(
     {"token_budget", "groups_per_step", "group_size", "rounds", "max_steps_per_round",
      "selector", "round_eval_repeats", "grpo"}
 )  # fmt: skip
+
+
+def check_pools(study: StudyConfig) -> None:
+    """Refuse a batch too small to hold every pool an arm keeps.
+
+    Raises:
+        ConfigError: ``groups_per_step`` rounds one of an arm's pools to no rows.
+    """
+    for name in study.arms:
+        arm = ARMS[name]
+        if arm.mix is None:
+            continue
+        counts = composition(arm.mix, study.groups_per_step)
+        empty = [pool for pool, share, n in zip(counts, arm.mix, counts.values(), strict=True)
+                 if share > 0 and n == 0]  # fmt: skip
+        if empty:
+            raise ConfigError(
+                f"groups_per_step={study.groups_per_step} leaves arm {name} with no "
+                f"{', '.join(empty)} rows ({counts}); give groups_per_step >= 4"
+            )
 
 
 def _unit_settings(study: StudyConfig, arm: str, seed: int) -> dict[str, Any]:
@@ -98,6 +119,7 @@ def run_study(
     """
     from bat_gym.trainers.study.report import write_report
 
+    check_pools(study)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # BiCuRL evaluates in child processes; they read the study's cache too.
