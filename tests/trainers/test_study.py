@@ -250,3 +250,19 @@ def test_bat_gym_view_shows_a_study_table(tmp_path):
     site.export(tmp_path.parent / "site")
     page = (tmp_path.parent / "site" / f"{site.runs[0].id}.html").read_text()
     assert "SFT</td><td class='num'>1</td><td class='num'>0.500</td>" in page
+
+
+def test_a_bicurl_arm_reuses_a_sibling_arms_finished_start_evaluation(tmp_path):
+    from bat_gym.trainers.study.arms import _share_start_evaluation
+
+    units = tmp_path / "units"
+    done = units / "bicurl" / "seed-1" / "train" / "evals" / "start"
+    done.mkdir(parents=True)
+    (done / "aggregates.json").write_text("{}")
+    (units / "bicurl-no-mix" / "seed-1" / "train" / "evals" / "start").mkdir(parents=True)
+    other_seed = units / "bicurl-no-e2e" / "seed-0" / "train"
+    _share_start_evaluation(other_seed)
+    assert not (other_seed / "evals").exists()  # another seed samples other episodes
+    mine = units / "bicurl-no-target" / "seed-1" / "train"
+    _share_start_evaluation(mine)
+    assert (mine / "evals" / "start" / "aggregates.json").is_file()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +194,24 @@ def _train_grpo(study: StudyConfig, arm: Arm, sft: Path, bank: Path, out: Path, 
     return str(train(cfg)["final"])
 
 
+def _share_start_evaluation(out: Path) -> None:
+    """Copy a sibling BiCuRL arm's finished start evaluation (same seed) into ``out``.
+
+    Every BiCuRL-type arm of a seed starts by evaluating the same SFT checkpoint on the
+    same cells with the same sampling seed; the evaluation resumes from finished cells,
+    so with the sibling's cells in place it plays no episode again (its identity check
+    still refuses cells made with other settings).
+    """
+    start = out / "evals" / "start"
+    if start.exists():
+        return
+    units, seed = out.parents[2], out.parent.name
+    for sibling in sorted(units.glob(f"bicurl*/{seed}/train/evals/start")):
+        if (sibling / "aggregates.json").is_file():
+            shutil.copytree(sibling, start)
+            return
+
+
 def _train_bicurl(
     study: StudyConfig, arm: Arm, sft: Path, bank: Path, out: Path, seed: int
 ) -> tuple[str, list[dict[str, Any]]]:
@@ -216,6 +235,7 @@ def _train_bicurl(
         grpo={**grpo, "warmup_steps": min(grpo["warmup_steps"], study.max_steps_per_round)},
         seed=seed,
     )
+    _share_start_evaluation(out)
     state = run_loop(cfg)
     rounds = [
         {
