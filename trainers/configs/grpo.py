@@ -45,11 +45,12 @@ class GRPOConfig(RunConfig):
     steps: int = 50
     """Optimizer steps (BaT: 50 per round)."""
     max_generated_tokens: int | None = None
-    """Stop once the steps so far sampled this many response tokens (tool results not
-    counted), checked before each step, so a run ends within one step's tokens above it;
-    ``steps`` stays the cap. None: run ``steps`` steps. Comparing runs at the same token
-    budget, not the same episode count, keeps a policy that writes long turns from
-    getting more practice."""
+    """Stop at the step boundary nearest this many sampled response tokens (tool results
+    not counted): checked before each step, a run stops once one more step would
+    overshoot by more than it now falls short, so it ends within half a step of the
+    budget (a step as long as the last); ``steps`` stays the cap. None: run ``steps``
+    steps. Comparing runs at the same token budget, not the same episode count, keeps a
+    policy that writes long turns from getting more practice."""
     groups_per_step: int = 8
     """States per step, B (BaT: 8)."""
     group_size: int = 4

@@ -389,9 +389,15 @@ def _steps(
 
 
 def _budget_spent(cfg: GRPOConfig, history: list[dict[str, Any]]) -> bool:
-    """True once the steps so far generated ``max_generated_tokens`` (None: never)."""
+    """True at the step boundary nearest ``max_generated_tokens`` (None: never).
+
+    Stops when one more step (as long as the last) would overshoot the budget by more
+    than the run now falls short of it, so runs cut into rounds miss it by nothing on average.
+    """
+    if cfg.max_generated_tokens is None or not history:
+        return False
     spent = sum(h.get("generated_tokens", 0.0) for h in history)
-    return cfg.max_generated_tokens is not None and spent >= cfg.max_generated_tokens
+    return spent + history[-1].get("generated_tokens", 0.0) / 2 >= cfg.max_generated_tokens
 
 
 def _step(run: _Run, step: int) -> dict[str, Any]:
