@@ -268,3 +268,19 @@ def test_a_bicurl_arm_reuses_a_sibling_arms_finished_start_evaluation(tmp_path):
     mine = units / "bicurl-no-target" / "seed-1" / "train"
     _share_start_evaluation(mine)
     assert (mine / "evals" / "start" / "aggregates.json").is_file()
+
+
+def test_bat_gym_study_report_rebuilds_the_table_and_refuses_a_non_study(tmp_path):
+    from typer.testing import CliRunner
+
+    from bat_gym.cli import app
+
+    (tmp_path / "study.json").write_text(StudyConfig(**MICRO).model_dump_json())
+    _fake_unit(tmp_path, "sft", 0, 0.5)
+    result = CliRunner().invoke(app, ["study", "report", str(tmp_path)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "1 arms ->" in result.output and (tmp_path / "results.md").is_file()
+    result = CliRunner().invoke(app, ["study", "report", str(tmp_path / "units")])
+    assert isinstance(result.exception, ConfigError) and "not a study folder" in str(
+        result.exception
+    )
