@@ -145,7 +145,7 @@ def _grpo_settings(study: StudyConfig, arm: Arm) -> dict[str, Any]:
         "lr": 1e-4,
         "warmup_steps": 4,
         "kl_coef": 0.006,
-        "num_envs": study.groups_per_step * study.group_size,
+        "num_envs": 8,  # episodes at once (one sandbox each), as measured in the learnability runs
         "micro_batch_size": 8,
         "device": "cpu",
         "save_every": 1,  # a killed unit resumes from its last step
