@@ -92,6 +92,28 @@ def test_every_arm_is_runnable_and_the_pools_fill_each_batch():
                 assert (n == 0) == (share == 0) or batch < 4
 
 
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_rl_arm_of_the_shipped_study_makes_a_valid_trainer_config(tmp_path, quick):
+    from bat_gym.trainers.study.arms import bicurl_config, grpo_config
+
+    study = load_study(STUDIES / "skill_ladder.yaml", quick=quick)
+    args = (tmp_path / "sft", tmp_path / "bank", tmp_path / "out", 3)
+    e2e = grpo_config(study, ARMS["grpo-e2e"], *args)
+    assert e2e.max_generated_tokens == study.token_budget and e2e.seed == 3
+    assert e2e.curriculum["e2e_per_batch"] == study.groups_per_step
+    for name in ("bicurl", "bicurl-no-target", "bicurl-no-mix", "bicurl-no-e2e"):
+        cfg = bicurl_config(study, ARMS[name], *args)
+        assert cfg.rounds == study.rounds and cfg.model == str(tmp_path / "sft")
+        round_cfg = cfg.round_grpo(cfg.model, "S3", str(tmp_path / "r"), seed=0)
+        # Each round gets its share of the one budget; the pools follow the arm's mix.
+        assert round_cfg.max_generated_tokens * study.rounds <= study.token_budget
+        assert round_cfg.curriculum == {
+            "batch_size": study.groups_per_step,
+            **composition(ARMS[name].mix, study.groups_per_step),
+        }
+        assert round_cfg.lr == e2e.lr and round_cfg.group_size == e2e.group_size
+
+
 def test_a_batch_too_small_for_an_arms_pools_is_refused_before_any_work(tmp_path):
     from bat_gym.trainers.study.runner import check_pools, run_study
 

@@ -31,7 +31,16 @@ from typing import Any, Literal
 
 from bat_gym.trainers.study.config import StudyConfig
 
-__all__ = ["ARMS", "Arm", "composition", "cpu_seconds", "held_out", "run_arm_unit"]
+__all__ = [
+    "ARMS",
+    "Arm",
+    "bicurl_config",
+    "composition",
+    "cpu_seconds",
+    "grpo_config",
+    "held_out",
+    "run_arm_unit",
+]
 
 PAPER_MIX = (0.5, 0.25, 0.25)
 """BaT's pool proportions: S-target, S-mix, E2E."""
@@ -174,8 +183,9 @@ def _generated_tokens(run_dir: Path) -> tuple[float, int]:
     return tokens, steps
 
 
-def _train_grpo(study: StudyConfig, arm: Arm, sft: Path, bank: Path, out: Path, seed: int) -> str:
-    from bat_gym.trainers.grpo import GRPOConfig, train
+def grpo_config(study: StudyConfig, arm: Arm, sft: Path, bank: Path, out: Path, seed: int) -> Any:
+    """The :class:`~bat_gym.trainers.configs.GRPOConfig` of a GRPO arm's unit."""
+    from bat_gym.trainers.configs import GRPOConfig
 
     settings = _grpo_settings(study, arm)
     steps = study.max_steps_per_round * study.rounds  # a cap: the token budget ends the run
@@ -190,8 +200,32 @@ def _train_grpo(study: StudyConfig, arm: Arm, sft: Path, bank: Path, out: Path, 
         max_generated_tokens=study.token_budget,
         seed=seed,
     )
-    cfg = GRPOConfig(**settings)
-    return str(train(cfg)["final"])
+    return GRPOConfig(**settings)
+
+
+def bicurl_config(study: StudyConfig, arm: Arm, sft: Path, bank: Path, out: Path, seed: int) -> Any:
+    """The :class:`~bat_gym.trainers.configs.BiCuRLConfig` of a BiCuRL-type arm's unit."""
+    from bat_gym.trainers.configs import BiCuRLConfig
+
+    grpo = {**_grpo_settings(study, arm), "max_generated_tokens": study.round_tokens}
+    grpo.pop("benchmark")
+    grpo["warmup_steps"] = min(grpo["warmup_steps"], study.max_steps_per_round)
+    return BiCuRLConfig(
+        model=str(sft),
+        output_dir=str(out),
+        benchmark=study.benchmark,
+        bank=str(bank),
+        rounds=study.rounds,
+        steps_per_round=study.max_steps_per_round,
+        eval_repeats=study.round_eval_repeats or study.eval_repeats,
+        eval_workers=study.eval_workers,
+        eval_max_turns=study.max_turns,
+        eval_max_new_tokens=study.max_new_tokens,
+        eval_temperature=study.temperature,
+        selector=study.selector,
+        grpo=grpo,
+        seed=seed,
+    )
 
 
 def _share_start_evaluation(out: Path) -> None:
@@ -215,26 +249,9 @@ def _share_start_evaluation(out: Path) -> None:
 def _train_bicurl(
     study: StudyConfig, arm: Arm, sft: Path, bank: Path, out: Path, seed: int
 ) -> tuple[str, list[dict[str, Any]]]:
-    from bat_gym.trainers.bicurl import BiCuRLConfig, run_loop
+    from bat_gym.trainers.bicurl import run_loop
 
-    grpo = {**_grpo_settings(study, arm), "max_generated_tokens": study.round_tokens}
-    grpo.pop("benchmark")
-    cfg = BiCuRLConfig(
-        model=str(sft),
-        output_dir=str(out),
-        benchmark=study.benchmark,
-        bank=str(bank),
-        rounds=study.rounds,
-        steps_per_round=study.max_steps_per_round,
-        eval_repeats=study.round_eval_repeats or study.eval_repeats,
-        eval_workers=study.eval_workers,
-        eval_max_turns=study.max_turns,
-        eval_max_new_tokens=study.max_new_tokens,
-        eval_temperature=study.temperature,
-        selector=study.selector,
-        grpo={**grpo, "warmup_steps": min(grpo["warmup_steps"], study.max_steps_per_round)},
-        seed=seed,
-    )
+    cfg = bicurl_config(study, arm, sft, bank, out, seed)
     _share_start_evaluation(out)
     state = run_loop(cfg)
     rounds = [
@@ -283,7 +300,10 @@ def run_arm_unit(
     if arm.kind == "eval":
         final = str(init if arm.start == "init" else sft)
     elif arm.kind == "grpo":
-        final = _train_grpo(study, arm, sft, bank, unit_dir / "train", seed)
+        from bat_gym.trainers.grpo import train
+
+        cfg = grpo_config(study, arm, sft, bank, unit_dir / "train", seed)
+        final = str(train(cfg)["final"])
     else:
         final, rounds = _train_bicurl(study, arm, sft, bank, unit_dir / "train", seed)
     train_s = time.perf_counter() - t0
