@@ -16,7 +16,7 @@ Every RL arm starts from the same SFT checkpoint and stops at the same number of
 generated tokens (:attr:`~bat_gym.trainers.configs.GRPOConfig.max_generated_tokens`);
 a dropped pool's share goes to the others in proportion to theirs. Each unit ends
 with a held-out evaluation of its final checkpoint (:func:`held_out`), sampling seed
-``seed``: the same cells for every arm.
+``FINAL_EVAL_SEED + seed``: the same cells for every arm.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ __all__ = [
     "held_out",
     "run_arm_unit",
 ]
+
+FINAL_EVAL_SEED = 10_000
+"""Added to a unit's seed for its final evaluation's sampling. BiCuRL's gate evaluates
+with the unit's seed itself; sampling the final evaluation otherwise keeps the
+promoted checkpoint from being scored on the very episodes that promoted it."""
 
 PAPER_MIX = (0.5, 0.25, 0.25)
 """BaT's pool proportions: S-target, S-mix, E2E."""
@@ -308,7 +313,7 @@ def run_arm_unit(
         final, rounds = _train_bicurl(study, arm, sft, bank, unit_dir / "train", seed)
     train_s = time.perf_counter() - t0
     tokens, steps = _generated_tokens(unit_dir / "train")
-    evaluation = held_out(final, unit_dir / "eval", study, seed)
+    evaluation = held_out(final, unit_dir / "eval", study, FINAL_EVAL_SEED + seed)
     return {
         "arm": arm.name,
         "seed": seed,

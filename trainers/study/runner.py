@@ -75,7 +75,8 @@ def _unit_settings(study: StudyConfig, arm: str, seed: int) -> dict[str, Any]:
 
 def _sft_unit(study: StudyConfig, out: Path) -> Path:
     """The shared SFT checkpoint (a unit of its own); its final folder."""
-    from bat_gym.trainers.tiny_sft import build_tiny_setup, train_tiny_sft
+    from bat_gym.trainers.sft import train
+    from bat_gym.trainers.tiny_sft import build_tiny_setup, tiny_sft_config
 
     unit = Unit(
         out / "units" / "sft-train",
@@ -88,7 +89,9 @@ def _sft_unit(study: StudyConfig, out: Path) -> Path:
         setup = build_tiny_setup(
             out / "setup", study.benchmark, tasks_per_track=study.tasks_per_track
         )
-        final = train_tiny_sft(setup, path / "run", steps=study.sft_steps)
+        # Checkpointed every 25 steps, so a killed SFT run resumes (the recipe saves none).
+        cfg = tiny_sft_config(setup, path / "run", steps=study.sft_steps, save_every=25)
+        final = Path(train(cfg)["final_dir"])
         return {
             "checkpoint": str(final),
             "wall_s": time.perf_counter() - t0,
