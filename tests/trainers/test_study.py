@@ -306,3 +306,18 @@ def test_bat_gym_study_report_rebuilds_the_table_and_refuses_a_non_study(tmp_pat
     assert isinstance(result.exception, ConfigError) and "not a study folder" in str(
         result.exception
     )
+
+
+def test_an_arm_without_a_scored_episode_has_no_interval_and_no_comparison(tmp_path):
+    from bat_gym.trainers.study.report import write_report
+
+    (tmp_path / "study.json").write_text(StudyConfig(**MICRO).model_dump_json())
+    _fake_unit(tmp_path, "sft", 0, 0.5)
+    unit = Unit(tmp_path / "units" / "baseline" / "seed-0", {})
+    unit.check_settings()
+    unit.finish({**json.loads((tmp_path / "units/sft/seed-0/metrics.json").read_text()),
+                 "arm": "baseline", "overall": None, "overall_by_track": {"a": [], "b": []}})  # fmt: skip
+    res = write_report(tmp_path)
+    assert res["arms"]["baseline"]["overall_ci"] == [None, None]
+    assert "sft - baseline" not in res["comparisons"]
+    assert "| Baseline (no training) | 1 | - | [-, -] |" in (tmp_path / "results.md").read_text()

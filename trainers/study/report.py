@@ -52,8 +52,14 @@ def read_units(out: Path) -> dict[str, list[dict[str, Any]]]:
     return {a: sorted(units[a], key=lambda m: m["seed"]) for a in order}
 
 
-def arm_draws(units: list[dict[str, Any]], rng: np.random.Generator) -> np.ndarray:
-    """Bootstrap draws of an arm's held-out Overall -> ``(RESAMPLES,)`` (see the module)."""
+def arm_draws(units: list[dict[str, Any]], rng: np.random.Generator) -> np.ndarray | None:
+    """Bootstrap draws of an arm's held-out Overall -> ``(RESAMPLES,)`` (see the module).
+
+    Units without a scored episode are left out; None when no unit has one.
+    """
+    units = [u for u in units if any(u["overall_by_track"].values())]
+    if not units:
+        return None
     # per_seed[s] -> (RESAMPLES,): seed s's mean of track means in each draw
     per_seed = []
     for unit in units:
@@ -65,7 +71,9 @@ def arm_draws(units: list[dict[str, Any]], rng: np.random.Generator) -> np.ndarr
     return stacked[chosen, np.arange(RESAMPLES)[:, None]].mean(axis=1)
 
 
-def _quantiles(draws: np.ndarray) -> list[float]:
+def _quantiles(draws: np.ndarray | None) -> list[float | None]:
+    if draws is None:
+        return [None, None]
     low, high = np.quantile(draws, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     return [float(low), float(high)]
 
@@ -75,7 +83,7 @@ def _mean(values: list[float | None]) -> float | None:
     return statistics.fmean(kept) if kept else None
 
 
-def _arm_row(name: str, units: list[dict[str, Any]], draws: np.ndarray) -> dict[str, Any]:
+def _arm_row(name: str, units: list[dict[str, Any]], draws: np.ndarray | None) -> dict[str, Any]:
     stages = sorted({s for u in units for s in u["stages"]})
     return {
         "label": ARMS[name].label,
@@ -135,13 +143,13 @@ def summarize(out: Path) -> dict[str, Any]:
     study = json.loads((out / "study.json").read_text(encoding="utf-8"))
     comparisons = {}
     for arm, other in COMPARISONS:
-        if arm in draws and other in draws:
-            diff = draws[arm] - draws[other]
-            low, high = _quantiles(diff)
+        a, b = draws.get(arm), draws.get(other)
+        if a is not None and b is not None:
+            low, high = _quantiles(a - b)
             comparisons[f"{arm} - {other}"] = {
                 "difference": float(
-                    statistics.fmean(u["overall"] for u in units[arm])
-                    - statistics.fmean(u["overall"] for u in units[other])
+                    _mean([u["overall"] for u in units[arm]])
+                    - _mean([u["overall"] for u in units[other]])
                 ),
                 "ci": [low, high],
                 "excludes_zero": low > 0 or high < 0,
