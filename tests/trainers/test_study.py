@@ -321,3 +321,32 @@ def test_an_arm_without_a_scored_episode_has_no_interval_and_no_comparison(tmp_p
     assert res["arms"]["baseline"]["overall_ci"] == [None, None]
     assert "sft - baseline" not in res["comparisons"]
     assert "| Baseline (no training) | 1 | - | [-, -] |" in (tmp_path / "results.md").read_text()
+
+
+def test_a_second_process_waits_for_the_shared_sft_run_then_uses_it(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from bat_gym.trainers.study import runner
+
+    monkeypatch.setattr(runner, "_WAIT_S", 0.05)
+    study = StudyConfig(**MICRO)
+    other = runner.sft_unit(study, tmp_path)
+    other.check_settings()
+    locked, release = threading.Event(), threading.Event()
+
+    def first_process():
+        with Unit(other.path, other.settings).lock():  # its own open file description
+            locked.set()
+            release.wait(5)
+            other.finish({"checkpoint": str(tmp_path / "ck")})
+
+    thread = threading.Thread(target=first_process)
+    thread.start()
+    locked.wait(5)
+    threading.Timer(0.3, release.set).start()
+    t0 = time.perf_counter()
+    # Had it not waited, it would have built a bank and trained (seconds, and no "ck").
+    assert runner._sft_unit(study, tmp_path) == tmp_path / "ck"
+    assert time.perf_counter() - t0 >= 0.25
+    thread.join()

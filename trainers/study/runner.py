@@ -26,11 +26,14 @@ from bat_gym.errors import ConfigError
 from bat_gym.files import write_atomic
 from bat_gym.trainers.study.arms import ARMS, composition, cpu_seconds, run_arm_unit
 from bat_gym.trainers.study.config import StudyConfig
-from bat_gym.trainers.study.units import Unit, UnitBusy, UnitOutcome, run_unit
+from bat_gym.trainers.study.units import Unit, UnitOutcome, run_unit
 
-__all__ = ["check_pools", "run_study", "unit_dir"]
+__all__ = ["check_pools", "run_study", "sft_unit", "unit_dir"]
 
 log = logging.getLogger(__name__)
+
+_WAIT_S = 30.0
+"""Seconds between looks at a unit another process holds (the shared SFT run)."""
 
 
 def unit_dir(out: Path, arm: str, seed: int) -> Path:
@@ -73,16 +76,22 @@ def _unit_settings(study: StudyConfig, arm: str, seed: int) -> dict[str, Any]:
     return {"arm": arm, "seed": seed, **study.model_dump(exclude=skip)}
 
 
+def sft_unit(study: StudyConfig, out: Path) -> Unit:
+    """The unit of the shared SFT run: what it depends on, where it lives."""
+    settings = {
+        "benchmark": study.benchmark,
+        "tasks_per_track": study.tasks_per_track,
+        "sft_steps": study.sft_steps,
+    }
+    return Unit(out / "units" / "sft-train", settings)
+
+
 def _sft_unit(study: StudyConfig, out: Path) -> Path:
     """The shared SFT checkpoint (a unit of its own); its final folder."""
     from bat_gym.trainers.sft import train
     from bat_gym.trainers.tiny_sft import build_tiny_setup, tiny_sft_config
 
-    unit = Unit(
-        out / "units" / "sft-train",
-        {"benchmark": study.benchmark, "tasks_per_track": study.tasks_per_track,
-         "sft_steps": study.sft_steps},
-    )  # fmt: skip
+    unit = sft_unit(study, out)
 
     def work(path: Path) -> dict[str, Any]:
         t0, cpu0 = time.perf_counter(), cpu_seconds()
@@ -98,8 +107,10 @@ def _sft_unit(study: StudyConfig, out: Path) -> Path:
             "cpu_s": cpu_seconds() - cpu0,
         }
 
-    if run_unit(unit, work) == "busy":
-        raise UnitBusy(f"{unit.path} is being trained by another process; rerun after it")
+    # Every arm needs the checkpoint: a second process waits for the first to train it.
+    while run_unit(unit, work) == "busy":
+        log.info("%s: another process trains the SFT checkpoint; waiting", unit.path)
+        time.sleep(_WAIT_S)
     return Path(unit.metrics()["checkpoint"])
 
 
