@@ -207,3 +207,21 @@ def test_vf_eval_scores_held_out_states_as_the_native_env(policy, toy, tmp_path)
     rewards = [t["rewards"]["rubric_reward"]["score"] for t in traces]
     # The two policies are told apart: the teacher wins every state, the naive baseline none.
     assert all(r == 1.0 for r in rewards) if policy == "teacher" else all(r < 1.0 for r in rewards)
+
+
+def test_the_prime_rl_entries_in_the_docs_are_verifiers_env_configs():
+    import tomllib
+
+    from bat_gym.integrations.verifiers import StageTasksetConfig
+
+    page = (Path(__file__).parents[2] / "docs" / "verifiers.md").read_text()
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", page, re.S) if "[orchestrator" in b]
+    orchestrator = tomllib.loads(block)["orchestrator"]
+    entries = orchestrator["train"]["env"] + orchestrator["eval"]["env"]
+    assert len(entries) == 2
+    for entry in entries:
+        # `name` is prime-rl's own key; the rest is the verifiers env config.
+        config = vf.resolve_env_config({k: v for k, v in entry.items() if k != "name"})
+        assert isinstance(config.taskset, StageTasksetConfig)
+        assert environment_class(config.taskset.id) is StageEpisodes
+    assert entries[0]["taskset"]["bank"] == "banks/toy"
