@@ -28,16 +28,17 @@ if [ -z "$python" ]; then
     exit 1
 fi
 
-start=$(date +%s)
-if [ ! -x "$venv/bin/vf-eval" ]; then
-    "$python" -m venv "$venv"
-    "$venv/bin/pip" install -q --upgrade pip >/dev/null
-fi
-"$venv/bin/pip" install -q -e '.[verifiers,test]'
-echo "venv-verifiers: installed in $(( $(date +%s) - start )) s"
-
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
+start=$(date +%s)
+# pip's output only when it fails (setuptools warns at length on every editable build).
+if ! { [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"; } >"$log" 2>&1 \
+    || ! "$venv/bin/pip" install -q -e '.[verifiers,test]' >>"$log" 2>&1; then
+    cat "$log" >&2
+    echo "venv-verifiers: the venv could not be built" >&2
+    exit 1
+fi
+echo "venv-verifiers: installed in $(( $(date +%s) - start )) s"
 # -m "": the slow end-to-end tests too (the default run leaves them out). A failure ends
 # the script here (pipefail).
 "$venv/bin/python" -m pytest tests/integrations/test_verifiers.py -m "" -n 0 -rs \

@@ -106,6 +106,15 @@ class StageData(vf.TaskData):
 class StageTask(vf.Task[StageData]):
     """A Stage Bank state; scored by the rubric verdict the harness left on the trace."""
 
+    @property
+    def key(self) -> str:
+        """The task's durable identity: its ``state_id``.
+
+        Unique in a bank and in a benchmark's held-out states; the default, a hash of
+        the task data, changes with the task's ``idx``.
+        """
+        return self.data.state_id
+
     @vf.reward
     async def rubric_reward(self, trace: vf.Trace) -> float:
         """The rubric reward of the episode, in [0, 1].
@@ -282,8 +291,7 @@ def _play(task: StageData, client: openai.OpenAI, model: str, backend: str) -> d
 
 def _episode_env(task: StageData, backend: str) -> tuple[Any, Any]:
     """The rubric-scored env for ``task``, and the temporary directory of its held-out state."""
-    kwargs: dict[str, Any] = {"benchmark": task.benchmark, "backend": backend}
-    kwargs["protocol"] = PROTOCOL
+    kwargs: dict[str, Any] = {"benchmark": task.benchmark, "backend": backend, "protocol": PROTOCOL}
     if task.bank is not None:
         return make_env(ENV_ID, {**kwargs, "states": task.bank}), None
     if task.track is None or task.seed is None:

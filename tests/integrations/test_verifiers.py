@@ -71,7 +71,7 @@ def test_bank_states_become_serializable_tasks(toy_bank):
         wire = json.loads(t.data.model_dump_json())
         assert wire["bank"] == str(Path(toy_bank.root).resolve())
         assert wire["benchmark"] == "toy_pipeline" and wire["id"] == t.data.state_id
-    assert len({t.key for t in tasks}) == len(tasks)
+    assert [t.key for t in tasks] == [t.data.state_id for t in tasks]
 
 
 def test_held_out_tasks_name_their_track_and_seed(toy):
