@@ -12,22 +12,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv-verifiers}"
 
+# The first interpreter that runs and is 3.11 to 3.14 (a pyenv shim may exist and refuse).
 python=""
-for candidate in python3.12 python3.13 python3.11 python3; do
-    if command -v "$candidate" >/dev/null \
-        && "$candidate" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 15))'; then
+pyenv_312="$(ls -d "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.12*/bin/python \
+    2>/dev/null | tail -n 1 || true)"
+for candidate in python3.12 "$pyenv_312" python3.13 python3.11 python3; do
+    if [ -n "$candidate" ] && "$candidate" -c \
+        'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 15))' 2>/dev/null; then
         python="$candidate"
         break
     fi
 done
-if [ -z "$python" ] && command -v pyenv >/dev/null; then
-    python="$(pyenv which python3.12 2>/dev/null || true)"
-fi
 if [ -z "$python" ]; then
     echo "venv-verifiers: verifiers 0.4 needs Python 3.11 to 3.14; none found" >&2
     exit 1
 fi
 
+echo "venv-verifiers: $("$python" --version) ($python)"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 start=$(date +%s)
