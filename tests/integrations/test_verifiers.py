@@ -118,9 +118,9 @@ def _free_port() -> int:
 class _Server:
     """``bat-gym serve-policy`` as a user starts it, until closed."""
 
-    def __init__(self, policy: str, benchmark: str) -> None:
-        args = [str(BIN / "bat-gym"), "serve-policy", "--policy", policy]
-        args += ["--benchmark", benchmark, "--port", str(_free_port())]
+    def __init__(self, policy: str, *states: str) -> None:
+        args = [str(BIN / "bat-gym"), "serve-policy", "--policy", policy, *states]
+        args += ["--port", str(_free_port())]
         self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.url: str | None = None
@@ -166,16 +166,22 @@ def _vf_eval(url: str, out: Path, *options: str) -> list[dict]:
 def _native(bench, policy: str, track: str, seed: int, tmp: Path) -> dict:
     """The policy's episode of the held-out task in the in-process env: its scores."""
     from bat_gym.bank import task_states
-    from bat_gym.evaluation.harness import play_episode
-    from bat_gym.policies import make_policy
     from bat_gym.sandbox.snapshot import BlobStore
 
     source = task_states(bench, [(track, seed)], "heldout", BlobStore(tmp))
     (state_id,) = source.select()
-    env = RubricReward(StageEnv("E2E", benchmark=bench, states=source))
+    return _native_play(bench, policy, source, state_id)
+
+
+def _native_play(bench, policy: str, states, state_id: str) -> dict:
+    """The policy's episode from ``state_id`` in the in-process env: its scores."""
+    from bat_gym.evaluation.harness import play_episode
+    from bat_gym.policies import make_policy
+
+    env = RubricReward(StageEnv("E2E", benchmark=bench, states=states))
     agent = make_policy(policy)
     try:
-        info, _ = play_episode(env, agent, source.get(state_id), bench)
+        info, _ = play_episode(env, agent, states.get(state_id), bench)
         return episode_scores(info, info["turns"])
     finally:
         env.close()
@@ -185,7 +191,7 @@ def _native(bench, policy: str, track: str, seed: int, tmp: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["teacher", "naive"])
 def test_vf_eval_scores_held_out_states_as_the_native_env(policy, toy, tmp_path):
-    server = _Server(policy, "toy_pipeline")
+    server = _Server(policy, "--benchmark", "toy_pipeline")
     try:
         traces = _vf_eval(server.url, tmp_path / "vf", "--env.taskset.repeats", "1")
     finally:
@@ -207,6 +213,24 @@ def test_vf_eval_scores_held_out_states_as_the_native_env(policy, toy, tmp_path)
     rewards = [t["rewards"]["rubric_reward"]["score"] for t in traces]
     # The two policies are told apart: the teacher wins every state, the naive baseline none.
     assert all(r == 1.0 for r in rewards) if policy == "teacher" else all(r < 1.0 for r in rewards)
+
+
+@pytest.mark.slow
+def test_vf_eval_plays_a_bank_state_from_its_stage_as_the_native_env(toy, toy_bank, tmp_path):
+    # A mid-episode state (S3): its history is replayed to the model, the env resumes there.
+    state_id = toy_bank.select(focus="S3")[0]
+    server = _Server("teacher", "--bank", str(toy_bank.root))
+    try:
+        options = ["--env.taskset.bank", str(toy_bank.root), "--env.taskset.focus", "S3"]
+        (trace,) = _vf_eval(server.url, tmp_path / "vf", *options, "--select.include.ids", state_id)
+    finally:
+        server.close()
+    assert trace["ok"], trace["errors"]
+    native = _native_play(toy, "teacher", toy_bank, state_id)
+    assert trace["info"]["bat_gym"]["state_id"] == state_id
+    assert abs(trace["rewards"]["rubric_reward"]["score"] - native["reward"]) <= TOL
+    expected = {k: v for k, v in native["scores"].items() if v is not None}
+    assert trace["metrics"] == pytest.approx(expected, abs=TOL)
 
 
 def test_the_prime_rl_entries_in_the_docs_are_verifiers_env_configs():
