@@ -1,12 +1,13 @@
 """The reference pages for benchmark authors, generated from the code they describe.
 
-Three Markdown pages under ``docs/reference/``:
+Four Markdown pages under ``docs/reference/``:
 
 * ``contracts.md``: the rubric contract schema, from the pydantic models of
   :mod:`bat_gym.rubrics.contract` (every field's type, default, constraints and
   description) and the models check arguments use;
 * ``checks.md``: every built-in rubric check, from the check registry (its docstring,
   each argument's type, default and constraints, and whether it rests on evidence);
+* ``cli.md``: every ``bat-gym`` command, from the command line's own definitions;
 * ``benchmark.md``: the :class:`~bat_gym.benchmark.Benchmark` class an author subclasses
   (what must be implemented, what may be overridden) and the spec models.
 
@@ -36,6 +37,7 @@ __all__ = [
     "PAGES",
     "benchmark_page",
     "checks_page",
+    "cli_page",
     "contracts_page",
     "main",
     "render",
@@ -390,10 +392,57 @@ def _attribute_docs(owner: type | types.ModuleType, indent: str = "    ") -> dic
     return found
 
 
+def _cli_section(path: str, command: Any, level: int) -> str:
+    """One command: its help, its usage and a table of its arguments and options."""
+    ctx = command.context_class(command, info_name=path.rsplit(" ", 1)[-1])
+    rows = []
+    for param in command.params:
+        record = param.get_help_record(ctx)
+        if record is None:  # a hidden option
+            continue
+        name, text = record
+        rows.append(f"| `{_cell(name)}` | {_no_pipes(_cell(text))} |")
+    usage = command.get_usage(ctx).replace("Usage: ", "", 1).split(" ", 1)[-1]
+    text = f"{'#' * level} `{path}`\n\n{_markdown(command.help)}\n\n    {path} {usage}\n"
+    if rows:
+        text += "\n| argument or option | meaning |\n|---|---|\n" + "\n".join(rows) + "\n"
+    return text
+
+
+def cli_page() -> str:
+    """Every ``bat-gym`` command bat_gym declares, with its arguments and options.
+
+    Commands other distributions add (plugins) stay out, so the page does not depend on
+    what else is installed.
+    """
+    import typer
+
+    from bat_gym.cli import COMMANDS, app
+
+    root = typer.main.get_command(app)
+    sections = []
+    for name in sorted(root.commands):
+        point = COMMANDS.entry_point(name)
+        if getattr(point.dist, "name", None) != "bat-gym":
+            continue
+        command = root.commands[name]
+        sections.append(_cli_section(f"bat-gym {name}", command, 2))
+        for sub in sorted(getattr(command, "commands", {})):
+            sections.append(_cli_section(f"bat-gym {name} {sub}", command.commands[sub], 3))
+    return (
+        _HEADER
+        + "# Command line\n\n"
+        + "Every command prints this with `--help`; a command whose extra is not installed "
+        + "says in one line what to install.\n\n"
+        + "\n".join(sections)
+    )
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "contracts.md": contracts_page,
     "checks.md": checks_page,
     "benchmark.md": benchmark_page,
+    "cli.md": cli_page,
 }
 
 

@@ -24,6 +24,7 @@ its entry points name; ``bat-gym plugins`` lists what is installed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -370,28 +371,50 @@ def _target_of(plugin: Any) -> str:
 # -- what is installed ----------------------------------------------------------------
 
 _Declared = dict[str, dict[str, list[EntryPoint]]]  # group -> name -> entry points
-_PathKey = tuple[tuple[str, int | None], ...]
+_Metadata = frozenset[tuple[str, int]]
+_PathKey = tuple[tuple[str, _Metadata], ...]
 _scan: tuple[_PathKey, _Declared] | None = None
+# Per sys.path entry: its modification time when last listed, and its metadata folders.
+_listed: dict[str, tuple[int | None, _Metadata]] = {}
+_METADATA_SUFFIXES = (".dist-info", ".egg-info")
+
+
+def _metadata_of(entry: str) -> _Metadata:
+    """The distribution metadata folders in one ``sys.path`` entry, with their mtimes.
+
+    An entry's own mtime changes with any file made in it (the working directory, a
+    script's folder under a busy temp dir), so it only says when to list it again;
+    the metadata folders say whether what is installed changed.
+    """
+    try:
+        mtime: int | None = os.stat(entry or ".").st_mtime_ns
+    except OSError:
+        mtime = None
+    cached = _listed.get(entry)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    found: _Metadata = frozenset()
+    if mtime is not None:
+        with contextlib.suppress(OSError), os.scandir(entry or ".") as it:
+            found = frozenset(
+                (e.name, e.stat().st_mtime_ns) for e in it if e.name.endswith(_METADATA_SUFFIXES)
+            )
+    _listed[entry] = (mtime, found)
+    return found
 
 
 def _path_key() -> _PathKey:
-    """Each ``sys.path`` entry with its modification time (None where it is missing)."""
-    key = []
-    for entry in sys.path:
-        try:
-            key.append((entry, os.stat(entry or ".").st_mtime_ns))
-        except OSError:
-            key.append((entry, None))
-    return tuple(key)
+    """Each ``sys.path`` entry with the distribution metadata it holds."""
+    return tuple((entry, _metadata_of(entry)) for entry in sys.path)
 
 
 def _declared() -> _Declared:
     """Every installed entry point, by group and name: one scan while ``sys.path`` holds.
 
-    Reading every distribution's metadata takes milliseconds, and the command line
-    lists several kinds at start-up. Installing a distribution adds a folder to a
-    ``sys.path`` entry (changing its modification time) or adds an entry, and either
-    makes the next call scan again.
+    Reading every distribution's metadata takes tens of milliseconds, and an env's
+    first reset looks plugins up dozens of times. Installing a distribution adds or
+    replaces a metadata folder in a ``sys.path`` entry, or adds an entry, and either
+    makes the next call scan again; other files coming and going do not.
     """
     global _scan
     key = _path_key()

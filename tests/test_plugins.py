@@ -308,3 +308,24 @@ def test_a_kind_no_distribution_declares_says_to_reinstall_bat_gym(monkeypatch):
         Registry("bat_gym.checks")["file_exists"]
     with pytest.raises(PluginNotFound):  # a kind of another package: simply not found
         Registry("acme.tests.empty")["file_exists"]
+
+
+def test_entry_points_are_read_again_only_when_installed_metadata_changes(tmp_path, monkeypatch):
+    """Files coming and going in a sys.path entry (the working directory) cost no rescan."""
+    reads = []
+    real = plugins.entry_points
+    monkeypatch.setattr(plugins, "entry_points", lambda: reads.append(1) or real())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins._declared()
+    before = len(reads)
+    for i in range(5):  # a busy folder: its mtime changes, its metadata does not
+        (tmp_path / f"run-{i}.log").write_text("x")
+        plugins._declared()
+    assert len(reads) == before
+    meta = tmp_path / "late_plugin-1.0.dist-info"  # a distribution installed meanwhile
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: late-plugin\nVersion: 1.0\n")
+    (meta / "entry_points.txt").write_text("[bat_gym.selectors]\nlate = late_plugin:Late\n")
+    names = [entry[:2] for entry in plugins.declared("bat_gym.selectors")]
+    assert ("late", "late_plugin:Late") in names
+    assert len(reads) == before + 1

@@ -1,4 +1,6 @@
-"""The README's code blocks, run as a reader pastes them: in order, in one fresh directory.
+"""The README's and the quickstart's code blocks, run as a reader pastes them.
+
+Each document's blocks run in order, in one fresh directory of its own.
 
 Every ``python`` and ``bash`` block is a test, run in a new process with the installed
 ``bat-gym`` on the PATH, so a snippet cannot rot. A block sees the files the blocks
@@ -22,7 +24,10 @@ from pathlib import Path
 import pytest
 from pytest_codeblocks import extract_from_file
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# The documents a reader follows block by block, from a fresh folder.
+DOCUMENTS = (README, ROOT / "docs" / "quickstart.md")
 RUNNABLE = ("python", "bash", "sh")
 TIMEOUT_S = 1200
 
@@ -31,22 +36,28 @@ pytestmark = pytest.mark.readme
 
 def _blocks() -> list:
     params = []
-    for block in extract_from_file(README):
-        if block.syntax not in RUNNABLE:
-            continue
-        # Markers are written as pytest expressions in the README's HTML comments.
-        marks = [eval(mark, {"pytest": pytest}) for mark in block.marks]
-        params.append(pytest.param(block, id=f"README.md:{block.lineno}", marks=marks))
+    for doc in DOCUMENTS:
+        name = doc.relative_to(ROOT).as_posix()
+        for block in extract_from_file(doc):
+            if block.syntax not in RUNNABLE:
+                continue
+            # Markers are written as pytest expressions in the document's HTML comments.
+            marks = [eval(mark, {"pytest": pytest}) for mark in block.marks]
+            params.append(pytest.param(name, block, id=f"{name}:{block.lineno}", marks=marks))
     return params
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("readme")
+def workdirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A fresh folder per document, shared by its blocks."""
+    return {
+        doc.relative_to(ROOT).as_posix(): tmp_path_factory.mktemp(doc.stem) for doc in DOCUMENTS
+    }
 
 
-@pytest.mark.parametrize("block", _blocks())
-def test_the_block_runs_as_pasted(block, workdir: Path) -> None:
+@pytest.mark.parametrize(("doc", "block"), _blocks())
+def test_the_block_runs_as_pasted(doc: str, block, workdirs: dict[str, Path]) -> None:
+    workdir = workdirs[doc]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if block.syntax == "python":
@@ -59,16 +70,17 @@ def test_the_block_runs_as_pasted(block, workdir: Path) -> None:
         argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
     assert done.returncode == 0, (
-        f"README.md line {block.lineno} exited {done.returncode}\n"
+        f"{doc} line {block.lineno} exited {done.returncode}\n"
         f"--- stdout (end)\n{done.stdout[-4000:]}\n--- stderr (end)\n{done.stderr[-4000:]}"
     )
 
 
-def test_every_runnable_block_is_collected() -> None:
+@pytest.mark.parametrize("doc", DOCUMENTS, ids=lambda d: d.name)
+def test_every_runnable_block_is_collected(doc: Path) -> None:
     """A block in another fence (```py, ```shell) would silently escape the test."""
     fences = [
         line.strip()[3:]
-        for line in README.read_text(encoding="utf-8").splitlines()
+        for line in doc.read_text(encoding="utf-8").splitlines()
         if line.strip().startswith("```") and len(line.strip()) > 3
     ]
     assert set(fences) <= {*RUNNABLE, "toml", "text"}, fences

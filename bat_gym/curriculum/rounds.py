@@ -57,7 +57,7 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 class RoundSpec(BaseModel):
     """What one RL round looks like.
 
-    Args:
+    Attributes:
         target: the target stage id (``"S1"`` .. ``"S5"``); not ``"E2E"``, whose
             states form their own pool.
         batch_size: rows per batch.

@@ -87,7 +87,7 @@ _ISOLATION_CACHE: dict[str, tuple[Isolation, str]] = {}
 
 
 def _top_level_system_dirs() -> list[str]:
-    """bubblewrap arguments that give a tmpfs root the host's /bin, /lib and kin.
+    """Arguments to bubblewrap that give a tmpfs root the host's /bin, /lib and kin.
 
     Each is a symlink into /usr on a merged-/usr system, a read-only bind otherwise.
     """
