@@ -13,9 +13,12 @@ from bat_gym.cli.options import (
     BenchmarkName,
     ChatTemplateKwargs,
     EpisodeWorkers,
+    MaxNewTokens,
     Quiet,
+    Temperature,
     Tracks,
-    parse_chat_template_kwargs,
+    build_policy,
+    policy_options,
 )
 from bat_gym.policies import spec_forms
 
@@ -50,14 +53,8 @@ def evaluate(
         int | None,
         typer.Option("--max-turns", min=1, help="Override the benchmark's turn budget."),
     ] = None,
-    max_new_tokens: Annotated[
-        int | None,
-        typer.Option("--max-new-tokens", min=1, help="Tokens per turn (hf, vllm, openai)."),
-    ] = None,
-    temperature: Annotated[
-        float | None,
-        typer.Option("--temperature", min=0.0, help="Sampling temperature (hf, vllm, openai)."),
-    ] = None,
+    max_new_tokens: MaxNewTokens = None,
+    temperature: Temperature = None,
     seed: Annotated[
         int | None,
         typer.Option(
@@ -83,7 +80,6 @@ def evaluate(
     from bat_gym.evaluation import EvalConfig
     from bat_gym.evaluation import evaluate as run_evaluation
     from bat_gym.evaluation.manifest import EvalManifest
-    from bat_gym.policies import make_policy, policy_kind
 
     bench = get_benchmark(benchmark)
     allowed = bench.spec.splits.heldout_repeats
@@ -96,25 +92,7 @@ def evaluate(
     budgets = None
     if max_turns is not None:
         budgets = bench.spec.budgets.model_copy(update={"max_turns": max_turns})
-    options = {
-        k: v
-        for k, v in {
-            "max_new_tokens": max_new_tokens,
-            "temperature": temperature,
-            "seed": seed,
-            "chat_template_kwargs": parse_chat_template_kwargs(chat_template_kwargs) or None,
-        }.items()
-        if v is not None
-    }
-    try:
-        kind = policy_kind(policy)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
-    if options and not kind.sampling:
-        raise typer.BadParameter(
-            f"{sorted(options)} apply to model policies, not {policy!r}: {kind.description}",
-            param_hint="--policy",
-        )
+    options = policy_options(policy, max_new_tokens, temperature, seed, chat_template_kwargs)
     cfg = EvalConfig(
         repeats=repeats,
         tracks=tuple(track or ()),
@@ -125,10 +103,7 @@ def evaluate(
         progress=not quiet,
         ray=ray,
     )
-    try:
-        agent = make_policy(policy, **options)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
+    agent = build_policy(policy, options)
     with agent, progress.use(progress.for_cli(quiet)):
         agent.check_benchmark(bench)  # one clear line, before any cell runs
         report = run_evaluation(bench, agent, out, cfg)

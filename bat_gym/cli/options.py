@@ -18,9 +18,13 @@ __all__ = [
     "BenchmarkName",
     "ChatTemplateKwargs",
     "EpisodeWorkers",
+    "MaxNewTokens",
     "Quiet",
+    "Temperature",
     "Tracks",
+    "build_policy",
     "parse_chat_template_kwargs",
+    "policy_options",
 ]
 
 BenchmarkName = Annotated[
@@ -45,6 +49,15 @@ ChatTemplateKwargs = Annotated[
     ),
 ]
 
+
+MaxNewTokens = Annotated[
+    int | None,
+    typer.Option("--max-new-tokens", min=1, help="Tokens per turn (hf, vllm, openai)."),
+]
+Temperature = Annotated[
+    float | None,
+    typer.Option("--temperature", min=0.0, help="Sampling temperature (hf, vllm, openai)."),
+]
 
 _EXAMPLE = """'{"enable_thinking": false}'"""
 
@@ -79,3 +92,54 @@ Quiet = Annotated[
         help="No progress display (it is off anyway when stdout is not a terminal).",
     ),
 ]
+
+
+def policy_options(
+    spec: str,
+    max_new_tokens: int | None = None,
+    temperature: float | None = None,
+    seed: int | None = None,
+    chat_template_kwargs: str | None = None,
+) -> dict[str, Any]:
+    """The sampling options given for ``--policy SPEC``, checked against its kind.
+
+    Raises:
+        typer.BadParameter: an unknown kind, or sampling options for a policy that does
+            not sample (a scripted one).
+    """
+    from bat_gym.policies import policy_kind
+
+    options = {
+        k: v
+        for k, v in {
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "chat_template_kwargs": parse_chat_template_kwargs(chat_template_kwargs) or None,
+        }.items()
+        if v is not None
+    }
+    try:
+        kind = policy_kind(spec)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
+    if options and not kind.sampling:
+        raise typer.BadParameter(
+            f"{sorted(options)} apply to model policies, not {spec!r}: {kind.description}",
+            param_hint="--policy",
+        )
+    return options
+
+
+def build_policy(spec: str, options: dict[str, Any]) -> Any:
+    """``make_policy(spec, **options)``; a spec its kind cannot take is a bad ``--policy``.
+
+    Raises:
+        typer.BadParameter: naming the form to write.
+    """
+    from bat_gym.policies import make_policy
+
+    try:
+        return make_policy(spec, **options)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from exc

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-import tempfile
+import contextlib
+import signal
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from bat_gym.cli.options import BenchmarkName, ChatTemplateKwargs, parse_chat_template_kwargs
+from bat_gym.cli.options import (
+    BenchmarkName,
+    ChatTemplateKwargs,
+    MaxNewTokens,
+    Temperature,
+    build_policy,
+    policy_options,
+)
 from bat_gym.policies import spec_forms
 
 __all__ = ["serve_policy"]
@@ -35,14 +43,8 @@ def serve_policy(
         int,
         typer.Option("--port", min=0, max=65535, help="Port; 0 picks a free one (printed)."),
     ] = 8000,
-    max_new_tokens: Annotated[
-        int | None,
-        typer.Option("--max-new-tokens", min=1, help="Tokens per reply (model policies)."),
-    ] = None,
-    temperature: Annotated[
-        float | None,
-        typer.Option("--temperature", min=0.0, help="Sampling temperature (model policies)."),
-    ] = None,
+    max_new_tokens: MaxNewTokens = None,
+    temperature: Temperature = None,
     seed: Annotated[
         int | None, typer.Option("--seed", help="Sampling seed (model policies).")
     ] = None,
@@ -55,44 +57,25 @@ def serve_policy(
     bat-gym eval plays) and every state of --bank; a request may name its state in
     metadata.state_id. A model (hf:PATH) answers any conversation. Serves until Ctrl-C.
     """
-    from bat_gym.integrations.policy_server import PolicyServer, load_states
-    from bat_gym.policies import ScriptedPolicy, make_policy, policy_kind
+    from bat_gym.integrations.policy_server import policy_server
 
-    options = {
-        k: v
-        for k, v in {
-            "max_new_tokens": max_new_tokens,
-            "temperature": temperature,
-            "seed": seed,
-            "chat_template_kwargs": parse_chat_template_kwargs(chat_template_kwargs) or None,
-        }.items()
-        if v is not None
-    }
-    try:
-        kind = policy_kind(policy)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
-    if options and not kind.sampling:
-        raise typer.BadParameter(
-            f"{sorted(options)} apply to model policies, not {policy!r}: {kind.description}",
-            param_hint="--policy",
-        )
-    try:
-        agent = make_policy(policy, **options)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
-    with agent, tempfile.TemporaryDirectory(prefix="bat-serve-policy-") as scratch:
-        states = None
-        if isinstance(agent, ScriptedPolicy):
-            states = load_states(benchmark, bank, store_dir=scratch)
-        server = PolicyServer(agent, states, model=policy, host=host, port=port)
-        held = f", {len(states)} states" if states is not None else ""
+    options = policy_options(policy, max_new_tokens, temperature, seed, chat_template_kwargs)
+    agent = build_policy(policy, options)
+    with (
+        agent,
+        policy_server(
+            agent, benchmark=benchmark, bank=bank, model=policy, host=host, port=port
+        ) as server,
+    ):
+        held = f", {len(server.states)} states" if server.states is not None else ""
         typer.echo(
             f"bat-gym serve-policy: {policy} at {server.url}{held}  (Ctrl-C stops)", err=True
         )
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.signal(signal.SIGTERM, _interrupt)
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.close()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM stops the server as Ctrl-C does (a background job may ignore SIGINT)."""
+    raise KeyboardInterrupt

@@ -2,20 +2,21 @@
 
 A scripted policy (the benchmark's teacher or naive baseline) replays the script of the
 state its episode started from, so a server that runs one behind
-``/v1/chat/completions`` must recover that state from the conversation alone. The
-rules, tried in order:
+``/v1/chat/completions`` must recover that state from the request. The rules, tried in
+order:
 
-1. **An explicit id**: the request's ``metadata.state_id``, or its ``user`` field when
-   that is the id of a state the server holds. An id the server does not hold is an
-   error (it names the ids it has).
+1. **An explicit id** (the server reads it from the request's ``metadata.state_id``,
+   its URL or its ``user`` field). An id not held is an error naming the ids held.
 2. **The opening**: the system and user messages before the first assistant message,
    role and text in order (``developer`` reads as ``system``), equal the state's own.
 3. **The user messages of the opening alone**, for a harness that replaces or drops
    the system prompt.
 
-When several states share an opening (a stage's success and failure rows), the one
-whose whole stored history (assistant tool calls and tool results included) starts the
-conversation wins, the longest on a tie; still several is an error asking for an id.
+When several states share an opening (the tasks of one track: their data is in their
+files, not their prompt), those whose stored history (assistant tool calls and tool
+results) continues the conversation's opening are kept, the longest histories only.
+:meth:`ConversationStates.placements` returns all that are left;
+:meth:`ConversationStates.place` insists on one.
 
 The turn is the number of assistant messages in the conversation beyond those of the
 state's stored history: exactly ``info["turns"]`` of the env that is playing it, since
@@ -39,7 +40,6 @@ __all__ = [
     "Placement",
     "UnknownConversation",
     "message_text",
-    "same_turn",
 ]
 
 MatchedBy = Literal["state_id", "opening", "user_messages"]
@@ -135,7 +135,7 @@ def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return out
 
 
-def same_turn(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+def _same_message(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two messages say the same: text (stripped) and tool calls (decoded)."""
     text_a, text_b = message_text(a.get("content")), message_text(b.get("content"))
     return text_a.strip() == text_b.strip() and _calls(a) == _calls(b)
@@ -153,7 +153,7 @@ def _starts_with(
     if len(messages) < len(history):
         return False
     return all(
-        _role(got) == _role(want) and same_turn(got, want)
+        _role(got) == _role(want) and _same_message(got, want)
         for got, want in zip(messages, history, strict=False)
     )
 

@@ -30,122 +30,45 @@ with. ``stream: true`` is answered as server-sent events, the whole reply in one
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from bat_gym.errors import BatGymError, StateNotFound, UnsupportedPolicy
+from bat_gym.errors import StateNotFound, UnsupportedPolicy
 from bat_gym.integrations.conversations import (
     AmbiguousConversation,
     ConversationStates,
-    Placement,
     UnknownConversation,
-    message_text,
-    same_turn,
+)
+from bat_gym.integrations.openai_chat import (
+    ChatHTTPServer,
+    ChatRequestError,
+    chat_completion,
+    chat_handler,
+    request_messages,
 )
 from bat_gym.policies import EpisodeContext, Policy, PolicyError, PolicyOutput, PolicyRequest
 from bat_gym.policies.scripted import ScriptedPolicy
-from bat_gym.protocol import ToolProtocol, get_protocol
+from bat_gym.protocol import get_protocol
 
 __all__ = [
-    "ChatRequestError",
     "PolicyServer",
-    "chat_completion",
     "load_states",
+    "policy_server",
     "serve_policy",
     "state_url",
 ]
 
 logger = logging.getLogger(__name__)
 
-_MAX_BODY_BYTES = 64 << 20  # a long episode's conversation is a few MB at most
 _SCRIPT_CACHE_SIZE = 65536  # scripted replies kept: (state, turn) pairs, a few kB each
-
-
-class ChatRequestError(BatGymError, ValueError):
-    """A chat request the server cannot answer, with the HTTP status and code to send.
-
-    Attributes:
-        status: the HTTP status (4xx: the request's fault; 5xx: the policy's).
-        code: a short machine-readable code, e.g. ``"unknown_conversation"``.
-    """
-
-    def __init__(self, message: str, status: int = 400, code: str = "invalid_request") -> None:
-        self.status = status
-        self.code = code
-        super().__init__(message)
-
-    def body(self) -> dict[str, Any]:
-        """The OpenAI-style error body."""
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": None, "code": self.code}}
-
-
-def chat_completion(
-    output: PolicyOutput, protocol: ToolProtocol, *, model: str, turn: int
-) -> dict[str, Any]:
-    """A policy's message as an OpenAI ``chat.completion`` object.
-
-    Args:
-        output: the policy's message, written in ``protocol``.
-        protocol: the tool protocol the policy writes its calls in.
-        model: the model name to report.
-        turn: the episode's turn, for the call ids (``call_<turn>_<i>``).
-    """
-    parsed = protocol.parse(output.text)
-    message: dict[str, Any] = {"role": "assistant"}
-    if parsed.error is None and parsed.calls:
-        message["content"] = parsed.content or None
-        message["tool_calls"] = [
-            call.model_copy(update={"id": f"call_{turn}_{i}"}).to_openai()
-            for i, call in enumerate(parsed.calls)
-        ]
-        finish = "tool_calls"
-    else:  # no readable call: the text as it is, for the env to report
-        message["content"] = output.text
-        finish = "length" if output.finish_reason == "length" else "stop"
-    reply: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-    }
-    completion = output.num_tokens
-    if completion is not None:
-        prompt = len(output.prompt_token_ids) if output.prompt_token_ids is not None else 0
-        reply["usage"] = {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-    return reply
-
-
-def _stream_chunks(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A ``chat.completion`` as ``chat.completion.chunk`` events: the delta, then the end."""
-    choice = reply["choices"][0]
-    delta: dict[str, Any] = {"role": "assistant", "content": choice["message"].get("content")}
-    if choice["message"].get("tool_calls"):
-        delta["tool_calls"] = [
-            {"index": i, **call} for i, call in enumerate(choice["message"]["tool_calls"])
-        ]
-    base = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    return [
-        {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
-        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
-    ]
 
 
 def _explicit_state_id(
@@ -165,17 +88,6 @@ def _explicit_state_id(
     if isinstance(user, str) and user in states:
         return user
     return None
-
-
-def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ChatRequestError("'messages' must be a non-empty list of chat messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ChatRequestError(f"messages[{i}] must be an object with a string 'role'")
-    # Content parts become text, as the env's own messages are.
-    return [{**m, "content": message_text(m.get("content"))} for m in messages]
 
 
 class PolicyServer:
@@ -218,8 +130,13 @@ class PolicyServer:
         self.protocol = get_protocol(protocol)
         self._script_cache: dict[tuple[str, int], PolicyOutput] = {}
         self._cache_lock = threading.Lock()
-        self._http = ThreadingHTTPServer((host, port), _handler(self))
-        self._http.daemon_threads = True
+        try:
+            self._http = ChatHTTPServer((host, port), chat_handler(self))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); choose another --port, "
+                "or --port 0 for a free one"
+            ) from None
         self._thread: threading.Thread | None = None
 
     @property
@@ -250,7 +167,7 @@ class PolicyServer:
             raise ChatRequestError("the request body must be a JSON object")
         if body.get("n", 1) != 1:
             raise ChatRequestError("only n=1 is served: send one request per sample", code="n")
-        messages = _messages(body)
+        messages = request_messages(body)
         tools = list(body.get("tools") or [])
         try:
             if self.scripted:
@@ -274,8 +191,8 @@ class PolicyServer:
     ) -> tuple[PolicyOutput, int]:
         """The script's turn for the episode ``messages`` is, and that turn's index.
 
-        When the conversation fits several states, it is answered if they all give the
-        same reply, or if those whose earlier replies are the conversation's own do.
+        When the conversation fits several states, it is answered if their scripts all
+        give the same reply at this turn (whichever state it is, that is the reply).
 
         Raises:
             AmbiguousConversation: the states that fit give different replies.
@@ -283,23 +200,10 @@ class PolicyServer:
         assert self.states is not None
         explicit = _explicit_state_id(body, self.states, state_id)
         found = self.states.placements(messages, explicit)
-        replies = {p.state.state_id: self._script_turn(p.state.state_id, p.turn) for p in found}
-        if len({r.text for r in replies.values()}) > 1:
-            found = [p for p in found if self._replays(p, messages)] or found
-        if len({replies[p.state.state_id].text for p in found}) > 1:
+        replies = [self._script_turn(p.state.state_id, p.turn) for p in found]
+        if len({r.text for r in replies}) > 1:
             raise AmbiguousConversation([p.state.state_id for p in found])
-        return replies[found[0].state.state_id], found[0].turn
-
-    def _replays(self, placed: Placement, messages: list[dict[str, Any]]) -> bool:
-        """Whether the conversation's turns after the state's history are the script's own."""
-        stored = sum(1 for m in placed.state.messages if m["role"] == "assistant")
-        said = [m for m in messages if m["role"] == "assistant"][stored:]
-        for turn, message in enumerate(said):
-            script = self._script_turn(placed.state.state_id, turn)
-            mine = chat_completion(script, self.protocol, model="", turn=turn)
-            if not same_turn(mine["choices"][0]["message"], message):
-                return False
-        return True
+        return replies[0], found[0].turn
 
     def _script_turn(self, state_id: str, turn: int) -> PolicyOutput:
         """The scripted policy's reply at ``turn`` of an episode from ``state_id``.
@@ -345,107 +249,6 @@ class PolicyServer:
             self._thread.join()
             self._thread = None
         self._http.server_close()
-
-
-_STATE_PREFIX = re.compile(r"^/states/(?P<state_id>[A-Za-z0-9_.:-]+)(?=/)")
-
-
-def _route(path: str) -> tuple[str | None, str]:
-    """(state id named by a ``/states/<id>`` prefix, route without it and ``/v1``)."""
-    path = urllib.parse.unquote(path.split("?")[0]).rstrip("/")
-    state_id = None
-    prefix = _STATE_PREFIX.match(path)
-    if prefix is not None:
-        state_id, path = prefix["state_id"], path[prefix.end() :]
-    return state_id, path.removeprefix("/v1")
-
-
-def _handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
-    """The request handler class bound to ``server``."""
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: clients reuse one connection
-
-        def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
-            _, route = _route(self.path)
-            if route == "/models":
-                self._json(200, server.models())
-            elif route == "/health":
-                self._json(200, {"status": "ok"})
-            else:
-                self._not_found()
-
-        def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
-            state_id, route = _route(self.path)
-            if route != "/chat/completions":
-                self._not_found()
-                return
-            try:
-                body = self._body()
-                reply = server.complete(body, state_id)
-            except ChatRequestError as exc:
-                self._json(exc.status, exc.body())
-                return
-            except BatGymError as exc:
-                error = ChatRequestError(str(exc), 400, type(exc).__name__)
-                self._json(error.status, error.body())
-                return
-            except Exception as exc:  # noqa: BLE001 - a client gets a 500, not a dropped socket
-                logger.exception("serve-policy: the request failed")
-                error = ChatRequestError(f"{type(exc).__name__}: {exc}", 500, "internal_error")
-                self._json(error.status, error.body())
-                return
-            if body.get("stream"):
-                self._events(_stream_chunks(reply))
-            else:
-                self._json(200, reply)
-
-        def _body(self) -> Any:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length <= 0 or length > _MAX_BODY_BYTES:
-                raise ChatRequestError(
-                    f"the request needs a JSON body of 1 to {_MAX_BODY_BYTES} bytes "
-                    f"(Content-Length {length})"
-                )
-            try:
-                return json.loads(self.rfile.read(length))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ChatRequestError(f"the body is not JSON: {exc}") from None
-
-        def _not_found(self) -> None:
-            error = ChatRequestError(
-                f"no route {self.command} {self.path}; this server answers POST "
-                "/v1/chat/completions and GET /v1/models (also under /states/<state_id>)",
-                404,
-                "not_found",
-            )
-            self._json(404, error.body())
-
-        def _json(self, status: int, obj: Any) -> None:
-            data = json.dumps(obj, ensure_ascii=False).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _events(self, chunks: Sequence[Mapping[str, Any]]) -> None:
-            """Server-sent events, then ``[DONE]``; the connection closes after them."""
-            self.close_connection = True
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            for chunk in chunks:
-                self.wfile.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
-            logger.debug("serve-policy: " + format, *args)
-
-    return Handler
 
 
 def state_url(base_url: str, state_id: str) -> str:
@@ -529,23 +332,47 @@ def serve_policy(
         with _subprocess_server(policy, benchmark, bank, host, port, startup_timeout_s) as url:
             yield url
         return
-    import tempfile
-
     from bat_gym.policies import make_policy
 
     agent = make_policy(policy, **policy_options) if isinstance(policy, str) else policy
+    model = policy if isinstance(policy, str) else None
+    try:
+        with policy_server(
+            agent, benchmark=benchmark, bank=bank, model=model, host=host, port=port
+        ) as server:
+            yield server.start()
+    finally:
+        if isinstance(policy, str):
+            agent.close()
+
+
+@contextlib.contextmanager
+def policy_server(
+    policy: Policy,
+    *,
+    benchmark: str | None = None,
+    bank: str | Path | None = None,
+    model: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> Iterator[PolicyServer]:
+    """A :class:`PolicyServer` bound and ready (not yet serving), closed when the block ends.
+
+    A scripted policy is given the states of ``benchmark`` and ``bank``
+    (:func:`load_states`), their held-out files captured in a scratch directory that
+    lives as long as the block.
+    """
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="bat-serve-policy-") as scratch:
         states = None
-        if isinstance(agent, ScriptedPolicy):
+        if isinstance(policy, ScriptedPolicy):
             states = load_states(benchmark, bank, store_dir=scratch)
-        model = policy if isinstance(policy, str) else None
-        server = PolicyServer(agent, states, model=model, host=host, port=port)
+        server = PolicyServer(policy, states, model=model, host=host, port=port)
         try:
-            yield server.start()
+            yield server
         finally:
             server.close()
-            if isinstance(policy, str):
-                agent.close()
 
 
 @contextlib.contextmanager
@@ -590,7 +417,7 @@ def _subprocess_server(
                 )
         yield url[0]
     finally:
-        proc.send_signal(signal.SIGINT)  # as Ctrl-C: the command cleans its scratch up
+        proc.terminate()  # the command stops as on Ctrl-C, cleaning its scratch up
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

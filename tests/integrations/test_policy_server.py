@@ -23,8 +23,8 @@ from bat_gym.rubrics.reward import RubricReward
 
 HERMES = get_protocol("hermes")
 
-# An E2E start state and two stage rows with a stored history (one deep in the episode).
-FOCUSES = ("E2E", "S2", "S4")
+# An E2E start state, and a stage row with a stored history (three turns of earlier stages).
+FOCUSES = ("E2E", "S4")
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_served_naive_scores_as_the_in_process_naive(toy, toy_bank, states, naiv
     _assert_same(served, local)
 
 
-def test_an_e2e_teacher_episode_without_an_id_is_ambiguous(teacher_url, states):
+def test_an_e2e_teacher_episode_without_an_id_is_ambiguous(toy, toy_bank, teacher_url, states):
     status, _, text = _post(
         teacher_url, {"model": "teacher", "messages": [dict(m) for m in states[0].messages]}
     )
@@ -147,7 +147,9 @@ def test_an_e2e_teacher_episode_without_an_id_is_ambiguous(teacher_url, states):
     error = json.loads(text)["error"]
     assert error["code"] == "unknown_conversation"
     # The bank's and the held-out tasks of the track open alike; their first turns differ.
-    assert "opens like 12 states" in error["message"] and "state_id" in error["message"]
+    track = states[0].track
+    alike = len(toy_bank.select(focus="E2E", track=track)) + len(toy.evaluated_seeds())
+    assert f"opens like {alike} states" in error["message"] and "state_id" in error["message"]
 
 
 def _post(url, body, path="/chat/completions"):
@@ -271,3 +273,18 @@ def test_sampling_options_are_refused_for_a_scripted_policy():
     result = CliRunner().invoke(app, ["serve-policy", "--policy", "teacher", "--temperature", "1"])
     assert result.exit_code == 2
     assert "model policies" in result.output
+
+
+def test_the_user_field_names_a_state_it_holds(teacher_url, states):
+    state = states[0]  # E2E: ambiguous without an id
+    body = {"model": "teacher", "messages": [dict(m) for m in state.messages]}
+    status, _, text = _post(teacher_url, {**body, "user": state.state_id})
+    assert status == 200
+    calls = json.loads(text)["choices"][0]["message"]["tool_calls"]
+    expected = HERMES.parse(ScriptedPolicy("teacher").act(_scripted_request(state)).text).calls
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [
+        c.arguments for c in expected
+    ]
+    # A user field that is not a state id is a harness's own: it names nothing.
+    status, _, _ = _post(teacher_url, {**body, "user": "someone"})
+    assert status == 400
