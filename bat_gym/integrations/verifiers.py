@@ -256,11 +256,11 @@ class StageHarness(vf.Harness[StageHarnessConfig]):
     ) -> vf.ProgramResult:
         """Play the task's episode to its end; every model call goes through ``endpoint``."""
         task = StageData.model_validate(data.model_dump())
-        client = openai.OpenAI(base_url=endpoint, api_key=secret, max_retries=2)
         # The env's steps run tools in a sandbox and block: the episode runs in a
         # worker thread, and the model calls from it reach the interception server,
         # which keeps serving on this event loop.
-        result = await asyncio.to_thread(_play, task, client, ctx.model, self.config.backend)
+        with openai.OpenAI(base_url=endpoint, api_key=secret, max_retries=2) as client:
+            result = await asyncio.to_thread(_play, task, client, ctx.model, self.config.backend)
         trace.info[RESULT_KEY] = result
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
 
