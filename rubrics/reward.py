@@ -120,7 +120,10 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
         final = without_paths(final, frozenset(record.unattributed))
         task = base.benchmark.task_of_state(state)
         workspace = FrozenWorkspace(final, sandbox.frozen_store)
-        if task is not None:  # the teacher's own run on the pristine task is the reference
+        # The teacher's own run on the pristine task is the reference, but only a whole
+        # one: a workspace with unattributed paths removed is missing files the script
+        # wrote, and as the cached reference it would misjudge every later episode.
+        if task is not None and not record.unattributed:
             adopt_reference(
                 base.benchmark,
                 task,

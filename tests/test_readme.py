@@ -1,4 +1,4 @@
-"""The README's and the quickstart's code blocks, run as a reader pastes them.
+"""The code blocks of the README, the quickstart and the tour, run as a reader pastes them.
 
 Each document's blocks run in order, in one fresh directory of its own.
 
@@ -27,7 +27,7 @@ from pytest_codeblocks import extract_from_file
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 # The documents a reader follows block by block, from a fresh folder.
-DOCUMENTS = (README, ROOT / "docs" / "quickstart.md")
+DOCUMENTS = (README, ROOT / "docs" / "quickstart.md", ROOT / "docs" / "guide.md")
 RUNNABLE = ("python", "bash", "sh")
 TIMEOUT_S = 1200
 

@@ -37,6 +37,9 @@ class StepMetrics(BaseModel):
         ge=0, le=1, description="Share of groups whose rewards are all equal (no gradient)."
     )
     response_tokens: float = Field(ge=0, description="Mean response tokens per rollout.")
+    generated_tokens: float = Field(
+        0.0, ge=0, description="Response tokens the step sampled, every rollout together."
+    )
     turns: float = Field(ge=0, description="Mean assistant turns per rollout.")
     finished: float = Field(ge=0, le=1, description="Share of rollouts that called finish.")
     length_cut: float = Field(ge=0, le=1, description="Share of rollouts a token limit ended.")

@@ -3,7 +3,7 @@
 A Stage Bank of the benchmark's training tasks (success and recovery trajectories), a
 byte-level BPE tokenizer trained on its SFT rows, a random-init Qwen3-style model
 (:mod:`bat_gym.trainers.tiny_model`), the tokenized SFT export, and cold-start SFT on
-the teacher rows. ``tests/trainers/test_learning.py``, ``benchmarks/learnability.py``
+the teacher rows. ``tests/trainers/test_learning.py``, the study (:mod:`bat_gym.trainers.study`)
 and ``benchmarks/grpo_one_state.py`` all start here, so the recipe their figures
 describe is one recipe. Nothing is downloaded; a rerun into the same folder reuses the
 model, the export and a finished SFT run.
@@ -102,7 +102,7 @@ def tiny_sft_config(
     Args:
         setup: what :func:`build_tiny_setup` built.
         output_dir: the SFT run's folder.
-        steps: optimizer steps (150 in the slow test, 300 in the learnability runs).
+        steps: optimizer steps (150 in the slow test, 300 in the study).
         overrides: further :class:`~bat_gym.trainers.sft.SFTConfig` fields.
     """
     from bat_gym.trainers.sft import SFTConfig

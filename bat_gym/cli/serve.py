@@ -1,4 +1,4 @@
-"""``bat-gym serve``: serve a stage env to agents outside bat_gym (``serve mcp``)."""
+"""``bat-gym serve``: serve a stage env to agents outside bat_gym (``serve mcp``, ``serve openenv``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,24 @@ from bat_gym.spec import Budgets
 
 __all__ = ["app"]
 
+StatesDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--states",
+        help="A Stage Bank directory (bank build --out). Default: the benchmark's default "
+        "states, built on first use.",
+    ),
+]
+BudgetOverrides = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--budget",
+        metavar="NAME=VALUE",
+        help="Override one of the benchmark's budgets (repeatable), e.g. max_turns=2 "
+        "(each tool call is one turn): " + ", ".join(Budgets.model_fields) + ".",
+    ),
+]
+
 app = typer.Typer(
     no_args_is_help=True, help="Serve a stage env to agents that are not bat_gym policies."
 )
@@ -24,14 +42,7 @@ def mcp(
         str,
         typer.Option("--state", help="The state to play, by id (a bank's rows.jsonl lists them)."),
     ],
-    states: Annotated[
-        Path | None,
-        typer.Option(
-            "--states",
-            help="A Stage Bank directory (bank build --out). Default: the benchmark's default "
-            "states, built on first use.",
-        ),
-    ] = None,
+    states: StatesDir = None,
     benchmark: BenchmarkName = None,
     backend: Backend = "local",
     protocol: Annotated[
@@ -59,15 +70,7 @@ def mcp(
             help="Serve streamable HTTP on 127.0.0.1:PORT (at /mcp) instead of stdio.",
         ),
     ] = None,
-    budget: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--budget",
-            metavar="NAME=VALUE",
-            help="Override one of the benchmark's budgets (repeatable), e.g. max_turns=2 "
-            "(each MCP call is one turn): " + ", ".join(Budgets.model_fields) + ".",
-        ),
-    ] = None,
+    budget: BudgetOverrides = None,
 ) -> None:
     """Serve one state's episode as MCP tools: execute_code, finish and the benchmark's own.
 
@@ -92,6 +95,45 @@ def mcp(
     episode = serve(env, state, http_port=http, out=out)
     if episode.verdict is not None:
         typer.echo(episode.ending(), err=True)
+
+
+@app.command("openenv")
+def openenv(
+    states: StatesDir = None,
+    benchmark: BenchmarkName = None,
+    backend: Backend = "local",
+    port: Annotated[
+        int, typer.Option("--port", min=1, max=65535, help="Serve on 127.0.0.1:PORT.")
+    ] = 8000,
+    max_sessions: Annotated[
+        int,
+        typer.Option(
+            "--max-sessions",
+            min=1,
+            help="Concurrent sessions (WebSocket clients) admitted; each holds one sandbox.",
+        ),
+    ] = 64,
+    budget: BudgetOverrides = None,
+) -> None:
+    """Serve Stage Bank states as an OpenEnv environment (HTTP and WebSocket) until Ctrl-C.
+
+    A client resets a session to a state (reset(state_id=...)) and steps it one tool
+    call at a time; the final step carries the rubric reward, the verdict and the stage
+    scores. OpenEnv's typed client: bat_gym.integrations.openenv_client.BatEnvClient.
+    """
+    from bat_gym.catalog import get_benchmark
+    from bat_gym.integrations.openenv import create_bat_app, serve
+
+    bench = get_benchmark(benchmark)
+    env_kwargs = {
+        "benchmark": bench,
+        "backend": backend,
+        "budgets": _budgets(bench.spec.budgets, budget or []),
+        "states": None if states is None else str(states),
+    }
+    app_ = create_bat_app("bat/E2E-v0", env_kwargs, max_concurrent_envs=max_sessions)
+    typer.echo(f"bat-gym serve openenv: http://127.0.0.1:{port}  (Ctrl-C stops)", err=True)
+    serve(app_, port)
 
 
 def _budgets(default: Budgets, overrides: list[str]) -> Budgets:

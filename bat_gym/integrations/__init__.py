@@ -7,6 +7,10 @@ replies with mask 0, the rubric reward) is one shared class,
 
 * :mod:`bat_gym.integrations.trl`: TRL ``GRPOTrainer`` (``rollout_func`` plus
   ``environment_factory``), ``bat_dataset`` and the ``rubric_reward`` function.
+* :mod:`bat_gym.integrations.openenv`: an OpenEnv environment and server
+  (``bat-gym serve openenv``); :mod:`~bat_gym.integrations.openenv_client` its typed
+  client; :mod:`~bat_gym.integrations.trl_tools` TRL's ``environment_factory`` with
+  public tool methods.
 * :mod:`bat_gym.integrations.verl`: a verl agent loop, ``BatAgentLoop``.
 * :mod:`bat_gym.integrations.skyrl`: a SkyRL-Gym text env, ``BatTextEnv``.
 * :mod:`bat_gym.integrations.verifiers`: verifiers v1 (prime-rl), the ``bat-gym-stages``

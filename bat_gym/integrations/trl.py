@@ -12,6 +12,10 @@ bat_gym plugs into two of ``GRPOTrainer``'s arguments, used together:
   token sequences, with ``env_mask`` 0 on the env's replies (TRL multiplies it into the
   loss mask, so tool results never enter the loss).
 
+This is the token-exact path. For TRL's own tool loop instead (an environment whose
+public methods are the env's tools, no ``rollout_func``), see
+:mod:`bat_gym.integrations.trl_tools`.
+
 The reward is the rubric verdict, read by :func:`rubric_reward` from the rollout's
 ``bat_reward`` field; it returns None for a null verdict, which TRL leaves out of the
 group baseline.

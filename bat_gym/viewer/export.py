@@ -22,9 +22,16 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from bat_gym.rubrics.verifier import Verdict
 from bat_gym.viewer.runs import Run
 
-__all__ = ["INSPECT_LOG_VERSION", "inspect_log", "inspect_messages", "rollouts_log"]
+__all__ = [
+    "INSPECT_LOG_VERSION",
+    "inspect_log",
+    "inspect_messages",
+    "rollouts_log",
+    "score_explanation",
+]
 
 INSPECT_LOG_VERSION = 2
 
@@ -36,6 +43,27 @@ def _arguments(raw: Any) -> dict[str, Any]:
         except ValueError:
             return {"raw": raw}
     return raw if isinstance(raw, dict) else {"raw": raw}
+
+
+def score_explanation(verdict: Verdict | dict[str, Any] | None) -> str | None:
+    """A score's ``explanation``: the verdict's one line, then each failed item and why.
+
+    ``<summary> | FAIL S3 item_id [check]: detail | ...``, the items in the
+    verdict's order (null items, which were not judged, are not failures). Inspect's
+    viewer shows it beside the score; the same line is written by the
+    ``bat_gym.integrations.inspect`` scorer and by this export. None: no verdict.
+    """
+    if verdict is None or verdict == {}:
+        return None
+    if not isinstance(verdict, Verdict):
+        verdict = Verdict.model_validate(verdict)
+    failed = [
+        f"FAIL {s.stage} {i.id} [{i.check}]: {i.detail}".rstrip(": ")
+        for s in verdict.stages
+        for i in s.items
+        if i.passed is False
+    ]
+    return " | ".join([verdict.summary(), *failed])
 
 
 def inspect_messages(trace: dict[str, Any]) -> list[dict[str, Any]]:
@@ -91,7 +119,7 @@ def _sample(run: Run, cell: dict[str, Any], epoch: int) -> dict[str, Any]:
     verdict = trace.get("verdict") or {}
     score = {
         "value": cell.get("reward") if cell.get("reward") is not None else 0.0,
-        "explanation": "; ".join(verdict.get("notes") or []) or None,
+        "explanation": score_explanation(verdict),
         "metadata": {
             "overall": cell.get("overall"),
             "task": cell.get("task"),
@@ -198,6 +226,7 @@ def rollouts_log(run: Run, step: int, rollouts: list[dict[str, Any]]) -> dict[st
                 "scores": {
                     "bat_gym": {
                         "value": t.get("reward") if t.get("reward") is not None else 0.0,
+                        "explanation": score_explanation(verdict),
                         "metadata": {
                             "verdict": verdict or None,
                             "shaped_reward": t.get("shaped_reward"),

@@ -20,6 +20,7 @@ __all__ = [
     "grpo_step",
     "index_page",
     "loop_overview",
+    "study_overview",
 ]
 
 #: Steps listed per page of a GRPO overview.
@@ -350,6 +351,40 @@ def loop_overview(run: Run, runs: list[Run]) -> str:
         if decision == "promote" and cand:
             incumbent = cand
     out.append("</tbody></table>")
+    return "".join(out)
+
+
+def study_overview(run: Run) -> str:
+    """A study's table: held-out Overall per arm with its CI, the comparisons, BiCuRL's rounds."""
+    res = run.study_results
+    if not res:
+        return "<p>No unit has finished yet.</p>"
+    out = [
+        f"<p>{h(res.get('benchmark'))}; every RL arm from one SFT checkpoint, "
+        f"{h(res.get('token_budget'))} generated tokens per seed.</p>",
+        "<table><thead><tr><th>arm</th><th class='num'>seeds</th><th class='num'>Overall</th>"
+        "<th>95% CI</th><th class='num'>finish rate</th><th class='num'>tokens</th></tr></thead><tbody>",
+    ]
+    for row in res.get("arms", {}).values():
+        low, high = row.get("overall_ci") or (None, None)
+        out.append(
+            f"<tr><td>{h(row.get('label'))}</td><td class='num'>{len(row.get('seeds', []))}</td>"
+            f"<td class='num'>{fmt(row.get('overall'))}</td><td>[{fmt(low)}, {fmt(high)}]</td>"
+            f"<td class='num'>{fmt(row.get('finish_rate'), 2)}</td>"
+            f"<td class='num'>{fmt(row.get('generated_tokens'), 0)}</td></tr>"
+        )
+    out.append("</tbody></table><h2>Comparisons</h2><ul>")
+    for name, c in res.get("comparisons", {}).items():
+        low, high = c.get("ci") or (None, None)
+        out.append(f"<li>{h(name)}: {fmt(c.get('difference'))} [{fmt(low)}, {fmt(high)}]</li>")
+    out.append("</ul>")
+    rounds = res.get("bicurl_rounds") or {}
+    if rounds.get("raw_overall"):
+        series = {
+            name: [(float(i), v) for i, v in enumerate(rounds[key])]
+            for name, key in (("raw", "raw_overall"), ("retained", "retained_overall"))
+        }
+        out.append("<h2>BiCuRL rounds</h2>" + line_chart(series, y_label="overall"))
     return "".join(out)
 
 

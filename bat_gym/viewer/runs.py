@@ -10,7 +10,9 @@ The viewer reads what the library writes and never writes there:
 * a GRPO run (``bat-gym train grpo --out DIR``): ``metrics.jsonl`` and the rollout
   sample ``rollouts/step_NNNNNN.jsonl``;
 * a BiCuRL run (``bat-gym loop --out DIR``): ``loop_state.json``, whose evaluations
-  and GRPO rounds are opened as runs of their own.
+  and GRPO rounds are opened as runs of their own;
+* a study (``bat-gym study run --out DIR``): ``study.json`` and ``results.json``, whose
+  units' training runs and evaluations are opened as runs of their own.
 
 Everything is read lazily and cached: an overview reads one or two small files, an
 episode page one trace, a GRPO page one step's file.
@@ -30,7 +32,7 @@ from bat_gym.evaluation.episodes import VERDICT_KEY
 
 __all__ = ["RunKind", "Run", "ViewerError", "detect_kind", "load_runs"]
 
-RunKind = Literal["eval", "bank", "grpo", "loop"]
+RunKind = Literal["eval", "bank", "grpo", "loop", "study"]
 _STEP_FILE = re.compile(r"^step_(\d{6,})\.jsonl$")
 
 
@@ -40,6 +42,8 @@ class ViewerError(BatGymError):
 
 def detect_kind(path: Path) -> RunKind | None:
     """Which kind of run directory ``path`` is, by the files in it; None if none."""
+    if (path / "study.json").is_file() and (path / "units").is_dir():
+        return "study"
     if (path / "loop_state.json").is_file():
         return "loop"
     if (path / "rows.jsonl").is_file() and (path / "manifest.json").is_file():
@@ -207,6 +211,11 @@ class Run:
         """A BiCuRL run's ``loop_state.json``."""
         return _read_json(self.path / "loop_state.json") or {}
 
+    @functools.cached_property
+    def study_results(self) -> dict[str, Any]:
+        """A study's ``results.json`` (empty before its first unit finished)."""
+        return _read_json(self.path / "results.json") or {}
+
     def round_eval(self, record: dict[str, Any]) -> Path:
         """The candidate evaluation of a loop round (``evals/round-NN`` in the run).
 
@@ -233,6 +242,8 @@ def _title(run: Run) -> str:
         return f"Stage Bank of {run.manifest.get('benchmark', '?')}"
     if run.kind == "grpo":
         return "GRPO run"
+    if run.kind == "study":
+        return f"Study {(_read_json(run.path / 'study.json') or {}).get('name', '?')}"
     return "BiCuRL run"
 
 
@@ -269,6 +280,13 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
                 "--out) or a BiCuRL run (bat-gym loop --out)"
             )
         run = add(path, None)
+        if run is not None and run.kind == "study":
+            # Each unit's training run (GRPO or BiCuRL) and its held-out evaluation.
+            for unit in sorted((path / "units").glob("*/seed-*")):
+                name = f"{unit.parent.name} {unit.name.replace('-', ' ')}"
+                add(unit / "train", run, f"{name} training")
+                add(unit / "eval", run, f"{name} evaluation")
+            continue
         if run is None or run.kind != "loop":
             continue
         state = run.loop_state

@@ -172,6 +172,8 @@ class Site:
         kids = "".join(
             f"<li><a href='{k}.html'>{h(self.by_id[k].title)}</a></li>" for k in run.children
         )
+        if run.kind == "study":
+            return pages.study_overview(run) + f"<h2>Runs of this study</h2><ul>{kids}</ul>"
         return pages.loop_overview(run, self.runs) + f"<h2>Runs of this loop</h2><ul>{kids}</ul>"
 
     def _cell_episode(self, run: Run, key: str, crumbs: list[tuple[str, str]]) -> str | None:

@@ -3,15 +3,13 @@
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
+from corpus import project_text
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
 from bat_gym.evaluation import AGGREGATES_FILE, Aggregates
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _reply(message):
@@ -153,7 +151,7 @@ def tiny_model(tmp_path_factory):
     pytest.importorskip("torch")
     from bat_gym.trainers.tiny_model import build_tiny_model
 
-    texts = (ROOT / "README.md").read_text().splitlines()
+    texts = project_text()
     return build_tiny_model(tmp_path_factory.mktemp("tiny"), texts, vocab_size=600, hidden_size=64)
 
 

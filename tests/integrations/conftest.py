@@ -130,6 +130,53 @@ class RoutedBatch:
         return out
 
 
+def play_in_process(bench, bank, state_id, calls, **budgets):
+    """Play ``calls`` one per step in the in-process env (RubricReward around StageEnv, the
+    benchmark's budgets with ``budgets`` applied); the last step's (reward, info)."""
+    from bat_gym.env import StageEnv
+    from bat_gym.rubrics.reward import RubricReward
+
+    hermes = get_protocol("hermes")
+    env = RubricReward(
+        StageEnv(
+            benchmark=bench, states=bank, budgets=bench.spec.budgets.model_copy(update=budgets)
+        )
+    )
+    try:
+        env.reset(options={"state_id": state_id})
+        for call in calls:
+            _, reward, terminated, truncated, info = env.step(hermes.render("", [call]))
+            if terminated or truncated:
+                return reward, info
+        raise AssertionError("the episode did not end")
+    finally:
+        env.close()
+
+
+def tiny_grpo_config(output_dir, *, max_steps: int, max_completion_length: int):
+    """TRL's GRPOConfig for a few CPU steps of a tiny random model, two rollouts a group."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=max_completion_length,
+        learning_rate=1e-3,
+        beta=0.0,
+        # A random model scores the same in every rollout, so GRPO's advantages are 0;
+        # the entropy bonus still sends a gradient through the sampled tokens.
+        entropy_coef=0.01,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+    )
+
+
 def fake_trl_trainer(rollout, rows, tokenizer, *, max_completion_length=4096):
     """What BatRollout reads from TRL's GRPOTrainer, after TRL reset one environment per row."""
     from types import SimpleNamespace
@@ -144,6 +191,12 @@ def fake_trl_trainer(rollout, rows, tokenizer, *, max_completion_length=4096):
         eos_token_ids=[tokenizer.eos_token_id],
         chat_template_kwargs={},
     )
+
+
+@pytest.fixture(scope="session")
+def in_process():
+    """:func:`play_in_process`: the native env's (reward, info) for the same calls."""
+    return play_in_process
 
 
 @pytest.fixture
@@ -262,6 +315,8 @@ class Helpers:
     ScriptedTokens = ScriptedTokens
     RoutedBatch = RoutedBatch
     fake_trl_trainer = staticmethod(fake_trl_trainer)
+    play_in_process = staticmethod(play_in_process)
+    tiny_grpo_config = staticmethod(tiny_grpo_config)
     ScriptedServer = ScriptedServer
     verl_trainer_config = staticmethod(verl_trainer_config)
     make_verl_loop = staticmethod(make_verl_loop)

@@ -45,26 +45,6 @@ def teacher_calls(toy, toy_bank, state_id, helpers) -> list[ToolCall]:
     return [call for action in actions for call in HERMES.parse(action).calls]
 
 
-def in_process(toy, toy_bank, state_id, calls, **budgets):
-    """Play ``calls`` one per step in the in-process env; the last step's (reward, info)."""
-    env = RubricReward(
-        StageEnv(
-            benchmark=toy,
-            states=toy_bank,
-            budgets=toy.spec.budgets.model_copy(update=budgets),
-        )
-    )
-    try:
-        env.reset(options={"state_id": state_id})
-        for call in calls:
-            _, reward, terminated, truncated, info = env.step(HERMES.render("", [call]))
-            if terminated or truncated:
-                return reward, info
-        raise AssertionError("the episode did not end")
-    finally:
-        env.close()
-
-
 def _server_args(toy_bank, state_id, *extra: str) -> list[str]:
     return [
         "serve",
@@ -135,7 +115,7 @@ def _runs(calls) -> list[tuple]:
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 def test_teacher_over_mcp_scores_as_in_process(
-    transport, toy, toy_bank, state_id, teacher_calls, tmp_path
+    transport, toy, toy_bank, state_id, teacher_calls, tmp_path, in_process
 ) -> None:
     reward, info = in_process(toy, toy_bank, state_id, teacher_calls)
     args = _server_args(toy_bank, state_id, "--out", str(tmp_path))
@@ -169,7 +149,9 @@ def test_teacher_over_mcp_scores_as_in_process(
     assert trace["verdict"] == info["verdict"].model_dump(mode="json")
 
 
-def test_budget_end_without_finish_is_scored(toy, toy_bank, state_id, teacher_calls) -> None:
+def test_budget_end_without_finish_is_scored(
+    toy, toy_bank, state_id, teacher_calls, in_process
+) -> None:
     calls = [c for c in teacher_calls if c.name != "finish"][:2]
     reward, info = in_process(toy, toy_bank, state_id, calls, max_turns=2)
 

@@ -24,10 +24,10 @@ class RecordingRollout(BatRollout):
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers deprecations inside TRL
 def test_grpo_trains_on_a_bat_env_with_the_rubric_reward(
-    toy, toy_bank, tiny_model_dir, tmp_path, monkeypatch
+    toy, toy_bank, tiny_model_dir, tmp_path, monkeypatch, helpers
 ):
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -41,24 +41,7 @@ def test_grpo_trains_on_a_bat_env_with_the_rubric_reward(
         max_new_tokens_per_turn=16,
         cut_turn="act",
     )
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_completion_length=160,
-        learning_rate=1e-3,
-        beta=0.0,
-        # A random model scores 0 everywhere, so GRPO's advantages are 0; the entropy
-        # bonus still sends a gradient through the sampled tokens.
-        entropy_coef=0.01,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-    )
+    args = helpers.tiny_grpo_config(tmp_path, max_steps=2, max_completion_length=160)
     trainer = GRPOTrainer(
         model=str(tiny_model_dir),
         reward_funcs=rubric_reward,

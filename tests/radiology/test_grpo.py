@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from corpus import project_text
 
 
 @pytest.mark.slow
@@ -21,7 +18,7 @@ def test_a_grpo_step_runs_on_radiology(orthanc, radiology, tmp_path):
     # Room for the prompt: its DICOM tool schemas make it long in a tiny vocabulary.
     tiny = build_tiny_model(
         tmp_path / "m",
-        (ROOT / "README.md").read_text().splitlines(),
+        project_text(),
         vocab_size=600,
         hidden_size=64,
         max_position_embeddings=32768,

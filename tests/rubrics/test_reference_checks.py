@@ -282,3 +282,34 @@ def test_a_multiprocessing_child_deletes_its_reproductions_and_not_its_parents(t
         assert parents.is_dir()
     finally:
         reference._REPRO.pop(("parent", "start", ()), None)
+
+
+def test_a_teacher_run_with_an_unattributed_change_is_not_adopted_as_the_reference(
+    toy, toy_bank, tmp_path, monkeypatch
+):
+    """Unattributed paths are removed before scoring: such a run is missing files."""
+    from bat_gym.protocol import get_protocol
+    from bat_gym.rubrics import reference
+    from bat_gym.rubrics.reward import make_env
+
+    monkeypatch.setenv("BAT_GYM_CACHE", str(tmp_path / "cache"))
+    runs = []
+    real_run = reference._run
+    monkeypatch.setattr(reference, "_run", lambda *a: runs.append(a) or real_run(*a))
+    state_id = toy_bank.select(focus="E2E", outcome="success")[0]
+    env = make_env("E2E", benchmark=toy, states=toy_bank)
+    try:
+        env.reset(options={"state_id": state_id})
+        base = env.unwrapped
+        task = toy.task_of_state(base.state)
+        turns = toy.teacher_script(task, "success")
+        proto = get_protocol("hermes")
+        for n, turn in enumerate(turns):
+            if n == 1:  # something outside any call writes into the workspace
+                (base.sandbox.workspace / "late.txt").write_text("nobody's work")
+            *_, info = env.step(proto.render(turn.content, list(turn.calls)))
+        assert info["record"].unattributed == ["late.txt"]
+        # Not adopted: the verifier played the reference script itself.
+        assert len(runs) == 1, "a run missing files became the reference"
+    finally:
+        env.close()

@@ -43,7 +43,10 @@ def tokenizer(tmp_path_factory):
 
     root = Path(__file__).resolve().parents[2]
     lines = []
-    for path in sorted((root / "bat_gym").glob("*.py")) + [root / "README.md"]:
+    for path in sorted((root / "bat_gym").glob("*.py")) + [
+        root / "README.md",
+        root / "docs" / "guide.md",
+    ]:
         lines += path.read_text().splitlines()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -1,9 +1,7 @@
 import contextlib
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from corpus import project_text
 
 
 @contextlib.contextmanager
@@ -26,5 +24,5 @@ def tiny(tmp_path_factory):
     pytest.importorskip("transformers")
     from bat_gym.trainers.tiny_model import build_tiny_model
 
-    texts = (ROOT / "README.md").read_text().splitlines()
+    texts = project_text()
     return build_tiny_model(tmp_path_factory.mktemp("m"), texts, vocab_size=600, hidden_size=64)

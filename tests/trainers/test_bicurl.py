@@ -9,6 +9,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from corpus import project_text  # noqa: E402
+
 from bat_gym.evaluation import Aggregates, Cell, CellResult, aggregate  # noqa: E402
 from bat_gym.trainers import bicurl  # noqa: E402
 from bat_gym.trainers.bicurl import BiCuRLConfig, LoopState, RoundRecord, run_loop  # noqa: E402
@@ -186,7 +188,7 @@ def test_the_loop_reads_nothing_of_an_evaluation_but_aggregates_json(toy_bank, t
     from bat_gym.trainers.tiny_model import build_tiny_model
 
     model = build_tiny_model(
-        tmp_path / "model", [Path("README.md").read_text()], vocab_size=600, hidden_size=64
+        tmp_path / "model", ["\n".join(project_text())], vocab_size=600, hidden_size=64
     )
     evals = str(tmp_path / "loop" / "evals")
     opened: list[str] = []

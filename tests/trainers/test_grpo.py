@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from chat_templates import CHATML, qwen_model  # noqa: E402
+from corpus import project_text  # noqa: E402
 
 from bat_gym.errors import BatGymError, ConfigError  # noqa: E402
 from bat_gym.rollout import EpisodeResult  # noqa: E402
@@ -22,8 +22,6 @@ from bat_gym.trainers.grpo import GRPOConfig, train  # noqa: E402
 from bat_gym.trainers.grpo.batch import mask_overlong, shaped_reward  # noqa: E402
 from bat_gym.trainers.grpo_metrics import read_metrics  # noqa: E402
 from bat_gym.trainers.rollout import RolloutWorkers  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def config(tiny, bank, out, **kw):
@@ -129,7 +127,7 @@ def test_grpo_gives_the_episodes_the_samplers_stop_tokens_and_masks_cut_ones(
     from bat_gym.trainers.grpo import loop
 
     # A Qwen base tokenizer: eos <|endoftext|>, chat turns end in <|im_end|>.
-    texts = (ROOT / "README.md").read_text().splitlines()
+    texts = project_text()
     start = qwen_model(tmp_path / "start", texts, template=CHATML)
     tok = AutoTokenizer.from_pretrained(start)
     seen = {}

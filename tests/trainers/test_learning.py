@@ -8,7 +8,7 @@ its seed key and tool results name no run time, so a run repeats itself on one m
 (the bank, tokenizer and SFT weights were byte-identical across builds); the margins
 absorb float differences between machines.
 The figures with spreads and the BiCuRL and pool-ablation runs are in
-``benchmarks/learnability.py``.
+the study (``bat-gym study run benchmarks/studies/skill_ladder.yaml``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """GRPO rollouts: concurrent token-level episodes, trained on exactly what was sampled."""
 
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -9,6 +8,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from chat_templates import qwen_tokenizer  # noqa: E402
+from corpus import project_text
 
 from bat_gym.env import StageEnv  # noqa: E402
 from bat_gym.errors import EnvLost  # noqa: E402
@@ -19,7 +19,6 @@ from bat_gym.rubrics.reward import RubricReward  # noqa: E402
 from bat_gym.trainers.rollout import LOST_ENV_ATTEMPTS, RolloutWorkers  # noqa: E402
 from bat_gym.trainers.tiny_model import build_tokenizer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 HERMES = get_protocol("hermes")
 # Room for the longest teacher turn with this small vocabulary (about 520 tokens): the
 # workers cut a turn to the tokens it was asked for, as a real sampler does.
@@ -29,7 +28,7 @@ TEACHER_TURN_TOKENS = 1024
 @pytest.fixture(scope="module")
 def tokenizer(toy_bank, tmp_path_factory):
     texts = [m.get("content") or "" for i in toy_bank.select() for m in toy_bank.get(i).messages]
-    texts += (ROOT / "README.md").read_text().splitlines()
+    texts += project_text()
     return build_tokenizer(texts, tmp_path_factory.mktemp("tok"), vocab_size=700)
 
 

@@ -12,6 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from corpus import project_text  # noqa: E402
+
 from bat_gym.errors import ConfigError  # noqa: E402
 from bat_gym.protocol import ToolCall  # noqa: E402
 from bat_gym.sft import IGNORE_INDEX, SFTAction, SFTRow, export_sft, render_rows, sft_rows  # noqa: E402
@@ -48,7 +50,7 @@ def tiny(toy, toy_bank, tmp_path_factory):
 
     rows = sft_rows(toy_bank, toy)
     texts = [m.get("content") or "" for r in rows for m in r.context]
-    texts += [r.target.content for r in rows] + (ROOT / "README.md").read_text().splitlines()
+    texts += [r.target.content for r in rows] + project_text()
     path = build_tiny_model(
         tmp_path_factory.mktemp("tiny"), texts, vocab_size=512, hidden_size=64, num_heads=1
     )

@@ -3,6 +3,7 @@ import json
 import pytest
 
 from bat_gym.viewer import Site
+from bat_gym.viewer.export import score_explanation
 
 
 def test_inspect_log_has_a_sample_per_cell(eval_fail):
@@ -30,7 +31,11 @@ def test_inspect_reads_the_export(eval_fail, tmp_path):
     assert log.status == "success" and len(log.samples) == 2
     tool_msgs = [m for m in log.samples[0].messages if m.role == "tool"]
     assert tool_msgs and tool_msgs[0].function == "execute_code"
-    assert log.samples[0].scores["bat_gym"].value < 1  # the sloppy Validate stage cost reward
+    score = log.samples[0].scores["bat_gym"]
+    assert score.value < 1  # the sloppy Validate stage cost reward
+    # Inspect's viewer shows the explanation: the verdict's line and its failed items.
+    assert score.explanation == score_explanation(score.metadata["verdict"])
+    assert score.explanation.startswith("E2E reward") and " | FAIL S" in score.explanation
 
 
 def test_a_grpo_steps_rollouts_export_too(tmp_path):

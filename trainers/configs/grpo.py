@@ -44,6 +44,13 @@ class GRPOConfig(RunConfig):
     default: the reference 4 S-target / 2 S-mix / 2 E2E per batch of 8."""
     steps: int = 50
     """Optimizer steps (BaT: 50 per round)."""
+    max_generated_tokens: int | None = None
+    """Stop at the step boundary nearest this many sampled response tokens (tool results
+    not counted): checked before each step, a run stops once one more step would
+    overshoot by more than it now falls short, so it ends within half a step of the
+    budget (a step as long as the last); ``steps`` stays the cap. None: run ``steps``
+    steps. Comparing runs at the same token budget, not the same episode count, keeps a
+    policy that writes long turns from getting more practice."""
     groups_per_step: int = 8
     """States per step, B (BaT: 8)."""
     group_size: int = 4
@@ -234,6 +241,11 @@ class GRPOConfig(RunConfig):
         for name in ("steps", "groups_per_step", "group_size", "micro_batch_size", "num_envs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_generated_tokens is not None and self.max_generated_tokens < 1:
+            raise ConfigError(
+                f"max_generated_tokens must be >= 1 token, or None for no budget, got "
+                f"{self.max_generated_tokens}"
+            )
         if not 0 <= self.warmup_steps <= self.steps:
             raise ConfigError(
                 f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps}"

@@ -73,6 +73,7 @@ _FREE_ON_RESUME = frozenset(
         "ray",
         "gradient_checkpointing",
         "mlp_chunk_size",
+        "max_generated_tokens",
     }
 )
 
@@ -370,7 +371,7 @@ def _steps(
     # Shown by the command line (bat-gym train grpo, loop); logged at start and end else.
     steps_task = progress.task("GRPO steps", total=cfg.steps, done=step)
     try:
-        while step < cfg.steps:
+        while step < cfg.steps and not _budget_spent(cfg, history):
             record = _step(run, step)
             step += 1
             history.append(record)
@@ -380,11 +381,23 @@ def _steps(
             if on_step is not None:
                 on_step(record)
             steps_task.advance()
-            if step % cfg.save_every == 0 or step == cfg.steps:
+            if step % cfg.save_every == 0 or step == cfg.steps or _budget_spent(cfg, history):
                 _checkpoint(run, step, history)
     finally:
         steps_task.close()
     return step
+
+
+def _budget_spent(cfg: GRPOConfig, history: list[dict[str, Any]]) -> bool:
+    """True at the step boundary nearest ``max_generated_tokens`` (None: never).
+
+    Stops when one more step (as long as the last) would overshoot the budget by more
+    than the run now falls short of it, so runs cut into rounds miss it by nothing on average.
+    """
+    if cfg.max_generated_tokens is None or not history:
+        return False
+    spent = sum(h.get("generated_tokens", 0.0) for h in history)
+    return spent + history[-1].get("generated_tokens", 0.0) / 2 >= cfg.max_generated_tokens
 
 
 def _step(run: _Run, step: int) -> dict[str, Any]:
@@ -431,6 +444,8 @@ def _step(run: _Run, step: int) -> dict[str, Any]:
             **stats,
             "rollout_s": t_rollout,
             "update_s": t_update,
+            # Every rank's sampled response tokens (tool results excluded): the budget's unit.
+            "generated_tokens": float(sum(sum(r.response_mask) for r in rollouts) * dist.world),
             **async_stats,
         }
     ).model_dump()  # checked, and plain data for metrics.jsonl and the checkpoint
