@@ -13,6 +13,8 @@ replies with mask 0, the rubric reward) is one shared class,
   public tool methods.
 * :mod:`bat_gym.integrations.verl`: a verl agent loop, ``BatAgentLoop``.
 * :mod:`bat_gym.integrations.skyrl`: a SkyRL-Gym text env, ``BatTextEnv``.
+* :mod:`bat_gym.integrations.verifiers`: verifiers v1 (prime-rl), the ``bat-gym-stages``
+  environment: ``StageTaskset``, ``StageHarness``, ``StageEpisodes``.
 
 Importing this package imports no trainer framework; each submodule imports its own.
 """
