@@ -39,7 +39,19 @@ class StepMetrics(BaseModel):
     response_tokens: float = Field(ge=0, description="Mean response tokens per rollout.")
     turns: float = Field(ge=0, description="Mean assistant turns per rollout.")
     finished: float = Field(ge=0, le=1, description="Share of rollouts that called finish.")
+    finished_by_pool: dict[str, float] = Field(
+        default_factory=dict,
+        description="Share of rollouts that called finish, per state pool ({} in runs "
+        "written before it was logged).",
+    )
     length_cut: float = Field(ge=0, le=1, description="Share of rollouts a token limit ended.")
+    budget_cut: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of rollouts an env budget (turns, tool calls, response tokens) "
+        "ended before finish (0 in runs written before it was logged).",
+    )
     rerendered_replies: float = Field(
         ge=0, description="Mean replies after a turn the chat template re-renders."
     )

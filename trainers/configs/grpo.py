@@ -86,6 +86,23 @@ class GRPOConfig(RunConfig):
     overlong_penalty: float = 1.0
     """Subtracted from the reward of an episode a token limit ended, with
     ``overlong="penalize"`` (1.0: below any finished episode's reward in [0, 1])."""
+    unfinished: Literal["penalize", "keep"] = "penalize"
+    """Episodes an env budget ended before the policy called ``finish``
+    (``stop_reason == "truncated"``: the turn, tool-call or response-token budget):
+    ``penalize`` trains on them with ``reward - unfinished_penalty``, ``keep`` with the
+    reward as scored. The rubric scores the workspace however the episode ended, so under
+    ``keep`` an episode that runs out its budget earns what one that finishes earns:
+    ``finish`` then carries no reward anywhere (a stage row pays its stage's work whether
+    or not the episode stops there), and GRPO lets the finishing habit drift away (on
+    skill_ladder S3, held-out episodes calling ``finish`` fell from 29 to 16 of 48).
+    Default ``penalize``: of two episodes with the same work, the one that finished ranks
+    higher."""
+    unfinished_penalty: float = 0.25
+    """Subtracted from the reward of an episode a budget ended, with
+    ``unfinished="penalize"``. Small enough that finishing early never pays for leaving
+    out more than a quarter of the reward (a stage of an E2E episode is worth about 0.1 to
+    0.2), large enough to rank a finished episode above the same work left unfinished
+    within a group of 4."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra arguments of the chat template for prompts and env replies, e.g.
     ``{"enable_thinking": False}`` for Qwen3; give SFT and evaluation the same."""
@@ -168,7 +185,11 @@ class GRPOConfig(RunConfig):
     sequence's token sum over ``max_len_norm``, then the mean (``seq_mean_token_sum_norm``,
     Dr. GRPO)."""
     max_len_norm: int | None = None
-    """Length divisor of ``seq_mean_token_sum_norm`` (default: the longest completion)."""
+    """Length divisor of ``seq_mean_token_sum_norm``, in policy tokens. Default: the most
+    tokens any rollout of the step sampled itself (tool results, which the policy did not
+    write and the loss masks, are not counted); give the generation budget (e.g.
+    ``max_turns * max_new_tokens``) for a divisor that stays the same from step to step,
+    as Dr. GRPO does."""
     normalize_std: bool = False
     """Divide advantages by the group's reward std (off in BaT, as in Dr. GRPO)."""
     filter_uniform_groups: bool = False
@@ -248,11 +269,12 @@ class GRPOConfig(RunConfig):
                 f"clip widths must satisfy 0 <= low < 1 and high >= 0, got "
                 f"{self.clip_eps_low}, {self.clip_eps_high}"
             )
-        if self.overlong_penalty < 0:
-            raise ConfigError(
-                f"overlong_penalty is subtracted from the reward and must be >= 0, got "
-                f"{self.overlong_penalty}"
-            )
+        for name in ("overlong_penalty", "unfinished_penalty"):
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"{name} is subtracted from the reward and must be >= 0, got "
+                    f"{getattr(self, name)}"
+                )
         self._check_optional_bounds()
         try:
             self.env  # noqa: B018 - made to check env_kwargs now, not at the first reset

@@ -6,6 +6,7 @@ One optimizer step::
     rollouts <- G token-level episodes per state, played concurrently     (B*G,)
     r_i      <- rubric reward of episode i                                 (B*G,)
                 [- overlong_penalty if a token limit ended it, overlong="penalize"]
+                [- unfinished_penalty if a budget ended it, unfinished="penalize" (default)]
     A_i      <- r_i - mean_{j in group(i)} r_j    [/ std, off by default]  (B*G,)
     batch    <- the rollouts, less those a token limit ended (overlong="mask", default)
     loss     <- clipped-ratio objective on every sampled token with A_i,
