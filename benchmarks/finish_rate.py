@@ -29,32 +29,19 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-BENCH = "skill_ladder"
-MAX_TURNS = 8  # as in learnability.py: the teacher needs at most 7 turns
-MAX_NEW_TOKENS = 96
-TEMPERATURE = 0.7
-SFT_STEPS = 300
+# The sizes, GRPO settings and held-out evaluation of learnability.py's section 2, so the
+# "keep" arm here is that section's GRPO run.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import learnability  # noqa: E402
 
-# learnability.py's GRPO settings for the 128-wide model (lr and warmup explained there).
-GRPO_BASE: dict[str, Any] = {
-    "lr": 1e-4,
-    "warmup_steps": 4,
-    "group_size": 4,
-    "groups_per_step": 8,
-    "temperature": TEMPERATURE,
-    "max_new_tokens": MAX_NEW_TOKENS,
-    "max_turns": MAX_TURNS,
-    "kl_coef": 0.006,
-    "num_envs": 8,
-    "micro_batch_size": 8,
-    "device": "cpu",
-    "save_every": 1000,
-    "keep_last": 1,
-}
+BENCH = learnability.BENCH
+MAX_TURNS = learnability.MAX_TURNS
+SFT_STEPS = learnability.QUICK.sft_steps
 
 
 def _log(msg: str) -> None:
@@ -152,54 +139,6 @@ def section_rows(out: Path, setup: Any, focuses: list[str]) -> None:
 # -------------------------------------------------------------------------- grpo
 
 
-def held_out(model: Path | str, out: Path, repeats: int, seed: int = 0) -> Any:
-    """Held-out E2E evaluation of a checkpoint (tracks as units)."""
-    from bat_gym.catalog import get_benchmark
-    from bat_gym.evaluation import EvalConfig, evaluate
-    from bat_gym.policies import make_policy
-
-    bench = get_benchmark(BENCH)
-    policy = make_policy(
-        f"hf:{model}",
-        max_new_tokens=MAX_NEW_TOKENS,
-        temperature=TEMPERATURE,
-        seed=seed,
-        max_batch_size=6,
-    )
-    cfg = EvalConfig(
-        repeats=repeats,
-        workers=6,
-        progress=False,
-        budgets=bench.spec.budgets.model_copy(update={"max_turns": MAX_TURNS}),
-    )
-    try:
-        return evaluate(bench, policy, out, cfg)
-    finally:
-        policy.close()
-
-
-def grpo_run(
-    sft: Path, bank: Path, out: Path, target: str, steps: int, seed: int, arm: str
-) -> Path:
-    """One GRPO run (or the finished one in ``out``); its final model directory."""
-    from bat_gym.trainers.grpo import GRPOConfig, train
-
-    if (out / "final" / "config.json").is_file():
-        return out / "final"
-    cfg = GRPOConfig(
-        model=str(sft),
-        output_dir=str(out),
-        benchmark=BENCH,
-        bank=str(bank),
-        target=target,
-        steps=steps,
-        seed=seed,
-        unfinished=arm,
-        **{**GRPO_BASE, "warmup_steps": min(GRPO_BASE["warmup_steps"], steps)},
-    )
-    return Path(train(cfg)["final"])
-
-
 def _train_finish(run: Path) -> list[dict[str, Any]]:
     """Per step: the finish rate overall and per pool, and the share a budget ended."""
     out = []
@@ -251,10 +190,11 @@ def _summary(report: Any, target: str) -> dict[str, Any]:
 
 
 def section_grpo(out: Path, setup: Any, sft: Path, args: argparse.Namespace) -> None:
+    plan = learnability.Plan(grpo_steps=args.steps, eval_repeats=args.eval_repeats)
     _log(f"\n## GRPO on {args.target}: {args.steps} steps x 8 groups x 4, held-out E2E")
     base = None
     if not args.no_baseline:  # a second process running other arms beside this one
-        base = _summary(held_out(sft, out / "eval" / "sft", args.eval_repeats), args.target)
+        base = _summary(learnability.held_out(sft, out / "eval" / "sft", plan), args.target)
         _log(
             f"SFT: overall {base['overall']:.3f}, {args.target} {base['target']:.3f}, "
             f"finished {base['finished']}/{base['runs']}"
@@ -268,13 +208,11 @@ def section_grpo(out: Path, setup: Any, sft: Path, args: argparse.Namespace) -> 
         for seed in args.seeds:
             t0 = time.perf_counter()
             run = out / "grpo" / f"{args.target}-{arm}-seed{seed}"
-            final = grpo_run(sft, Path(setup.bank.root), run, args.target, args.steps, seed, arm)
-            ev = _summary(
-                held_out(
-                    final, out / "eval" / f"{args.target}-{arm}-seed{seed}", args.eval_repeats
-                ),
-                args.target,
+            final = learnability.grpo(
+                sft, Path(setup.bank.root), run, plan, seed, target=args.target, unfinished=arm
             )
+            report = learnability.held_out(final, out / "eval" / f"{run.name}", plan)
+            ev = _summary(report, args.target)
             steps = _train_finish(run)
             last = statistics.fmean(s["finished"] for s in steps[-3:])
             ends = _by_ending(run)
