@@ -183,7 +183,9 @@ class GRPOConfig(RunConfig):
     """How token losses become the batch loss: mean over each sequence's tokens, then over
     sequences (``seq_mean_token_mean``); mean over all tokens (``token_mean``); or each
     sequence's token sum over ``max_len_norm``, then the mean (``seq_mean_token_sum_norm``,
-    Dr. GRPO)."""
+    Dr. GRPO). The default (BaT's) weighs each token of rollout i by ``A_i / |o_i|``: an
+    episode that runs out its turn budget (long) is pushed down less per token than a
+    wrong one that finishes (short), a length bias the other two do not have."""
     max_len_norm: int | None = None
     """Length divisor of ``seq_mean_token_sum_norm``, in policy tokens. Default: the most
     tokens any rollout of the step sampled itself (tool results, which the policy did not
