@@ -99,10 +99,10 @@ class GRPOConfig(RunConfig):
     higher."""
     unfinished_penalty: float = 0.25
     """Subtracted from the reward of an episode a budget ended, with
-    ``unfinished="penalize"``. Small enough that finishing early never pays for leaving
-    out more than a quarter of the reward (a stage of an E2E episode is worth about 0.1 to
-    0.2), large enough to rank a finished episode above the same work left unfinished
-    within a group of 4."""
+    ``unfinished="penalize"``. Any value > 0 ranks a finished episode above the same work
+    left unfinished; a large one also pays finishing early over doing more work (with
+    1.0, finishing with nothing done beats any unfinished episode), so it stays below
+    the reward a stage or two of an E2E episode earns."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra arguments of the chat template for prompts and env replies, e.g.
     ``{"enable_thinking": False}`` for Qwen3; give SFT and evaluation the same."""
