@@ -44,6 +44,16 @@ MAX_TURNS = learnability.MAX_TURNS
 SFT_STEPS = learnability.QUICK.sft_steps
 
 
+# The arms: how episodes that did not finish are trained on. ``keep`` is the behaviour
+# before ``unfinished`` existed; ``penalize`` the default; ``penalize-all`` also penalises
+# the episodes a token limit cut (``overlong="penalize"``) instead of masking them.
+ARMS: dict[str, dict[str, str]] = {
+    "keep": {"unfinished": "keep"},
+    "penalize": {"unfinished": "penalize"},
+    "penalize-all": {"unfinished": "penalize", "overlong": "penalize"},
+}
+
+
 def _log(msg: str) -> None:
     print(msg, flush=True)
 
@@ -209,7 +219,7 @@ def section_grpo(out: Path, setup: Any, sft: Path, args: argparse.Namespace) -> 
             t0 = time.perf_counter()
             run = out / "grpo" / f"{args.target}-{arm}-seed{seed}"
             final = learnability.grpo(
-                sft, Path(setup.bank.root), run, plan, seed, target=args.target, unfinished=arm
+                sft, Path(setup.bank.root), run, plan, seed, target=args.target, **ARMS[arm]
             )
             report = learnability.held_out(final, out / "eval" / f"{run.name}", plan)
             ev = _summary(report, args.target)
@@ -246,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--focus", nargs="*", default=[], help="rows: only these focuses")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--arm", nargs="*", default=["keep", "penalize"], choices=["keep", "penalize"])
+    p.add_argument("--arm", nargs="*", default=["keep", "penalize"], choices=list(ARMS))
     p.add_argument("--eval-repeats", type=int, default=16, help="held-out tasks per track")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--sft", type=Path, help="an SFT checkpoint to start from (default: train one)")
