@@ -1,23 +1,28 @@
 """Why does GRPO stop finishing? Measure the finish rate, and what the reward pays for it.
 
-Two measurements on a tiny local model (skill_ladder, built on the spot as in
-``benchmarks/learnability.py``: bank, tokenizer, random-init model, cold-start SFT):
+Two measurements on a tiny local model (skill_ladder, built on the spot by
+:func:`bat_gym.trainers.tiny_sft.build_tiny_setup`: bank, tokenizer, random-init model,
+cold-start SFT; ``--sft`` reuses a checkpoint):
 
 1. ``rows``: does a row pay the same whether or not the episode finishes? Every row of
-   the bank (``--focus`` to pick) is played twice with its stored demonstration (the teacher's
-   own-stage work, then ``finish``): once as stored, once without the ``finish`` turn and
-   with empty turns until the turn budget ends the episode (``stop_reason ==
+   the bank (``--focus`` to pick) is played twice with its stored demonstration (the
+   teacher's work, then ``finish``): once as stored, once without the ``finish`` turn
+   and with empty turns until the turn budget ends the episode (``stop_reason ==
    "turn_budget"``). Prints how many rows pay the same both ways. No model involved.
-2. ``grpo``: GRPO on ``--target`` from the SFT checkpoint, once per ``--arm`` and seed:
-   ``keep`` trains budget-ended episodes on the reward as scored (the behaviour before
-   ``unfinished`` existed), ``penalize`` with ``reward - unfinished_penalty`` (the
-   default). Per run: the training finish rate per step (``finished``, from
-   ``metrics.jsonl``), then a held-out evaluation (E2E episodes on held-out seeds, as
-   :func:`bat_gym.evaluation.evaluate` plays them) with the episodes that called
-   ``finish``, overall and the target stage, against the SFT checkpoint's.
+2. ``grpo``: GRPO on ``--target`` from the SFT checkpoint, once per ``--arm`` and seed
+   (:data:`ARMS`: ``keep`` trains on every unfinished episode's reward as scored and
+   masks the ones a token limit cut, the behaviour before ``unfinished`` existed;
+   ``penalize`` subtracts ``unfinished_penalty`` from the budget-ended ones;
+   ``penalize-all`` also subtracts ``overlong_penalty`` from the cut ones, the
+   defaults). Per run: the training finish rate and cut share per step (from
+   ``metrics.jsonl``), the kept rollouts by how they ended, then a held-out evaluation
+   (E2E episodes on held-out seeds, :func:`bat_gym.evaluation.evaluate`) with the
+   episodes that called ``finish``, overall and the target stage, against the SFT
+   checkpoint's. Seeds are common random numbers: the arms sample the same episodes
+   until their updates first change a sampled token.
 
     python benchmarks/finish_rate.py rows --out runs/finish
-    python benchmarks/finish_rate.py grpo --out runs/finish --steps 12 --seeds 0 1
+    python benchmarks/finish_rate.py grpo --out runs/finish --steps 10 --arm keep penalize penalize-all
 
 A rerun with the same ``--out`` reuses the bank, the SFT run, finished GRPO runs and
 finished evaluations.
@@ -29,27 +34,41 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-# The sizes, GRPO settings and held-out evaluation of learnability.py's section 2, so the
-# "keep" arm here is that section's GRPO run.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import learnability  # noqa: E402
+BENCH = "skill_ladder"
+MAX_TURNS = 8  # the teacher needs at most 7; tiny policies waste little on dead ends
+MAX_NEW_TOKENS = 96
+TEMPERATURE = 0.7
+SFT_STEPS = 300
 
-BENCH = learnability.BENCH
-MAX_TURNS = learnability.MAX_TURNS
-SFT_STEPS = learnability.QUICK.sft_steps
+# The GRPO settings of the learnability runs for the 128-wide model: lr 1e-4 with a
+# four-step warmup moved S3 without breaking the other stages there.
+GRPO_BASE: dict[str, Any] = {
+    "lr": 1e-4,
+    "warmup_steps": 4,
+    "group_size": 4,
+    "groups_per_step": 8,
+    "temperature": TEMPERATURE,
+    "max_new_tokens": MAX_NEW_TOKENS,
+    "max_turns": MAX_TURNS,
+    "kl_coef": 0.006,
+    "num_envs": 8,
+    "micro_batch_size": 8,
+    "device": "cpu",
+    "save_every": 1000,
+    "keep_last": 1,
+}
 
 
 # The arms: how episodes that did not finish are trained on. ``keep`` is the behaviour
-# before ``unfinished`` existed; ``penalize`` the default; ``penalize-all`` also penalises
+# before ``unfinished`` existed; ``penalize`` its default; ``penalize-all`` also penalises
 # the episodes a token limit cut (``overlong="penalize"``) instead of masking them.
 ARMS: dict[str, dict[str, str]] = {
-    "keep": {"unfinished": "keep"},
-    "penalize": {"unfinished": "penalize"},
+    "keep": {"unfinished": "keep", "overlong": "mask"},
+    "penalize": {"unfinished": "penalize", "overlong": "mask"},
     "penalize-all": {"unfinished": "penalize", "overlong": "penalize"},
 }
 
@@ -149,6 +168,54 @@ def section_rows(out: Path, setup: Any, focuses: list[str]) -> None:
 # -------------------------------------------------------------------------- grpo
 
 
+def held_out(model: Path | str, out: Path, repeats: int, seed: int = 0) -> Any:
+    """Held-out E2E evaluation of a checkpoint (tracks as units)."""
+    from bat_gym.catalog import get_benchmark
+    from bat_gym.evaluation import EvalConfig, evaluate
+    from bat_gym.policies import make_policy
+
+    bench = get_benchmark(BENCH)
+    policy = make_policy(
+        f"hf:{model}",
+        max_new_tokens=MAX_NEW_TOKENS,
+        temperature=TEMPERATURE,
+        seed=seed,
+        max_batch_size=6,
+    )
+    cfg = EvalConfig(
+        repeats=repeats,
+        workers=6,
+        progress=False,
+        budgets=bench.spec.budgets.model_copy(update={"max_turns": MAX_TURNS}),
+    )
+    try:
+        return evaluate(bench, policy, out, cfg)
+    finally:
+        policy.close()
+
+
+def grpo_run(
+    sft: Path, bank: Path, out: Path, target: str, steps: int, seed: int, arm: str
+) -> Path:
+    """One GRPO run (or the finished one in ``out``); its final model directory."""
+    from bat_gym.trainers.grpo import GRPOConfig, train
+
+    if (out / "final" / "config.json").is_file():
+        return out / "final"
+    cfg = GRPOConfig(
+        model=str(sft),
+        output_dir=str(out),
+        benchmark=BENCH,
+        bank=str(bank),
+        target=target,
+        steps=steps,
+        seed=seed,
+        **ARMS[arm],
+        **{**GRPO_BASE, "warmup_steps": min(GRPO_BASE["warmup_steps"], steps)},
+    )
+    return Path(train(cfg)["final"])
+
+
 def _train_finish(run: Path) -> list[dict[str, Any]]:
     """Per step: the finish rate overall and per pool, and the share a budget ended."""
     out = []
@@ -200,11 +267,10 @@ def _summary(report: Any, target: str) -> dict[str, Any]:
 
 
 def section_grpo(out: Path, setup: Any, sft: Path, args: argparse.Namespace) -> None:
-    plan = learnability.Plan(grpo_steps=args.steps, eval_repeats=args.eval_repeats)
     _log(f"\n## GRPO on {args.target}: {args.steps} steps x 8 groups x 4, held-out E2E")
     base = None
     if not args.no_baseline:  # a second process running other arms beside this one
-        base = _summary(learnability.held_out(sft, out / "eval" / "sft", plan), args.target)
+        base = _summary(held_out(sft, out / "eval" / "sft", args.eval_repeats), args.target)
         _log(
             f"SFT: overall {base['overall']:.3f}, {args.target} {base['target']:.3f}, "
             f"finished {base['finished']}/{base['runs']}"
@@ -218,11 +284,13 @@ def section_grpo(out: Path, setup: Any, sft: Path, args: argparse.Namespace) -> 
         for seed in args.seeds:
             t0 = time.perf_counter()
             run = out / "grpo" / f"{args.target}-{arm}-seed{seed}"
-            final = learnability.grpo(
-                sft, Path(setup.bank.root), run, plan, seed, target=args.target, **ARMS[arm]
+            final = grpo_run(sft, Path(setup.bank.root), run, args.target, args.steps, seed, arm)
+            ev = _summary(
+                held_out(
+                    final, out / "eval" / f"{args.target}-{arm}-seed{seed}", args.eval_repeats
+                ),
+                args.target,
             )
-            report = learnability.held_out(final, out / "eval" / f"{run.name}", plan)
-            ev = _summary(report, args.target)
             steps = _train_finish(run)
             last = statistics.fmean(s["finished"] for s in steps[-3:])
             ends = _by_ending(run)
