@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def config(tiny, bank, out, **kw):
     # A random model does not finish a turn in 12 tokens, so every episode ends "length";
-    # overlong="keep" trains on them anyway (the default, "mask", would leave no update).
+    # overlong="keep" trains on them anyway (under "mask" or the default "penalize" every
+    # group would be uniform: no update).
     settings = dict(
         model=str(tiny), output_dir=str(out), benchmark="toy_pipeline", bank=str(bank.root),
         state_ids=tuple(bank.select(focus="S1")[:3]), steps=2, groups_per_step=1, group_size=2,

@@ -109,3 +109,33 @@ def test_the_step_metrics_show_the_finish_rate_per_pool(both_ways):
     assert m["finished"] == pytest.approx(1 / 3)
     assert m["finished_by_pool"] == {"target": 0.5, "e2e": 0.0}
     assert m["budget_cut"] == pytest.approx(2 / 3)
+
+
+def test_by_default_no_unfinished_episode_ranks_with_a_finished_one(tmp_path):
+    # Masking the episodes a token limit cut let turns grow until the limit cut them
+    # (skill_ladder S3: cut share 0.03 -> 0.56 in 10 steps), since a cut episode was never
+    # pushed down while a wrong finished one was; by default each way of not finishing
+    # now costs reward, and every rollout stays in the update.
+    cfg = config(tmp_path)
+    group = []
+    for stop in ("terminated", "truncated", "length"):
+        group.append(
+            EpisodeResult(
+                state_id="s",
+                prompt_ids=[1],
+                response_ids=[2],
+                response_mask=[1],
+                response_logprobs=None,
+                reward=1.0,
+                verdict=None,
+                num_turns=1,
+                num_replies=0,
+                stop_reason=stop,
+                messages=[],
+                length_limit="turn" if stop == "length" else None,
+            )  # fmt: skip
+        )
+    shaped = [shaped_reward(r, cfg) for r in group]
+    assert shaped[0] > shaped[1] > shaped[2]
+    batch = train_batch(group, cfg)
+    assert len(batch.rollouts) == 3 and batch.advantages[0] > 0 > batch.advantages[2]
