@@ -191,7 +191,7 @@ def _grpo(values: dict[str, Any]) -> None:
         typer.echo(
             f"step {m.step:4d}  reward {m.reward:.3f}  kl {m.kl:.4f}  "
             f"clip {m.clip_fraction:.3f}  zero-adv groups {m.zero_advantage_groups:.2f}  "
-            f"len {m.response_tokens:.0f}  cut {m.length_cut:.2f}  "
+            f"len {m.response_tokens:.0f}  cut {m.length_cut:.2f}  fin {m.finished:.2f}  "
             f"({m.rollout_s:.1f} s + {m.update_s:.1f} s)"
             + "".join(f"  {pool} {r:.3f}" for pool, r in m.reward_by_pool.items())
         )

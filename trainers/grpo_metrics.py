@@ -42,7 +42,19 @@ class StepMetrics(BaseModel):
     )
     turns: float = Field(ge=0, description="Mean assistant turns per rollout.")
     finished: float = Field(ge=0, le=1, description="Share of rollouts that called finish.")
+    finished_by_pool: dict[str, float] = Field(
+        default_factory=dict,
+        description="Share of rollouts that called finish, per state pool ({} in runs "
+        "written before it was logged).",
+    )
     length_cut: float = Field(ge=0, le=1, description="Share of rollouts a token limit ended.")
+    budget_cut: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of rollouts an env budget (turns, tool calls, response tokens) "
+        "ended before finish (0 in runs written before it was logged).",
+    )
     rerendered_replies: float = Field(
         ge=0, description="Mean replies after a turn the chat template re-renders."
     )
@@ -87,8 +99,8 @@ def no_signal_hint(metrics: StepMetrics | dict[str, Any]) -> str | None:
     """One line on why a step taught nothing, and what to change; None when it taught.
 
     A step teaches nothing when every group's rollouts earned the same reward (zero
-    advantage everywhere): with the default ``--overlong mask`` that is what a model
-    whose every turn a token limit cuts, or one that never earns credit, produces.
+    advantage everywhere): that is what a model whose every turn a token limit cuts (every
+    reward less the same penalty, or masked), or one that never earns credit, produces.
     """
     m = metrics if isinstance(metrics, StepMetrics) else StepMetrics.model_validate(metrics)
     if m.zero_advantage_groups < 1.0:
@@ -96,8 +108,7 @@ def no_signal_hint(metrics: StepMetrics | dict[str, Any]) -> str | None:
     if m.length_cut >= 1.0:
         why = (
             "a token limit cut every episode (cut 1.00): raise --max-new-tokens, SFT the "
-            "model until it ends its turns, or --overlong penalize to rank cut episodes "
-            "below finished ones"
+            "model until it ends its turns"
         )
     elif m.reward == 0.0:
         why = "no rollout earned credit: SFT the model first, or --target an easier stage"

@@ -15,7 +15,7 @@ added:
     group           its GRPO group (rollouts of one group share a start state)
     pool            the curriculum pool it was drawn from (``target``, ``mix``, ``e2e``)
     stop_reason     ``terminated``, ``truncated`` or ``length``
-    shaped_reward   the reward the advantages saw (after an overlong penalty)
+    shaped_reward   the reward the advantages saw (after an overlong or unfinished penalty)
     sampled_tokens  tokens the policy generated
 
 At most :data:`KEEP_PER_STEP` rollouts are kept per step: the first rollout of every

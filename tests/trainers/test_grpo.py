@@ -26,7 +26,8 @@ from bat_gym.trainers.rollout import RolloutWorkers  # noqa: E402
 
 def config(tiny, bank, out, **kw):
     # A random model does not finish a turn in 12 tokens, so every episode ends "length";
-    # overlong="keep" trains on them anyway (the default, "mask", would leave no update).
+    # overlong="keep" trains on them anyway (under "mask" or the default "penalize" every
+    # group would be uniform: no update).
     settings = dict(
         model=str(tiny), output_dir=str(out), benchmark="toy_pipeline", bank=str(bank.root),
         state_ids=tuple(bank.select(focus="S1")[:3]), steps=2, groups_per_step=1, group_size=2,
@@ -105,11 +106,14 @@ def episode(stop_reason, reward):
 def test_episodes_a_token_limit_ended_are_masked_penalized_or_kept(tiny, toy_bank, tmp_path):
     rollouts = [episode("terminated", 1.0), episode("length", 0.4), episode("truncated", 0.0)]
     # penalize: the advantages see the reward less the penalty; the env's reward is kept.
-    cfg = config(tiny, toy_bank, tmp_path, overlong="penalize", overlong_penalty=0.5)
+    # (unfinished="keep": the budget-ended episode's own penalty is test_unfinished.py's.)
+    cfg = config(
+        tiny, toy_bank, tmp_path, overlong="penalize", overlong_penalty=0.5, unfinished="keep"
+    )
     assert [shaped_reward(r, cfg) for r in rollouts] == pytest.approx([1.0, -0.1, 0.0])
     assert rollouts[1].reward == 0.4
     for mode in ("keep", "mask"):
-        cfg = config(tiny, toy_bank, tmp_path, overlong=mode)
+        cfg = config(tiny, toy_bank, tmp_path, overlong=mode, unfinished="keep")
         assert [shaped_reward(r, cfg) for r in rollouts] == pytest.approx([1.0, 0.4, 0.0])
     # mask: the cut episode leaves the update with its advantage; the env's own
     # truncation (a turn budget) is an outcome like any other and stays.

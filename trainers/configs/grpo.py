@@ -81,18 +81,38 @@ class GRPOConfig(RunConfig):
     (close the turn with the end-of-turn token and step the env with the cut text).
     Default ``end``: the cut text is an unfinished message, and acting on it would put
     an end-of-turn token the model did not sample into its context."""
-    overlong: Literal["mask", "keep", "penalize"] = "mask"
+    overlong: Literal["mask", "keep", "penalize"] = "penalize"
     """Episodes a token limit ended (``stop_reason == "length"``: a cut turn,
     ``max_total_tokens``): ``mask`` leaves them out of the loss (DAPO's overlong
     filtering; their reward still counts in their group's baseline), ``keep`` trains on
     them with the reward as scored, ``penalize`` with ``reward - overlong_penalty``.
-    Default ``mask``: such an episode is scored on an unfinished workspace, so its reward
-    says as much about the token limits as about the policy, and training on it would
-    push down every turn of it, the sound early ones too. The ``length_cut`` metric is
-    the share masked; when it is large, raise ``max_new_tokens``."""
+    Default ``penalize``: under ``mask`` a cut episode is never pushed down, while a wrong
+    one that ends its turns is, stop token included, so turns grow until the limit cuts
+    them (skill_ladder S3 from SFT, seed 0, benchmarks/finish_rate.py: under ``mask``
+    ``length_cut`` went 0.03 -> 0.62 in 9 steps and the finish rate 0.53 -> 0.34; under
+    ``penalize`` 0.03 -> 0.12 and 0.53 -> 0.69). ``mask`` keeps the sound early turns of
+    a cut episode from being pushed down too. The ``length_cut`` metric is the share cut;
+    when it is large, raise ``max_new_tokens``."""
     overlong_penalty: float = 1.0
     """Subtracted from the reward of an episode a token limit ended, with
     ``overlong="penalize"`` (1.0: below any finished episode's reward in [0, 1])."""
+    unfinished: Literal["penalize", "keep"] = "penalize"
+    """Episodes an env budget ended before the policy called ``finish``
+    (``stop_reason == "truncated"``: the turn, tool-call or response-token budget):
+    ``penalize`` trains on them with ``reward - unfinished_penalty``, ``keep`` with the
+    reward as scored. The rubric scores the workspace however the episode ended, so under
+    ``keep`` an episode that runs out its budget earns what one that finishes earns:
+    ``finish`` then carries no reward anywhere (a stage row pays its stage's work whether
+    or not the episode stops there), and GRPO lets the finishing habit drift away (on
+    skill_ladder S3, held-out episodes calling ``finish`` fell from 29 to 16 of 48).
+    Default ``penalize``: of two episodes with the same work, the one that finished ranks
+    higher."""
+    unfinished_penalty: float = 0.25
+    """Subtracted from the reward of an episode a budget ended, with
+    ``unfinished="penalize"``. Any value > 0 ranks a finished episode above the same work
+    left unfinished; a large one also pays finishing early over doing more work (with
+    1.0, finishing with nothing done beats any unfinished episode), so it stays below
+    the reward a stage or two of an E2E episode earns."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra arguments of the chat template for prompts and env replies, e.g.
     ``{"enable_thinking": False}`` for Qwen3; give SFT and evaluation the same."""
@@ -173,9 +193,15 @@ class GRPOConfig(RunConfig):
     """How token losses become the batch loss: mean over each sequence's tokens, then over
     sequences (``seq_mean_token_mean``); mean over all tokens (``token_mean``); or each
     sequence's token sum over ``max_len_norm``, then the mean (``seq_mean_token_sum_norm``,
-    Dr. GRPO)."""
+    Dr. GRPO). The default (BaT's) weighs each token of rollout i by ``A_i / |o_i|``: an
+    episode that runs out its turn budget (long) is pushed down less per token than a
+    wrong one that finishes (short), a length bias the other two do not have."""
     max_len_norm: int | None = None
-    """Length divisor of ``seq_mean_token_sum_norm`` (default: the longest completion)."""
+    """Length divisor of ``seq_mean_token_sum_norm``, in policy tokens. Default: the most
+    tokens any rollout of the step sampled itself (tool results, which the policy did not
+    write and the loss masks, are not counted); give the generation budget (e.g.
+    ``max_turns * max_new_tokens``) for a divisor that stays the same from step to step,
+    as Dr. GRPO does."""
     normalize_std: bool = False
     """Divide advantages by the group's reward std (off in BaT, as in Dr. GRPO)."""
     filter_uniform_groups: bool = False
@@ -260,11 +286,12 @@ class GRPOConfig(RunConfig):
                 f"clip widths must satisfy 0 <= low < 1 and high >= 0, got "
                 f"{self.clip_eps_low}, {self.clip_eps_high}"
             )
-        if self.overlong_penalty < 0:
-            raise ConfigError(
-                f"overlong_penalty is subtracted from the reward and must be >= 0, got "
-                f"{self.overlong_penalty}"
-            )
+        for name in ("overlong_penalty", "unfinished_penalty"):
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"{name} is subtracted from the reward and must be >= 0, got "
+                    f"{getattr(self, name)}"
+                )
         self._check_optional_bounds()
         try:
             self.env  # noqa: B018 - made to check env_kwargs now, not at the first reset

@@ -5,9 +5,10 @@ One optimizer step::
     states   <- next B states (a StageCurriculum round, or fixed state ids)
     rollouts <- G token-level episodes per state, played concurrently     (B*G,)
     r_i      <- rubric reward of episode i                                 (B*G,)
-                [- overlong_penalty if a token limit ended it, overlong="penalize"]
+                [- overlong_penalty if a token limit ended it, overlong="penalize" (default)]
+                [- unfinished_penalty if a budget ended it, unfinished="penalize" (default)]
     A_i      <- r_i - mean_{j in group(i)} r_j    [/ std, off by default]  (B*G,)
-    batch    <- the rollouts, less those a token limit ended (overlong="mask", default)
+    batch    <- the rollouts, less those a token limit ended (overlong="mask")
     loss     <- clipped-ratio objective on every sampled token with A_i,
                 + beta * k3(pi, pi_ref), aggregated seq-mean then token-mean
     theta    <- AdamW(theta, grad loss)
@@ -17,7 +18,7 @@ Episodes reach the model only through ``env.reset(options={"state_id": ...})`` a
 (:mod:`bat_gym.trainers.rollout`), with tool observations at loss mask 0. A turn ends
 at one of the sampler's stop tokens; a turn cut by ``max_new_tokens`` ends its episode
 unrun (``cut_turn``), as does ``max_total_tokens`` (prompt plus response), and such
-``length`` episodes are masked out of the loss by default (``overlong``).
+``length`` episodes train on their reward less ``overlong_penalty`` by default (``overlong``).
 
 Defaults follow the BaT reference (G=4, 8 groups per step, T=0.7, lr 2.5e-7, k3 KL
 0.006, no std normalisation, seq-mean-token-mean); a tiny model learning a toy task

@@ -22,6 +22,7 @@ __all__ = [
     "chunks",
     "idle_batch",
     "mask_overlong",
+    "policy_tokens",
     "rollout_metrics",
     "shaped_reward",
     "train_batch",
@@ -69,9 +70,18 @@ def train_batch(rollouts: Sequence[EpisodeResult], cfg: GRPOConfig) -> TrainBatc
 
 
 def shaped_reward(rollout: EpisodeResult, cfg: GRPOConfig) -> float:
-    """The reward the advantages see: less ``overlong_penalty`` for a token-limited episode."""
+    """The reward the advantages see: the rubric's, less a penalty for not finishing.
+
+    ``r' = r - overlong_penalty`` for an episode a token limit ended
+    (``overlong="penalize"``), ``r' = r - unfinished_penalty`` for one an env budget
+    ended (``unfinished="penalize"``), else ``r' = r``. The rubric scores the workspace
+    however the episode ended, so without the second term calling ``finish`` earns
+    nothing.
+    """
     if cfg.overlong == "penalize" and rollout.stop_reason == "length":
         return rollout.reward - cfg.overlong_penalty
+    if cfg.unfinished == "penalize" and rollout.stop_reason == "truncated":
+        return rollout.reward - cfg.unfinished_penalty
     return rollout.reward
 
 
@@ -92,6 +102,15 @@ def mask_overlong(
     """
     kept = [i for i, r in enumerate(rollouts) if r.stop_reason != "length"]
     return [rollouts[i] for i in kept], adv[torch.tensor(kept, dtype=torch.long)]
+
+
+def policy_tokens(rollout: EpisodeResult) -> int:
+    """Tokens of ``rollout`` the policy sampled itself: its response less the tool results.
+
+    ``sum_t mask_t`` over the response (``response_mask`` is 1 on sampled tokens, 0 on
+    the env's replies), the length that ``seq_mean_token_sum_norm`` divides by.
+    """
+    return sum(rollout.response_mask)
 
 
 def chunks(n: int, size: int) -> Iterator[slice]:
@@ -175,6 +194,7 @@ class _RolloutRow(NamedTuple):
     turns: int
     finished: bool
     length_cut: bool
+    budget_cut: bool
     rerendered: int
 
 
@@ -186,14 +206,15 @@ def rollout_metrics(
         [
             _RolloutRow(r.reward, r.reward_or_none is not None, r.state_id, pool,
                         sum(r.response_mask), r.num_turns, r.stop_reason == "terminated",
-                        r.stop_reason == "length", r.rerendered_replies)
+                        r.stop_reason == "length", r.stop_reason == "truncated",
+                        r.rerendered_replies)
             for r, pool in zip(rollouts, pools, strict=True)
         ]
     )  # fmt: skip
     n = len(rows)
-    by_pool: dict[str, list[float]] = {}
+    by_pool: dict[str, list[_RolloutRow]] = {}
     for row in rows:
-        by_pool.setdefault(row.pool, []).append(row.reward)
+        by_pool.setdefault(row.pool, []).append(row)
     scored = [row for row in rows if row.scored]
     _, zero_share = filter_uniform_groups(
         torch.tensor([row.reward for row in scored], dtype=torch.float),
@@ -203,12 +224,17 @@ def rollout_metrics(
         "reward": sum(row.reward for row in rows) / n,
         # The pools differ in difficulty (a stage row vs a whole episode), so the mean
         # above moves with the batch's mix; per pool it shows learning.
-        "reward_by_pool": {p: sum(v) / len(v) for p, v in by_pool.items()},
+        "reward_by_pool": {p: sum(r.reward for r in v) / len(v) for p, v in by_pool.items()},
         "scored_rollouts": len(scored),
         "zero_advantage_groups": zero_share,
         "response_tokens": sum(row.tokens for row in rows) / n,
         "turns": sum(row.turns for row in rows) / n,
+        # The rubric pays the work, not the finish: a policy can trade finishing away
+        # while its reward holds, so the finish rate is watched per pool too.
         "finished": sum(row.finished for row in rows) / n,
+        "finished_by_pool": {p: sum(r.finished for r in v) / len(v) for p, v in by_pool.items()},
+        # Ended by an env budget (turns, tool calls, response tokens) before finish.
+        "budget_cut": sum(row.budget_cut for row in rows) / n,
         # Ended by a token limit (a cut turn, max_total_tokens): masked out of the loss
         # under overlong="mask".
         "length_cut": sum(row.length_cut for row in rows) / n,

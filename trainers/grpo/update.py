@@ -18,7 +18,7 @@ from bat_gym.rollout import EpisodeResult
 from bat_gym.trainers.activation_checkpointing import set_activation_checkpointing
 from bat_gym.trainers.configs import GRPOConfig
 from bat_gym.trainers.fsdp import Dist
-from bat_gym.trainers.grpo.batch import batch_tensors, chunks, idle_batch
+from bat_gym.trainers.grpo.batch import batch_tensors, chunks, idle_batch, policy_tokens
 from bat_gym.trainers.grpo.logprobs import batch_logprobs
 from bat_gym.trainers.grpo_loss import behaviour_is_weights, grpo_loss, masked_mean
 from bat_gym.trainers.tiled_mlp import set_mlp_tiling
@@ -139,7 +139,11 @@ def update(
         set_activation_checkpointing(model, cfg.gradient_checkpointing)
         set_mlp_tiling(model, cfg.mlp_chunk_size)
     _score_fixed_policies(model, ref, batches, cfg, ctx)
-    longest = max((len(r.response_ids) for r in rollouts), default=1)
+    # seq_mean_token_sum_norm's divisor counts the tokens the policy sampled, not the
+    # tool results between its turns: those have mask 0 and no gradient, and counting
+    # them would scale the step by how long the longest episode's tool output happened
+    # to be (an effective learning rate that moves from step to step).
+    longest = max((policy_tokens(r) for r in rollouts), default=1)
     max_len = cfg.max_len_norm or dist.all_max(longest)
     # The sampler's own log-probs (when it reports them) against the trainer's: a gap
     # well above float noise means the sampler and the trained model disagree (another
