@@ -242,7 +242,7 @@ def _flat_steps(metrics: list[dict[str, Any]]) -> str:
         f'<p class="muted">{len(flat)} of {len(metrics)} steps had no learning signal (zero-adv '
         f"groups 1.00: every group's rollouts earned the same reward), {cut} of them with every "
         "episode cut by a token limit (cut 1.00). A flat curve there is the sizes, not the "
-        "trainer: raise --max-new-tokens, SFT the model first, or --overlong penalize.</p>"
+        "trainer: raise --max-new-tokens, or SFT the model first.</p>"
     )
 
 
