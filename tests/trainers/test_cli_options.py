@@ -48,12 +48,14 @@ def test_grpo_options_reach_the_config(tmp_path, monkeypatch):
     assert cfg.chat_template_kwargs == {"enable_thinking": False}
     assert cfg.gradient_checkpointing is False
 
-    # The defaults: cut turns end the episode, token-limited episodes are masked.
+    # The defaults: cut turns end the episode; token-limited and unfinished episodes train
+    # on their reward less a penalty.
     assert (
         invoke("train", "grpo", "--model", "m", "--out", tmp_path, "--state-id", "s1").exit_code
         == 0
     )
-    assert seen[1].cut_turn == "end" and seen[1].overlong == "mask"
+    assert seen[1].cut_turn == "end" and seen[1].overlong == "penalize"
+    assert seen[1].unfinished == "penalize"
     assert seen[1].max_total_tokens is None and seen[1].chat_template_kwargs == {}
     assert seen[1].gradient_checkpointing is True
 
