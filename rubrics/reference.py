@@ -144,6 +144,7 @@ def adopt_reference(
     final: FrozenWorkspace,
     *,
     backend: str = "local",
+    unattributed: Sequence[str] = (),
 ) -> bool:
     """Keep an episode's final workspace as the reference run, when it is exactly one.
 
@@ -151,8 +152,11 @@ def adopt_reference(
     reference script's calls, every one exiting 0, on the same backend, did what
     :func:`reference_workspace` would do (the runs are deterministic). The teacher's
     own episodes, which a Stage Bank build plays for every task, then cost no second
-    run. ``calls`` are ``(language, code, exit_code)`` in order. Returns whether it was
-    adopted; anything else leaves the cache as it was.
+    run. ``calls`` are ``(language, code, exit_code)`` in order. An episode with
+    ``unattributed`` paths is not adopted: those paths were removed from ``final``
+    before scoring, so it lacks files the script wrote, and as the cached reference it
+    would misjudge every later episode on the task. Returns whether it was adopted;
+    anything else leaves the cache as it was.
     """
     store = _store(benchmark)
     memo = (str(store.root), task.task_id, backend)
@@ -162,7 +166,7 @@ def adopt_reference(
     expected = _script_calls(benchmark, task)
     if expected is None or [(lang, code) for lang, code, _ in calls] != expected:
         return False
-    if any(rc != 0 for _, _, rc in calls):
+    if unattributed or any(rc != 0 for _, _, rc in calls):
         return False
     pristine = _pristine(benchmark, task, store)
     key = reference_key(benchmark, task, pristine.digest, backend)

@@ -120,10 +120,7 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
         final = without_paths(final, frozenset(record.unattributed))
         task = base.benchmark.task_of_state(state)
         workspace = FrozenWorkspace(final, sandbox.frozen_store)
-        # The teacher's own run on the pristine task is the reference, but only a whole
-        # one: a workspace with unattributed paths removed is missing files the script
-        # wrote, and as the cached reference it would misjudge every later episode.
-        if task is not None and not record.unattributed:
+        if task is not None:  # the teacher's own run on the pristine task is the reference
             adopt_reference(
                 base.benchmark,
                 task,
@@ -131,6 +128,7 @@ class RubricReward(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorA
                 [(c.language, c.code, c.exit_code) for c in record.calls],
                 workspace,
                 backend=base.backend,
+                unattributed=record.unattributed,
             )
         ctx = CheckContext(
             workspace=workspace,
