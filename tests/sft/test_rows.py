@@ -1,6 +1,6 @@
 import json
-from pathlib import Path
 
+import corpus
 import pytest
 
 pytest.importorskip("transformers")
@@ -41,13 +41,9 @@ def tokenizer(tmp_path_factory):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    root = Path(__file__).resolve().parents[2]
-    lines = []
-    for path in sorted((root / "bat_gym").glob("*.py")) + [
-        root / "README.md",
-        root / "docs" / "guide.md",
-    ]:
-        lines += path.read_text().splitlines()
+    code = sorted((corpus.ROOT / "bat_gym").glob("*.py"))
+    lines = [line for path in code for line in path.read_text().splitlines()]
+    lines += corpus.project_text()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
