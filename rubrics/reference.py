@@ -11,8 +11,9 @@ with what that run left (:mod:`.reference_checks`).
 The shipped models are deterministic numpy, so a reference run is a pure function of
 the task: it is computed once per task and kept in bat_gym's cache
 (``<cache>/references/<benchmark>/``), keyed by the task id, the digest of its pristine
-files and the digest of the script, so a changed generator or teacher never reuses a
-stale run. Held-out tasks are run like any other, on the evaluation's side of the
+files, the script, and what the sandbox has inside (the interpreter and the versions of
+the benchmark's packages), so a changed generator, teacher or environment never reuses
+a stale run, and two venvs can share one cache. Held-out tasks are run like any other, on the evaluation's side of the
 firewall: only verdicts leave it.
 
 :func:`reproduce` is the other half: reproduce, don't trust. It runs the benchmark's
@@ -27,13 +28,18 @@ as a :class:`~bat_gym.rubrics.context.TaskOracle`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import multiprocessing.util
 import os
+import platform
 import posixpath
+import re
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -45,6 +51,7 @@ from bat_gym.files import cache_dir, write_atomic
 from bat_gym.rubrics.context import TaskOracle
 from bat_gym.rubrics.workspace import FrozenWorkspace, path_matches
 from bat_gym.sandbox import BlobStore, Entry, Snapshot, WorkspaceIndex, make_sandbox
+from bat_gym.sandbox.requirements import SandboxRequirements
 from bat_gym.spec import Task
 
 if TYPE_CHECKING:
@@ -76,16 +83,57 @@ def _pristine(benchmark: Benchmark, task: Task, store: BlobStore) -> Snapshot:
         return WorkspaceIndex(tmp).capture(store)
 
 
+def _runtime(benchmark: Benchmark, backend: str) -> tuple[str, ...]:
+    """What the sandbox a reference run uses has inside, as far as its facts depend on it.
+
+    A run records the versions it sees (an environment record's python and numpy), so
+    two interpreters that share a cache (a second venv, an upgraded numpy) must not
+    share a run. ``local`` runs this interpreter: its version and the installed
+    versions of the benchmark's ``pip`` requirements. ``docker`` runs the image, whose
+    key already names its packages.
+    """
+    return _runtime_of(benchmark.sandbox_requirements(), backend)
+
+
+@functools.lru_cache(maxsize=64)
+def _runtime_of(requirements: SandboxRequirements, backend: str) -> tuple[str, ...]:
+    if backend == "docker":
+        from bat_gym.sandbox.docker_image import image_contents
+
+        return (image_contents(requirements).key,)
+    out = [sys.implementation.name, platform.python_version()]
+    for spec in requirements.pip:
+        name = re.match(r"[A-Za-z0-9._-]+", spec)
+        dist = name.group(0) if name else spec
+        try:
+            out.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            out.append(f"{dist} absent")
+    return tuple(out)
+
+
 def reference_key(
     benchmark: Benchmark, task: Task, pristine_digest: str, backend: str = "local"
 ) -> str | None:
-    """The cache key of ``task``'s reference run, or None if the benchmark has no script."""
+    """The cache key of ``task``'s reference run, or None if the benchmark has no script.
+
+    It names the benchmark, the task, its pristine files, the script's calls, the
+    backend and what that backend's sandbox has inside (:func:`_runtime`).
+    """
     script = benchmark.reference_script(task)
     if script is None:
         return None
     calls = [[c.name, c.arguments] for turn in script for c in turn.calls]
     blob = json.dumps(
-        [benchmark.name, task.task_id, pristine_digest, calls, backend], sort_keys=True
+        [
+            benchmark.name,
+            task.task_id,
+            pristine_digest,
+            calls,
+            backend,
+            list(_runtime(benchmark, backend)),
+        ],
+        sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -169,6 +169,35 @@ def test_the_reference_run_is_cached_per_task(toy, tmp_path, monkeypatch):
     assert list((tmp_path / "cache" / "references" / toy.name).glob("*.ref"))
 
 
+def test_another_interpreter_or_numpy_does_not_reuse_the_reference_run(toy, monkeypatch):
+    # Two venvs share one cache (a framework's venv beside the dev one): a run that
+    # recorded python 3.12 and another numpy must not judge this interpreter's episodes.
+    import importlib.metadata
+    import platform
+
+    from bat_gym.rubrics import reference
+
+    task = toy.make_task(toy.spec.tracks[0].name, toy.seeds("train")[0], "train")
+    here = reference.reference_key(toy, task, "d" * 64)
+    assert here == reference.reference_key(toy, task, "d" * 64)
+    real_version = importlib.metadata.version
+
+    for patch in (
+        lambda mp: mp.setattr(platform, "python_version", lambda: "3.99.0"),
+        lambda mp: mp.setattr(
+            importlib.metadata,
+            "version",
+            lambda d: "0.0.1" if d == "numpy" else real_version(d),
+        ),
+    ):
+        with monkeypatch.context() as mp:
+            patch(mp)
+            reference._runtime_of.cache_clear()
+            assert reference.reference_key(toy, task, "d" * 64) != here
+        reference._runtime_of.cache_clear()
+    assert reference.reference_key(toy, task, "d" * 64) == here
+
+
 def test_hand_written_predictions_with_a_real_receipt_earn_nothing_on_infer(toy, toy_bank):
     env = gym.make("bat/Infer-v0", benchmark="toy_pipeline", states=toy_bank)
     try:
