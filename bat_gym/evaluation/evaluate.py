@@ -162,6 +162,8 @@ def evaluate(
     manifest = EvalManifest.model_validate(
         {
             **json.loads(_dumps(identity)),
+            # What the policy reported while playing (an external agent's own name).
+            "policy": json.loads(_dumps({**identity["policy"], **policy.observed()})),
             "cells": [
                 {**c.model_dump(), "task_id": r.task_id}
                 for c, r in zip(cells, results, strict=True)

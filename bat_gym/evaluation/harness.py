@@ -137,7 +137,12 @@ def play_episode(
         SandboxRestarted: the sandbox crashed mid-episode.
     """
     act = policy_actor(policy, bench, state, seed_key=seed_key)
-    end = run_episode(env, act, state_id=state.state_id)
+    info = None
+    try:
+        end = run_episode(env, act, state_id=state.state_id)
+        info = end.info
+    finally:
+        policy.end_episode(seed_key, info)
     return end.info, end.finished
 
 

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +54,15 @@ from bat_gym.rubrics.reward import RubricReward
 if TYPE_CHECKING:
     from bat_gym.rubrics.verifier import Verdict
 
-__all__ = ["LOCALHOST", "McpEpisode", "ToolReply", "build_server", "serve"]
+__all__ = [
+    "LOCALHOST",
+    "McpEpisode",
+    "ToolReply",
+    "build_server",
+    "client_of",
+    "env_tool",
+    "serve",
+]
 
 LOCALHOST = "127.0.0.1"
 """The only address streamable HTTP binds: a caller runs code in the sandbox."""
@@ -225,20 +233,41 @@ class _RawArguments(ArgModelBase):
         return {"arguments": dict(self.model_extra or {})}
 
 
-def _tool(episode: McpEpisode, function: dict[str, Any]) -> Tool:
+def env_tool(function: dict[str, Any], handler: Callable[..., Awaitable[CallToolResult]]) -> Tool:
     """The SDK tool for one env tool: the env's schema, every call forwarded as it came.
 
     The SDK's own argument model would check the call before the env does; this one
-    passes the arguments through untouched, so the env alone decides (and records)
-    what is refused, as it does in-process.
+    passes the arguments through untouched (``handler(arguments, context)``), so the
+    env alone decides (and records) what is refused, as it does in-process.
+
+    Args:
+        function: the tool's OpenAI function schema (``info["tools"][i]["function"]``).
+        handler: answers one call: ``await handler(arguments: dict, context: Context)``.
     """
+    return Tool(
+        fn=handler,
+        name=function["name"],
+        description=function.get("description", ""),
+        parameters=function["parameters"],
+        fn_metadata=FuncMetadata(arg_model=_RawArguments),
+        is_async=True,
+        context_kwarg="context",
+    )
+
+
+def client_of(context: Context) -> dict[str, Any] | None:
+    """The calling client's ``clientInfo`` (``name``, ``version``), if it sent one."""
+    params = context.session.client_params
+    return None if params is None else params.client_info.model_dump(include={"name", "version"})
+
+
+def _tool(episode: McpEpisode, function: dict[str, Any]) -> Tool:
+    """The SDK tool that plays one env tool's calls in ``episode``."""
     name = function["name"]
 
     async def handler(arguments: dict[str, Any], context: Context) -> CallToolResult:
         if episode.agent is None:
-            params = context.session.client_params
-            if params is not None:
-                episode.agent = params.client_info.model_dump(include={"name", "version"})
+            episode.agent = client_of(context)
         reply = await episode.acall(name, arguments)
         return CallToolResult(
             content=[TextContent(type="text", text=reply.text)],
@@ -250,15 +279,7 @@ def _tool(episode: McpEpisode, function: dict[str, Any]) -> Tool:
             },
         )
 
-    return Tool(
-        fn=handler,
-        name=name,
-        description=function.get("description", ""),
-        parameters=function["parameters"],
-        fn_metadata=FuncMetadata(arg_model=_RawArguments),
-        is_async=True,
-        context_kwarg="context",
-    )
+    return env_tool(function, handler)
 
 
 @contextlib.contextmanager

@@ -191,6 +191,28 @@ class Policy(ABC):
         """
         return {"kind": type(self).__name__, "name": self.name}
 
+    def observed(self) -> dict[str, Any]:
+        """What the policy learned about itself while playing, for the run's manifest.
+
+        An external agent reports its own name and version only once it connects
+        (:class:`~bat_gym.integrations.mcp_agent.McpAgentPolicy`). Kept apart from
+        :meth:`identity`, which must not change when a run resumes. Default: nothing.
+        """
+        return {}
+
+    def end_episode(self, seed_key: SeedKey | None, info: dict[str, Any] | None) -> None:
+        """Called when an episode this policy played has ended, or was abandoned.
+
+        For a policy that holds something per episode (an external agent's process and
+        the call it waits on). The evaluation harness calls it after every attempt.
+
+        Args:
+            seed_key: the episode's key (its requests' ``seed_key`` without the turn).
+            info: the env's ``info`` after the last step; None when the attempt failed
+                (an infrastructure error) before the episode ended.
+        """
+        return None
+
     def close(self) -> None:
         """Release engines, threads and connections (nothing to release by default)."""
         return None
