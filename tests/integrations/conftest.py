@@ -302,8 +302,9 @@ def make_verl_loop(cls, real, trainer_config, server, tokenizer, **kwargs):
             from verl.utils.dataset.rl_dataset import RLHFDataset
 
             extra["dataset_cls"] = RLHFDataset
-        if "dataset_config" in params:
-            extra["dataset_config"] = SimpleNamespace(config=trainer_config.config.data)
+        for name in ("dataset_config", "data_config"):  # renamed in verl 0.9
+            if name in params:
+                extra[name] = SimpleNamespace(config=trainer_config.config.data)
     return cls(trainer_config, server, tokenizer, None, **extra, **kwargs)
 
 

@@ -131,6 +131,8 @@ def test_the_agent_loop_needs_verl_or_says_how_to_get_it(monkeypatch):
     import bat_gym.integrations.verl as bat_verl
 
     monkeypatch.setattr(bat_verl, "_built", {})
+    for name in [m for m in sys.modules if m.startswith("verl.")]:
+        monkeypatch.delitem(sys.modules, name)  # imported already where verl is installed
     monkeypatch.setitem(sys.modules, "verl", None)  # as if not installed
     with pytest.raises(ImportError, match=r"pip install 'bat-gym\[verl\]'"):
         _ = bat_verl.BatAgentLoop
