@@ -16,7 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("verl.experimental.agent_loop.agent_loop", exc_type=ImportError)
+pytest.importorskip(
+    "verl.experimental.agent_loop.agent_loop",
+    reason="verl is not installed here: bash .ci/venv-verl.sh runs this",
+    exc_type=ImportError,
+)
 
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
