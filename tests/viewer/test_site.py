@@ -222,7 +222,15 @@ def test_view_serves_until_interrupted(eval_ok):
     from pathlib import Path
 
     cmd = [str(Path(sys.executable).parent / "bat-gym"), "view", str(eval_ok)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C as a terminal sends it: a test run started in the background (`cmd &`)
+    # hands its children SIGINT ignored, and Python then installs no handler for it.
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         line = proc.stdout.readline()
         url = re.search(r"http://127\.0\.0\.1:\d+/", line).group(0)
