@@ -63,6 +63,13 @@ def harbor(
     track: Annotated[
         list[str] | None, typer.Option("--track", help="Held-out cells of this track only.")
     ] = None,
+    solution: Annotated[
+        bool,
+        typer.Option(
+            "--solution",
+            help="Also write solution/: the scripted teacher's calls, for `harbor run -a oracle`.",
+        ),
+    ] = False,
 ) -> None:
     """Write one Harbor task folder per state or held-out cell, verifier in separate mode."""
     from bat_gym.catalog import get_benchmark
@@ -77,5 +84,5 @@ def harbor(
         repeats=repeats,
         tracks=track or (),
     )
-    written = export_harbor(bench, tasks, out)
+    written = export_harbor(bench, tasks, out, solution=solution)
     typer.echo(f"{len(written)} Harbor tasks -> {out} (base images: {out / 'bat-gym-image'})")

@@ -52,7 +52,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BatGymError
+from bat_gym.errors import BatGymError, ConfigError
 from bat_gym.files import write_atomic
 
 __all__ = [
@@ -283,6 +283,11 @@ def _task_toml(task: HarborTask, bench: Benchmark) -> str:
             "[metadata]",
             *meta_lines,
             "",
+            "# The sidecar and the verifier (never the agent) run the project's bubblewrap",
+            "# sandbox, which needs SYS_ADMIN and NET_ADMIN in its container.",
+            "[metadata.harbor.lint]",
+            'ignore = ["compose-additional-capabilities"]',
+            "",
             "[verifier]",
             "timeout_sec = 1800.0",
             'environment_mode = "separate"',
@@ -323,13 +328,30 @@ def _agent_dockerfile(bench: Benchmark) -> str:
             "# the state's public files. No bat-gym and no task generator: nothing here can",
             "# regenerate the task's answers.",
             f"FROM {_sandbox_image(bench)}",
-            "RUN useradd --create-home --shell /bin/bash agent",
+            # The image is debootstrap's minbase: no useradd. The account by hand.
+            "RUN echo 'agent:x:1000:1000::/home/agent:/bin/bash' >> /etc/passwd"
+            " && echo 'agent:x:1000:' >> /etc/group"
+            " && mkdir -p /home/agent && chown 1000:1000 /home/agent",
             "COPY --chown=agent:agent workspace/ /workspace/",
             "RUN chmod -R a-w /workspace",
             "WORKDIR /workspace",
             "",
         ]
     )
+
+
+# What the project's sandbox (bubblewrap, in the sidecar and in the verifier) needs of
+# its container: namespaces, which Docker's default seccomp and capabilities refuse; and
+# the container's own limits in place of the cgroup it cannot create under a read-only
+# /sys/fs/cgroup. The agent's container gets none of this.
+_SANDBOX_HOST = (
+    "    security_opt: [seccomp=unconfined, apparmor=unconfined]",
+    "    cap_add: [SYS_ADMIN, NET_ADMIN]",
+    "    mem_limit: 8g",
+    "    pids_limit: 2048",
+    "    environment:",
+    '      BAT_GYM_ALLOW_UNCAPPED: "1"',
+)
 
 
 def _compose() -> str:
@@ -343,6 +365,20 @@ def _compose() -> str:
             "      context: ./mcp",
             '    network_mode: "service:main"',
             "    depends_on: [main]",
+            *_SANDBOX_HOST,
+            "",
+        ]
+    )
+
+
+def _verifier_compose() -> str:
+    return "\n".join(
+        [
+            "# The verifier replays the recorded calls in the project's sandbox: its container",
+            "# needs what the sidecar's does.",
+            "services:",
+            "  main:",
+            *_SANDBOX_HOST,
             "",
         ]
     )
@@ -383,8 +419,50 @@ def _test_sh() -> str:
     )
 
 
-def write_task(bench: Benchmark, task: HarborTask, out: str | Path, store_dir: Path) -> Path:
-    """Write one task folder under ``out`` (replacing one of the same name); returns it."""
+def teacher_calls(bench: Benchmark, state: Any) -> list[dict[str, Any]]:
+    """The scripted teacher's tool calls from ``state`` to its ``finish``, in order.
+
+    Raises:
+        ConfigError: the teacher does not finish within the state's turn budget.
+    """
+    from bat_gym.policies import EpisodeContext, PolicyRequest, ScriptedPolicy
+    from bat_gym.protocol import get_protocol
+
+    hermes = get_protocol("hermes")
+    teacher = ScriptedPolicy("teacher", protocol="hermes")
+    calls: list[dict[str, Any]] = []
+    for turn in range(bench.spec.budgets.max_turns):
+        text = teacher.act(PolicyRequest([], [], EpisodeContext(bench, state, turn))).text
+        calls += [{"name": c.name, "arguments": c.arguments} for c in hermes.parse(text).calls]
+        if any(c["name"] == "finish" for c in calls):
+            return calls
+    raise ConfigError(f"the teacher does not finish from {state.state_id} within the turn budget")
+
+
+def _solution(bench: Benchmark, state: Any, folder: Path) -> dict[Path, str]:
+    """``solution/``: the teacher's calls, replayed over MCP by the oracle agent."""
+    client = Path(__file__).with_name("harbor_solve.py").read_text(encoding="utf-8")
+    return {
+        folder / "solve.sh": "#!/bin/bash\n"
+        "# Harbor's oracle: the scripted teacher's calls, through the task's MCP server.\n"
+        'exec python3 "$(dirname "$0")/solve.py" "$(dirname "$0")/calls.json"\n',
+        folder / "solve.py": client,
+        folder / "calls.json": json.dumps(teacher_calls(bench, state), indent=1),
+    }
+
+
+def write_task(
+    bench: Benchmark,
+    task: HarborTask,
+    out: str | Path,
+    store_dir: Path,
+    *,
+    solution: bool = False,
+) -> Path:
+    """Write one task folder under ``out`` (replacing one of the same name); returns it.
+
+    With ``solution``, also ``solution/`` (see :func:`_solution`).
+    """
     folder = Path(out) / task.name
     if folder.exists():
         shutil.rmtree(folder)
@@ -404,11 +482,16 @@ def write_task(bench: Benchmark, task: HarborTask, out: str | Path, store_dir: P
         tests / "Dockerfile": _tests_dockerfile(),
         tests / TASK_FILE: spec,
         tests / "test.sh": _test_sh(),
+        tests / "docker-compose.yaml": _verifier_compose(),
     }
+    if solution:
+        files.update(_solution(bench, state, folder / "solution"))
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, text)
     (tests / "test.sh").chmod(0o755)
+    if solution:
+        (folder / "solution" / "solve.sh").chmod(0o755)
     return folder
 
 
@@ -421,15 +504,16 @@ def _image_folder(bench: Benchmark, out: Path) -> Path:
         folder / "Dockerfile",
         "\n".join(
             [
-                f"# {_bat_gym_image()}: the sandbox image with bat-gym installed from the wheel",
-                "# in dist/ (pip wheel --no-deps -w dist <bat-gym source>).",
+                f"# {_bat_gym_image()}: the sandbox image with bat-gym installed offline from",
+                "# the wheels in dist/: pip wheel -w dist '<bat-gym source>[mcp]' pip",
                 f"FROM {_sandbox_image(bench)}",
-                "RUN apt-get update && apt-get install -y --no-install-recommends python3-venv"
-                " && rm -rf /var/lib/apt/lists/*",
                 "COPY dist/ /opt/bat-gym-dist/",
-                # The sidecar serves MCP: the wheel with its mcp extra.
-                "RUN python3 -m venv /opt/bat-gym && for w in /opt/bat-gym-dist/*.whl; do"
-                ' /opt/bat-gym/bin/pip install --no-cache-dir "$w[mcp]"; done',
+                # Debian's python3 has venv but no ensurepip: pip runs from its own wheel.
+                # The sidecar serves MCP: bat-gym with its mcp extra.
+                "RUN python3 -m venv --without-pip /opt/bat-gym"
+                " && set -- /opt/bat-gym-dist/pip-*.whl"
+                ' && /opt/bat-gym/bin/python "$1/pip" install --no-cache-dir --no-index'
+                " --find-links /opt/bat-gym-dist pip 'bat-gym[mcp]'",
                 "ENV PATH=/opt/bat-gym/bin:$PATH",
                 "",
             ]
@@ -438,12 +522,19 @@ def _image_folder(bench: Benchmark, out: Path) -> Path:
     return folder
 
 
-def export_harbor(bench: Benchmark, tasks: Sequence[HarborTask], out: str | Path) -> list[Path]:
-    """Write a task folder per task under ``out``, and ``out/bat-gym-image``; returns the tasks."""
+def export_harbor(
+    bench: Benchmark, tasks: Sequence[HarborTask], out: str | Path, *, solution: bool = False
+) -> list[Path]:
+    """Write a task folder per task under ``out``, and ``out/bat-gym-image``; returns the tasks.
+
+    With ``solution``, each task also gets ``solution/``: the scripted teacher's calls and
+    a standard-library MCP client that makes them, so Harbor's ``oracle`` agent plays the
+    teacher (:mod:`bat_gym.integrations.harbor_solve`).
+    """
     import tempfile
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _image_folder(bench, out)
     with tempfile.TemporaryDirectory(prefix="bat-harbor-") as store:
-        return [write_task(bench, t, out, Path(store)) for t in tasks]
+        return [write_task(bench, t, out, Path(store), solution=solution) for t in tasks]

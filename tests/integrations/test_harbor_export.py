@@ -11,6 +11,7 @@ verifier's test.sh) rebuilding the state and replaying the recorded calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -202,34 +204,9 @@ def test_the_sidecar_and_the_verifier_score_an_mcp_agent_as_in_process(
     task = _task(folder)
     states, state = load_state(toy, task, tmp_path / "store")
     calls = [c for a in helpers.teacher_actions(toy, state) for c in HERMES.parse(a).calls]
-    port, out = _free_port(), tmp_path / "out"
-    mcp_task = folder / "environment" / "mcp" / "task.json"
-    server = subprocess.Popen(
-        [
-            str(BIN / "bat-gym"),
-            "harbor",
-            "serve",
-            str(mcp_task),
-            "--port",
-            str(port),
-            "--out",
-            str(out),
-        ]
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("bat-gym harbor serve did not start") from None
-                time.sleep(0.1)
+    out = tmp_path / "out"
+    with _sidecar(folder, out) as port:
         results = asyncio.run(_play_over_mcp(port, calls))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     assert results[-1].structured_content["ended"]
     served = results[-1].structured_content["reward"]
     # The sidecar's session is a stored episode too: ATIF, named after the MCP client.
@@ -261,6 +238,38 @@ def test_the_sidecar_and_the_verifier_score_an_mcp_agent_as_in_process(
     assert verdict["agent"] == {"name": "scripted-teacher", "version": "1.0"}
     assert result.output.startswith(f"reward {served:.3f}: E2E reward {served:.3f}")
     _job_reads_back_into_view(trial, tmp_path, served)
+
+
+@contextlib.contextmanager
+def _sidecar(folder: Path, out: Path) -> Iterator[int]:
+    """`bat-gym harbor serve` (the sidecar's command) for ``folder``'s task; yields its port."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            str(BIN / "bat-gym"),
+            "harbor",
+            "serve",
+            str(folder / "environment" / "mcp" / "task.json"),
+            "--port",
+            str(port),
+            "--out",
+            str(out),
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("bat-gym harbor serve did not start") from None
+                time.sleep(0.1)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def _job_reads_back_into_view(trial: Path, tmp_path: Path, reward: float) -> None:
@@ -328,3 +337,50 @@ def test_the_verifier_scores_the_replayed_calls_not_the_recorded_reward(heldout_
     assert scored["recorded_reward"] == 1.0
     assert scored["reward"] < 0.5 and scored["stop_reason"] == "finished"
     assert any(i["status"] == "failed" for i in scored["verdict"]["items"])
+
+
+def test_the_oracle_solution_plays_the_teacher_through_the_sidecar(tmp_path, toy):
+    """`--solution`: Harbor's oracle runs solution/solve.sh in the agent's image, which has
+    python3 but no MCP SDK; its standard-library client replays the teacher's calls."""
+    (folder,) = _export(
+        tmp_path / "tasks", "--held-out", "--repeats", "1", "--track", "lookup", "--solution"
+    )
+    solution = folder / "solution"
+    assert os.access(solution / "solve.sh", os.X_OK)
+    calls = json.loads((solution / "calls.json").read_text())
+    assert calls[-1]["name"] == "finish" and len(calls) > 3
+    out = tmp_path / "out"
+    with _sidecar(folder, out) as port:
+        # -I -S: no site-packages, the standard library only, as in the agent's image.
+        played = subprocess.run(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                str(solution / "solve.py"),
+                str(solution / "calls.json"),
+                f"http://127.0.0.1:{port}/mcp",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert played.returncode == 0, played.stderr
+    assert "[episode ended: finished; reward 1.000]" in played.stdout
+    logs = tmp_path / "verifier"
+    result = RUNNER.invoke(
+        app,
+        [
+            "harbor",
+            "verify",
+            str(folder / "tests" / "task.json"),
+            "--trace",
+            str(out),
+            "--logs",
+            str(logs),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((logs / "reward.json").read_text())["reward"] == pytest.approx(1.0)
+    verdict = json.loads((logs / "verdict.json").read_text())
+    assert verdict["agent"] == {"name": "bat-gym-oracle", "version": "1"}
