@@ -370,6 +370,22 @@ def test_the_reproduction_regenerates_the_teachers_predictions(bench, track, tmp
     assert all(again.sha256(r[file_col]) is None for r in _rows(again, PRED))
 
 
+def test_a_module_at_the_workspace_root_is_not_on_the_reproductions_import_path(bench, tmp_path):
+    """Only what the pipeline declares is importable: a json.py beside the frozen
+    pipeline's folder, at the root, would otherwise stand in for the standard library's
+    (the import-path shadow) in the verifier's own run."""
+    task = bench.make_task("classification", 1, "train")
+    teacher = reference_workspace(bench, task)
+    assert teacher is not None
+    store = BlobStore(tmp_path / "store")
+    with teacher.as_directory() as d:
+        (d / "json.py").write_text("raise SystemExit('the shadow was imported')\n")
+        shadowed = FrozenWorkspace(WorkspaceIndex(d).capture(store), store)
+    again = reproduce(bench, task, shadowed, (PRED,))
+    assert again is not None and "json.py" not in again.read
+    assert again.read_bytes(PRED) == teacher.read_bytes(PRED)
+
+
 # -- a teacher E2E episode still earns full credit ---------------------------------------
 
 

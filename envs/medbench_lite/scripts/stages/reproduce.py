@@ -8,7 +8,10 @@ a list) and ``SLOT_OUT_DIR`` (the track's per-case output directory, a string).
 import importlib.util, os, sys
 
 root = os.getcwd()
-sys.path[:0] = [os.path.join(root, "pipeline"), root]
+# Only what the pipeline declares: its own folder (it adds model/ itself), then the
+# interpreter's. Not the workspace root, where a module beside the pipeline could stand
+# in for one it imports (python3 -I already leaves out '' and PYTHONPATH).
+sys.path[:0] = [os.path.join(root, "pipeline")]
 spec = importlib.util.spec_from_file_location("infer", os.path.join(root, "pipeline", "infer.py"))
 infer = importlib.util.module_from_spec(spec)
 sys.modules["infer"] = infer
