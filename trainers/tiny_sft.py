@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bat_gym.errors import ConfigError
 from bat_gym.trainers.tiny_model import build_tiny_model
 
 if TYPE_CHECKING:
@@ -57,7 +58,11 @@ def row_corpus(rows: Iterable[SFTRow]) -> list[str]:
 
 
 def build_tiny_setup(
-    out: str | Path, benchmark: str = "skill_ladder", *, tasks_per_track: int = 8
+    out: str | Path,
+    benchmark: str = "skill_ladder",
+    *,
+    tasks_per_track: int = 8,
+    base_model: str | Path | None = None,
 ) -> TinySetup:
     """Build (or reuse) the bank, the random-init model and the SFT export under ``out``.
 
@@ -70,6 +75,9 @@ def build_tiny_setup(
         benchmark: a registered benchmark name.
         tasks_per_track: training tasks per track in the bank, each with a success and a
             recovery trajectory.
+        base_model: a checkpoint folder to start from instead of the tiny model (the
+            sizes a GPU user runs): nothing is built in ``out/init``, and the SFT export
+            is tokenized with the checkpoint's own tokenizer.
     """
     from transformers import AutoTokenizer
 
@@ -78,13 +86,20 @@ def build_tiny_setup(
     from bat_gym.sft import export_sft, sft_rows
 
     out = Path(out)
+    if base_model is not None and not (Path(base_model) / "config.json").is_file():
+        raise ConfigError(
+            f"base_model {base_model} is not a Hugging Face checkpoint folder (no config.json); "
+            "give a local folder saved with save_pretrained"
+        )
     bench = get_benchmark(benchmark)
     bank = build_bank(
         bench, out / "bank", tasks_per_track=tasks_per_track, outcomes=("success", "recovery")
     )
     rows = sft_rows(bank, bench)
     init, sft_data = out / "init", out / "sft-data"
-    if not (init / "config.json").is_file():
+    if base_model is not None:
+        init = Path(base_model)
+    elif not (init / "config.json").is_file():
         # 128 wide (two heads of 64): a 64-wide model was still at 0 held-out reward
         # after 100 SFT steps, where this one already completes episodes.
         build_tiny_model(init, row_corpus(rows), vocab_size=1024, hidden_size=128, num_heads=2)

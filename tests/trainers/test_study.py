@@ -114,6 +114,51 @@ def test_every_rl_arm_of_the_shipped_study_makes_a_valid_trainer_config(tmp_path
         assert round_cfg.lr == e2e.lr and round_cfg.group_size == e2e.group_size
 
 
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_gpu_study_samples_and_evaluates_with_vllm_on_cuda_from_a_base_model(tmp_path, quick):
+    """benchmarks/studies/skill_ladder_gpu.yaml: the sizes a GPU user runs, torch-free to
+    check: every RL arm samples with vLLM and trains on cuda, every evaluation (the
+    final one and BiCuRL's gates) serves the checkpoint with vLLM, SFT starts from the
+    base model at the 4B-9B recipe."""
+    from bat_gym.trainers.study.arms import bicurl_config, grpo_config
+
+    study = load_study(STUDIES / "skill_ladder_gpu.yaml", quick=quick)
+    assert study.eval_policy == "vllm" and study.sft["device"] == "cuda"
+    assert study.seeds >= (2 if quick else 5) and study.rounds >= (4 if quick else 10)
+    args = (tmp_path / "sft", tmp_path / "bank", tmp_path / "out", 0)
+    e2e = grpo_config(study, ARMS["grpo-e2e"], *args)
+    assert (e2e.generator, e2e.device) == ("vllm", "cuda")
+    cfg = bicurl_config(study, ARMS["bicurl"], *args)
+    command = cfg.evaluation.command("ckpt", "evals/r0")
+    assert command[command.index("--policy") + 1] == "vllm:ckpt"
+    round_cfg = cfg.round_grpo(cfg.model, "S3", str(tmp_path / "r"), seed=0)
+    assert (round_cfg.generator, round_cfg.device) == ("vllm", "cuda")
+    # Without a checkpoint folder it stops before any work, saying what to give.
+    with pytest.raises(ConfigError, match="--base-model PATH"):
+        study.model_copy(update={"base_model": str(tmp_path / "nowhere")}).check_base_model()
+
+
+def test_a_base_model_replaces_the_tiny_model_and_is_recorded_in_the_units(tmp_path, tiny):
+    """A study from a checkpoint: SFT starts from it with its own tokenizer, and every
+    unit records it (a folder of the tiny study refuses it); a study without one records
+    exactly what units recorded before the field existed."""
+    from bat_gym.trainers.study.runner import _setup, _unit_settings, sft_unit
+    from bat_gym.trainers.tiny_sft import tiny_sft_config
+
+    plain = StudyConfig(**MICRO)
+    assert not {"base_model", "sft", "eval_policy"} & set(_unit_settings(plain, "sft", 0))
+    assert set(sft_unit(plain, tmp_path).settings) == {"benchmark", "tasks_per_track", "sft_steps"}
+    study = StudyConfig(**{**MICRO, "base_model": str(tiny), "sft": {"lr": 3e-5}})
+    assert _unit_settings(study, "grpo-e2e", 0)["base_model"] == str(tiny)
+    assert sft_unit(study, tmp_path).settings["sft"] == {"lr": 3e-5}
+    setup = _setup(study, tmp_path)
+    assert setup.init == Path(tiny) and not (tmp_path / "setup" / "init").exists()
+    cfg = tiny_sft_config(setup, tmp_path / "run", steps=1, **study.sft)
+    assert cfg.model == str(tiny) and cfg.lr == 3e-5
+    with pytest.raises(ConfigError, match="remove them from sft"):
+        StudyConfig(**{**MICRO, "sft": {"model": "elsewhere"}})
+
+
 def test_a_batch_too_small_for_an_arms_pools_is_refused_before_any_work(tmp_path):
     from bat_gym.trainers.study.runner import check_pools, run_study
 

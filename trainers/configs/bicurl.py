@@ -44,6 +44,8 @@ class BiCuRLConfig(RunConfig):
     """Tokens per turn in evaluation (None: the policy's default)."""
     eval_temperature: float | None = None
     """Sampling temperature in evaluation (None: the policy's default)."""
+    eval_policy: Literal["hf", "vllm"] = "hf"
+    """How each checkpoint is served in evaluation: ``hf`` (transformers) or ``vllm``."""
     selector: str = "paper"
     """Target selector: a name in :data:`bat_gym.curriculum.selection.SELECTORS` (``paper``: BaT's rule)."""
     thresholds: dict[str, Any] = Field(default_factory=dict)
@@ -77,6 +79,7 @@ class BiCuRLConfig(RunConfig):
             temperature=self.eval_temperature,
             chat_template_kwargs=self.chat_template_kwargs,
             seed=self.seed,
+            policy=self.eval_policy,
         )
 
     def round_grpo(self, incumbent: str, target: str, output_dir: str, *, seed: int) -> GRPOConfig:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -39,12 +39,15 @@ class EvalRunConfig(RunConfig):
     """Chat template arguments, the same as training's (e.g. ``{"enable_thinking": False}``)."""
     seed: int = 0
     """Sampling seed; each cell draws from its own."""
+    policy: Literal["hf", "vllm"] = "hf"
+    """How the checkpoint is served: ``hf`` (transformers, CPU or GPU) or ``vllm``
+    (vLLM's offline engine, on a GPU; the ``vllm`` extra)."""
 
     def command(self, model_dir: str, out_dir: str) -> list[str]:
-        """The child process's argument list: evaluate ``hf:model_dir`` into ``out_dir``."""
+        """The child process's argument list: evaluate ``<policy>:model_dir`` into ``out_dir``."""
         cmd = [
             sys.executable, "-m", "bat_gym.cli", "eval",
-            "--policy", f"hf:{model_dir}",
+            "--policy", f"{self.policy}:{model_dir}",
             "--out", out_dir,
             "--workers", str(self.workers),
             "--quiet",

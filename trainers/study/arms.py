@@ -114,7 +114,7 @@ def held_out(model: str | Path, out: Path, study: StudyConfig, seed: int) -> dic
 
     bench = get_benchmark(study.benchmark)
     policy = make_policy(
-        f"hf:{model}",
+        f"{study.eval_policy}:{model}",
         max_new_tokens=study.max_new_tokens,
         temperature=study.temperature,
         seed=seed,
@@ -227,6 +227,7 @@ def bicurl_config(study: StudyConfig, arm: Arm, sft: Path, bank: Path, out: Path
         eval_max_turns=study.max_turns,
         eval_max_new_tokens=study.max_new_tokens,
         eval_temperature=study.temperature,
+        eval_policy=study.eval_policy,
         selector=study.selector,
         grpo=grpo,
         seed=seed,

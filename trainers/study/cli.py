@@ -33,6 +33,13 @@ def run(
         ),
     ] = None,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch intra-op threads.")] = 2,
+    base_model: Annotated[
+        Path | None,
+        typer.Option(
+            "--base-model",
+            help="A local checkpoint folder SFT starts from (overrides the file's base_model).",
+        ),
+    ] = None,
 ) -> Path:
     """Run (or resume) every arm x seed of a study, then write its report.
 
@@ -41,6 +48,9 @@ def run(
     from bat_gym.trainers.study.config import load_study
 
     study = load_study(study_file, quick=quick)
+    if base_model is not None:
+        study = study.model_copy(update={"base_model": str(base_model)})
+    study.check_base_model()
     folder = out or Path("runs") / f"study-{study.name}{'-quick' if quick else ''}"
     # Child evaluations (BiCuRL's) read the thread setting from the environment.
     os.environ["OMP_NUM_THREADS"] = str(threads)

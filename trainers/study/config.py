@@ -46,6 +46,10 @@ _STUDY_OWNED = frozenset(
 )  # fmt: skip
 
 
+# SFT fields the study sets for the shared SFT run.
+_SFT_OWNED = frozenset({"model", "data_dir", "output_dir", "max_steps"})
+
+
 class StudyConfig(RunConfig):
     """Settings of one study: the arms, their seeds, their shared budget and evaluation."""
 
@@ -91,7 +95,16 @@ class StudyConfig(RunConfig):
     """Sampling temperature in training and evaluation (BaT: 0.7)."""
     grpo: dict[str, Any] = Field(default_factory=dict)
     """Overrides of :class:`~bat_gym.trainers.configs.GRPOConfig` fields for every RL
-    arm (``lr``, ``warmup_steps``, ``kl_coef``, ...)."""
+    arm (``lr``, ``warmup_steps``, ``kl_coef``, ``generator: vllm``, ``device``, ...)."""
+    base_model: str | None = None
+    """A Hugging Face checkpoint (a local folder) the shared SFT run starts from, with its
+    own tokenizer. None: the tiny random-init model built from the bank (CPU sizes)."""
+    sft: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of :class:`~bat_gym.trainers.configs.SFTConfig` fields for the shared
+    SFT run (``lr``, ``micro_batch_size``, ``device``, ...)."""
+    eval_policy: Literal["hf", "vllm"] = "hf"
+    """How checkpoints are served in evaluation: ``hf`` (transformers) or ``vllm``
+    (vLLM's offline engine, on a GPU)."""
     quick: dict[str, Any] = Field(default_factory=dict)
     """Fields that ``--quick`` overrides (smaller everything)."""
 
@@ -105,6 +118,19 @@ class StudyConfig(RunConfig):
         """Each BiCuRL round's share of the token budget (at least 1)."""
         return max(1, self.token_budget // self.rounds)
 
+    def check_base_model(self) -> None:
+        """Refuse, before any work, a ``base_model`` that is not a checkpoint folder.
+
+        Raises:
+            ConfigError: naming the folder and what to give.
+        """
+        if self.base_model is not None and not (Path(self.base_model) / "config.json").is_file():
+            raise ConfigError(
+                f"base_model {self.base_model} is not a Hugging Face checkpoint folder (no "
+                "config.json): give a local folder saved with save_pretrained (--base-model "
+                "PATH); nothing is downloaded"
+            )
+
     @model_validator(mode="after")
     def _check(self) -> StudyConfig:
         if len(set(self.arms)) != len(self.arms):
@@ -116,6 +142,12 @@ class StudyConfig(RunConfig):
             raise ConfigError(
                 f"grpo: {', '.join(owned)} are set by the study for each arm (the shared SFT "
                 "start, the arm's pools, the token budget); remove them from grpo:"
+            )
+        owned = sorted(set(self.sft) & _SFT_OWNED)
+        if owned:
+            raise ConfigError(
+                f"sft: {', '.join(owned)} are set by the study (base_model, its SFT data, "
+                "sft_steps, the unit's folder); remove them from sft:"
             )
         return self
 

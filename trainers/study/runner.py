@@ -68,12 +68,28 @@ def check_pools(study: StudyConfig) -> None:
             )
 
 
+# Fields a unit records only when they are set: units run before they existed (the
+# tiny model, served by transformers) keep their settings.
+_RECORDED_WHEN_SET = ("base_model", "sft", "eval_policy")
+
+
+def _set_fields(study: StudyConfig, names: tuple[str, ...]) -> dict[str, Any]:
+    """``names``' values in ``study``, those at their defaults left out."""
+    fields = StudyConfig.model_fields
+    return {
+        n: getattr(study, n)
+        for n in names
+        if getattr(study, n) != fields[n].get_default(call_default_factory=True)
+    }
+
+
 def _unit_settings(study: StudyConfig, arm: str, seed: int) -> dict[str, Any]:
     """What a unit's result depends on (its ``unit.json``)."""
-    skip = {"arms", "seeds", "quick", "name"}
+    skip = {"arms", "seeds", "quick", "name", *_RECORDED_WHEN_SET}
     if ARMS[arm].kind == "eval":
         skip |= _TRAINING_FIELDS
-    return {"arm": arm, "seed": seed, **study.model_dump(exclude=skip)}
+    settings = {"arm": arm, "seed": seed, **study.model_dump(exclude=skip)}
+    return settings | _set_fields(study, _RECORDED_WHEN_SET)
 
 
 def sft_unit(study: StudyConfig, out: Path) -> Unit:
@@ -82,24 +98,37 @@ def sft_unit(study: StudyConfig, out: Path) -> Unit:
         "benchmark": study.benchmark,
         "tasks_per_track": study.tasks_per_track,
         "sft_steps": study.sft_steps,
+        **_set_fields(study, ("base_model", "sft")),
     }
     return Unit(out / "units" / "sft-train", settings)
+
+
+def _setup(study: StudyConfig, out: Path) -> Any:
+    """The bank, the model SFT starts from and its SFT export, under ``out/setup``."""
+    from bat_gym.trainers.tiny_sft import build_tiny_setup
+
+    return build_tiny_setup(
+        out / "setup",
+        study.benchmark,
+        tasks_per_track=study.tasks_per_track,
+        base_model=study.base_model,
+    )
 
 
 def _sft_unit(study: StudyConfig, out: Path) -> Path:
     """The shared SFT checkpoint (a unit of its own); its final folder."""
     from bat_gym.trainers.sft import train
-    from bat_gym.trainers.tiny_sft import build_tiny_setup, tiny_sft_config
+    from bat_gym.trainers.tiny_sft import tiny_sft_config
 
     unit = sft_unit(study, out)
 
     def work(path: Path) -> dict[str, Any]:
         t0, cpu0 = time.perf_counter(), cpu_seconds()
-        setup = build_tiny_setup(
-            out / "setup", study.benchmark, tasks_per_track=study.tasks_per_track
-        )
+        setup = _setup(study, out)
         # Checkpointed every 25 steps, so a killed SFT run resumes (the recipe saves none).
-        cfg = tiny_sft_config(setup, path / "run", steps=study.sft_steps, save_every=25)
+        cfg = tiny_sft_config(
+            setup, path / "run", steps=study.sft_steps, **{"save_every": 25, **study.sft}
+        )
         final = Path(train(cfg)["final_dir"])
         return {
             "checkpoint": str(final),
@@ -134,15 +163,14 @@ def run_study(
     from bat_gym.trainers.study.report import write_report
 
     check_pools(study)
+    study.check_base_model()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # BiCuRL evaluates in child processes; they read the study's cache too.
     os.environ.setdefault("BAT_GYM_CACHE", str(out.resolve() / "cache"))
     write_atomic(out / "study.json", study.model_dump_json(indent=1) + "\n")
-    from bat_gym.trainers.tiny_sft import build_tiny_setup
-
     sft = _sft_unit(study, out)
-    setup = build_tiny_setup(out / "setup", study.benchmark, tasks_per_track=study.tasks_per_track)
+    setup = _setup(study, out)
     bank = Path(setup.bank.root)
     outcomes: dict[str, UnitOutcome] = {}
     for name in study.arms:
