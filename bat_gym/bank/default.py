@@ -7,9 +7,11 @@ planned state id is known before any episode runs: a row's id is
 ``<task id>.<focus>.<outcome>``, the task id comes from the task generator, and the
 focuses a trajectory yields are E2E and the stages its scripted turns are labelled
 with. ``get()`` builds only the one teacher trajectory that holds the state asked
-for, which yields that trajectory's state for every focus. Which of them are admitted
-(a demonstration played from the row wins it, :mod:`bat_gym.bank.demonstrate`) is
-known only once the trajectory is built, so ``select()`` lists the planned ids and
+for, which yields that trajectory's state for every focus, and demonstrates only the
+row asked for (the others wait, ``pending`` in the record, until they are asked for).
+Whether a row is admitted (a demonstration played from the row wins it,
+:mod:`bat_gym.bank.demonstrate`) is known only once it is demonstrated, so
+``select()`` lists the planned ids and
 ``get()`` of a row no honest play wins raises
 :class:`~bat_gym.errors.StateNotAdmitted`; a seeded ``reset()`` walks a seeded order
 of the ids to the first admitted one, so it picks the same state on a fresh cache, a
@@ -21,7 +23,8 @@ so an edited benchmark never reuses stale states::
 
     <cache>/banks/<benchmark>-<key>/
         plan.json                      the planned trajectories and their state ids
-        trajectories/<key>.json        one accepted trajectory's record (its rows)
+        trajectories/<key>.json        one accepted trajectory's record (its admitted
+                                       rows, and the rows not demonstrated yet)
         trajectories/<key>.rejected.json   the last rejected attempt, for ``bank explain``
         store/                         the snapshots of every state
         rows.jsonl, manifest.json      the whole grid as a StageBank, once complete
@@ -57,7 +60,7 @@ from typing import Any
 from bat_gym import progress
 from bat_gym.bank.build import Plan, write_bank
 from bat_gym.bank.store import BANK_FORMAT, StageBank
-from bat_gym.bank.tasks import Builder, Job
+from bat_gym.bank.tasks import Builder, Job, demonstrate_pending
 from bat_gym.benchmark import Benchmark
 from bat_gym.errors import BankError, StateNotAdmitted, StateNotFound, TrajectoryRejected
 from bat_gym.files import cache_dir, write_atomic
@@ -296,7 +299,7 @@ class DefaultStates:
             trajectory = self._by_id.get(state_id)
             if trajectory is None:
                 raise StateNotFound(state_id, sorted(self._by_id)[:50])
-            for row in self._trajectory_rows(trajectory):
+            for row in self._trajectory_rows(trajectory, wanted=state_id):
                 self._rows[row.state_id] = row
             if state_id not in self._rows:
                 record = _read_json(self.root / "trajectories" / f"{trajectory.file}.json")
@@ -306,20 +309,29 @@ class DefaultStates:
 
     # -- building ---------------------------------------------------------------------
 
-    def _trajectory_rows(self, t: _Trajectory) -> list[StageState]:
-        """The rows of ``t``: loaded from the cache, or built (under its lock) and cached."""
+    def _trajectory_rows(self, t: _Trajectory, wanted: str | None = None) -> list[StageState]:
+        """The admitted rows of ``t``: loaded from the cache, or built (under its lock) and cached.
+
+        ``wanted``: the one row asked for. Building for it demonstrates that row (and
+        the E2E row, whose demonstration is the trajectory itself) and leaves the others
+        pending until they are asked for; a first reset then plays one demonstration,
+        not one per focus. None: every row is demonstrated (the whole grid's build).
+        """
         folder = self.root / "trajectories"
         path = folder / f"{t.file}.json"
         record = _read_json(path)
-        if record is None:
+        if record is None or _pending_ids(record, wanted):
             with _locked(folder / f"{t.file}.lock"):
                 record = _read_json(path)  # another process may have built it meanwhile
                 if record is None:
-                    record = self._build(t)
+                    record = self._build(t, wanted)
                     problem = _problem(record, t)
                     if problem is not None:
                         write_atomic(folder / f"{t.file}.rejected.json", json.dumps(record))
                         raise TrajectoryRejected(t.job.key, problem)
+                    write_atomic(path, json.dumps(record))
+                elif pending := _pending_ids(record, wanted):
+                    record = self._demonstrate(t, record, pending)
                     write_atomic(path, json.dumps(record))
         problem = _problem(record, t)
         if problem is not None:  # a cached record no longer fits the plan
@@ -328,9 +340,8 @@ class DefaultStates:
         rows = [load_model(StageState, r, origin=where) for r in record["rows"]]
         return [r for r in rows if r.state_id in t.ids]
 
-    def _build(self, t: _Trajectory) -> dict[str, Any]:
-        index = self.trajectories.index(t) + 1
-        builder = Builder(
+    def _builder(self, t: _Trajectory) -> Builder:
+        return Builder(
             self.bench,
             self.store,
             _BACKEND,
@@ -339,14 +350,28 @@ class DefaultStates:
             tuple(self.plan.supported),
             (t.job.track,),
         )
+
+    def _demonstrate(self, t: _Trajectory, record: dict[str, Any], ids: set[str]) -> dict[str, Any]:
+        """``record`` with the pending rows ``ids`` demonstrated (admitted or refused)."""
+        builder = self._builder(t)
+        try:
+            with progress.task(f"first use: demonstrating {', '.join(sorted(ids))}"):
+                return demonstrate_pending(builder, t.job, record, ids)
+        finally:
+            builder.close()
+
+    def _build(self, t: _Trajectory, wanted: str | None = None) -> dict[str, Any]:
+        index = self.trajectories.index(t) + 1
+        builder = self._builder(t)
         what = (
             f"first use: building {self.bench.name} trajectory {t.job.key} "
             f"({index}/{len(self.trajectories)}, then cached)"
         )
         builder.admission.prefetch()
+        defer = None if wanted is None else (lambda state: state.state_id != wanted)
         try:
             with progress.task(what):
-                return builder.build(t.job)
+                return builder.build(t.job, defer=defer)
         finally:
             builder.close()
 
@@ -382,7 +407,12 @@ class DefaultStates:
             return bank
         trajectories = self.trajectories
         folder = self.root / "trajectories"
-        todo = [t for t in trajectories if _read_json(folder / f"{t.file}.json") is None]
+        # Not built, or built for one row with others still pending.
+        todo = [
+            t
+            for t in trajectories
+            if (r := _read_json(folder / f"{t.file}.json")) is None or r.get("pending")
+        ]
         with progress.task(
             f"{self.bench.name} default states: whole grid",
             len(trajectories),
@@ -428,6 +458,12 @@ def _build_one(index: int) -> None:
     source._trajectory_rows(source.trajectories[index])
 
 
+def _pending_ids(record: dict[str, Any], wanted: str | None) -> set[str]:
+    """The rows of ``record`` still to demonstrate for ``wanted`` (None: all of them)."""
+    pending = {r["state_id"] for r in record.get("pending", [])}
+    return pending if wanted is None else pending & {wanted}
+
+
 def _not_demonstrated(record: dict[str, Any]) -> dict[str, str]:
     """The rows of ``record`` whose demonstration did not win them: state id -> why."""
     return {
@@ -447,7 +483,11 @@ def _problem(record: dict[str, Any], t: _Trajectory) -> str | None:
     """
     if record.get("rejected"):
         return f"{record['rejected']}{_verdict_text(record.get('verdict'))}"
-    have = {r.get("state_id") for r in record.get("rows", [])} | set(_not_demonstrated(record))
+    have = (
+        {r.get("state_id") for r in record.get("rows", [])}
+        | set(_not_demonstrated(record))
+        | _pending_ids(record, None)
+    )
     missing = [i for i in t.ids if i not in have]
     if not missing:
         return None

@@ -41,6 +41,7 @@ __all__ = [
     "SUCCESS_MIN_REWARD",
     "Builder",
     "Job",
+    "demonstrate_pending",
     "run_jobs",
     "success_threshold",
 ]
@@ -93,9 +94,16 @@ class Builder:
     def __post_init__(self) -> None:
         self.admission = Admission(self.bench, self.store, self.backend, tracks=self.tracks)
 
-    def build(self, job: Job) -> dict[str, Any]:
-        """One task's journal record."""
-        return _build_task(self, job, self.admission)
+    def build(
+        self, job: Job, *, defer: Callable[[StageState], bool] | None = None
+    ) -> dict[str, Any]:
+        """One task's journal record.
+
+        ``defer``: rows for which it is true are not demonstrated now; the record keeps
+        them under ``pending`` for :func:`demonstrate_pending` (the default states
+        demonstrate a row when it is first asked for).
+        """
+        return _build_task(self, job, self.admission, defer=defer)
 
     def close(self) -> None:
         """Release the admission gates' sandbox."""
@@ -177,11 +185,19 @@ def _rejection_line(record: dict[str, Any]) -> str:
     return f"rejected {record['key']}: {record['rejected']}{scores}"
 
 
-def _build_task(builder: Builder, job: Job, admission: Admission) -> dict[str, Any]:
+def _build_task(
+    builder: Builder,
+    job: Job,
+    admission: Admission,
+    *,
+    defer: Callable[[StageState], bool] | None = None,
+) -> dict[str, Any]:
     """One task's journal record: its admitted rows, or the reason it was rejected.
 
     With a reduction the task is the reduced one and only its E2E row is kept (an
-    E2E surrogate); the teacher still runs the whole episode, which is scored.
+    E2E surrogate); the teacher still runs the whole episode, which is scored. Rows
+    ``defer`` picks (never an E2E row, whose demonstration is the scored trajectory
+    itself) pass the gates but are kept under ``pending``, not demonstrated.
     """
     bench, store, protocol = builder.bench, builder.store, builder.protocol
     reduction = job.reduction
@@ -271,6 +287,7 @@ def _build_task(builder: Builder, job: Job, admission: Admission) -> dict[str, A
     gate_rejected: Counter[str] = Counter()
     findings: list[list[str]] = []
     candidates: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
     with Demonstrator(bench, store, backend=builder.backend, protocol=protocol) as demonstrator:
         for state in states:
             found = admission.check(state, episode)
@@ -278,6 +295,9 @@ def _build_task(builder: Builder, job: Job, admission: Admission) -> dict[str, A
                 gate_rejected[found[0]] += 1
                 findings.append([state.state_id, *found])
                 candidates.append(_candidate(state, f"gate {found[0]}"))
+                continue
+            if defer is not None and state.focus != E2E and defer(state):
+                pending.append(state.model_dump(mode="json"))
                 continue
             demo = _demonstrate(demonstrator, task, state, turns, episode)
             candidates.append(demo.summary(state))
@@ -291,12 +311,48 @@ def _build_task(builder: Builder, job: Job, admission: Admission) -> dict[str, A
         "candidates": candidates,
         "rows_checked": len(states),
     }
+    if pending:
+        record["pending"] = pending
     if not scripted:
         record["outcome"] = label
         record["stages_without_turns"] = skipped
     if findings:
         record.update(gate_rejected=dict(gate_rejected), gate_findings=findings)
     return record
+
+
+def demonstrate_pending(
+    builder: Builder, job: Job, record: dict[str, Any], wanted: set[str] | None = None
+) -> dict[str, Any]:
+    """``record`` with its ``pending`` rows (those in ``wanted``; None: all) demonstrated.
+
+    Each is played and admitted or refused exactly as :func:`_build_task` would have
+    done it: the demonstrators of :func:`_demonstrate`, from the row's own start state,
+    against the task's scripted trajectory. Only records of the scripted teacher defer
+    rows. Returns a new record; ``record`` is not changed.
+    """
+    from bat_gym.spec import load_model
+
+    todo = [r for r in record.get("pending", []) if wanted is None or r["state_id"] in wanted]
+    if not todo:
+        return record
+    bench, store, protocol = builder.bench, builder.store, builder.protocol
+    task = bench.task_of(job.track, job.seed, "train", job.reduction)
+    turns = scripted_turns(bench, task, job.outcome or "success", protocol)
+    rows, candidates = list(record["rows"]), list(record["candidates"])
+    with Demonstrator(bench, store, backend=builder.backend, protocol=protocol) as demonstrator:
+        for dump in todo:
+            state = load_model(StageState, dump, origin=f"{job.key}: pending row")
+            demo = _demonstrate(demonstrator, task, state, turns, None)
+            candidates.append(demo.summary(state))
+            if demo.refusal is None:
+                rows.append(store_demonstration(store, state, demo).model_dump(mode="json"))
+    done = {r["state_id"] for r in todo}
+    left = [r for r in record["pending"] if r["state_id"] not in done]
+    out = {**record, "rows": rows, "candidates": candidates, "pending": left}
+    if not left:
+        del out["pending"]
+    return out
 
 
 def _candidate(state: StageState, refused: str | None) -> dict[str, Any]:
@@ -316,7 +372,7 @@ def _demonstrate(
     task: Any,
     row: StageState,
     trajectory: list[RecordedTurn],
-    episode: PlayedEpisode,
+    episode: PlayedEpisode | None,
 ) -> Demonstration:
     """The first of ``row``'s demonstrators that wins it, else the best of them.
 
@@ -328,7 +384,7 @@ def _demonstrate(
     bench, protocol = demonstrator.bench, demonstrator.protocol
     best: Demonstration | None = None
     for turns in demonstration_turns(bench, task, row, trajectory, protocol):
-        if row.focus == E2E and turns == trajectory:
+        if row.focus == E2E and turns == trajectory and episode is not None:
             demo = scored_trajectory(bench, row, turns, episode, demonstrator.backend)
         else:
             demo = demonstrator.play(row, turns)

@@ -233,7 +233,11 @@ def explain_cmd(
 
         source = default_states(get_benchmark(benchmark))
         records = source.records()
-        where = f"{source.root} ({len(records)} of {len(source.trajectories)} trajectories built)"
+        pending = sum(len(r.get("pending", [])) for r in records.values())
+        where = (
+            f"{source.root} ({len(records)} of {len(source.trajectories)} trajectories built"
+            f"{f', {pending} rows not demonstrated yet' if pending else ''})"
+        )
     else:
         assert path is not None
         records = journal_records(path)

@@ -130,10 +130,10 @@ def _get_in_child(args):
 
     build = module.DefaultStates._build
 
-    def logged(self, t):
+    def logged(self, t, *args):
         with open(log, "a") as fh:
             fh.write(t.job.key + "\n")
-        return build(self, t)
+        return build(self, t, *args)
 
     module.DefaultStates._build = logged
     return module.DefaultStates(get_benchmark("toy_pipeline"), root).get(sid).snapshot
@@ -264,3 +264,27 @@ def test_a_seeded_reset_walks_past_a_refused_row_to_the_pick_of_the_admitted_ban
     finally:
         eager.close()
     assert tracks == {"threshold"}
+
+
+def test_a_row_is_demonstrated_when_first_asked_for_and_the_grid_still_equals_an_eager_build(
+    toy, cache, full_toy_bank
+):
+    import json
+
+    source = DefaultStates(toy)
+    trajectory = next(t for t in source.trajectories if t.job.track == "threshold")
+    s3 = next(i for i in trajectory.ids if ".S3." in i)
+    assert source.get(s3).focus == "S3"
+    record = json.loads((source.root / "trajectories" / f"{trajectory.file}.json").read_text())
+    # Built for one row: it and the E2E row (the trajectory itself) are demonstrated.
+    demonstrated = {c["state_id"] for c in record["candidates"]}
+    assert demonstrated == {s3, next(i for i in trajectory.ids if ".E2E." in i)}
+    assert {r["state_id"] for r in record["pending"]} == set(trajectory.ids) - demonstrated
+    # Another row of it is demonstrated when it is asked for, in a new process's source.
+    s5 = next(i for i in trajectory.ids if ".S5." in i)
+    assert DefaultStates(toy).get(s5).state_id == s5
+    record = json.loads((source.root / "trajectories" / f"{trajectory.file}.json").read_text())
+    assert s5 not in {r["state_id"] for r in record["pending"]}
+    bank = default_bank(toy)
+    assert sorted(s.state_id for s in bank) == sorted(s.state_id for s in full_toy_bank)
+    assert bank.manifest["admission"] == full_toy_bank.manifest["admission"]
