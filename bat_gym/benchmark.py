@@ -264,6 +264,18 @@ class Benchmark(ABC):
             return list(self.teacher_turns(task))
         return list(self.teacher_turns(task, outcome=outcome))  # type: ignore[call-arg]
 
+    def teacher_stages(self, track: str, outcome: str) -> tuple[str, ...] | None:
+        """The stages the teacher's ``outcome`` script labels its turns with, in order.
+
+        What a default-states plan needs of a task before it is generated: the focuses
+        its trajectory yields. Override it where the stages do not depend on the task's
+        data, so planning the default states generates no task (a benchmark whose
+        generators are costly pays for it on the first reset of a fresh install). It
+        must equal the stages of :meth:`teacher_script` for every task of the track.
+        Default: None, and the plan generates the task to read its script.
+        """
+        return None
+
     def repair_turns(self, task: Task, focus: str, outcome: str) -> list[TeacherTurn]:
         """The success teacher's turns for stage ``focus`` of a row cut from ``outcome``.
 

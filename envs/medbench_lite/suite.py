@@ -222,6 +222,10 @@ class MedBenchLite(Benchmark):
         """
         return teacher.teacher_turns(get_track(task.track).recipe(), outcome)
 
+    def teacher_stages(self, track: str, outcome: str) -> tuple[str, ...]:
+        """The stages of :meth:`teacher_turns`: they follow the track's recipe, not the data."""
+        return tuple(t.stage for t in teacher.teacher_turns(get_track(track).recipe(), outcome))
+
     def repair_turns(self, task: Task, focus: str, outcome: str) -> list[TeacherTurn]:
         """The teacher's repair exercise from a row that starts with the buggy pipeline.
 

@@ -288,3 +288,25 @@ def test_a_row_is_demonstrated_when_first_asked_for_and_the_grid_still_equals_an
     bank = default_bank(toy)
     assert sorted(s.state_id for s in bank) == sorted(s.state_id for s in full_toy_bank)
     assert bank.manifest["admission"] == full_toy_bank.manifest["admission"]
+
+
+def test_a_benchmark_that_names_its_teachers_stages_is_planned_without_generating_a_task(
+    toy, cache, monkeypatch, full_toy_bank
+):
+    from bat_gym.envs.toy_pipeline.suite import ToyPipeline
+
+    stages = {
+        (t.name, o): tuple(
+            s.stage
+            for s in toy.teacher_script(toy.task_of(t.name, toy.seeds("train")[0], "train"), o)
+        )
+        for t in toy.spec.tracks
+        for o in toy.outcomes
+    }
+    monkeypatch.setattr(ToyPipeline, "teacher_stages", lambda self, track, o: stages[(track, o)])
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("planning generated a task")
+
+    monkeypatch.setattr(ToyPipeline, "task_of", no_generation)
+    assert default_states(toy).select() == full_toy_bank.select()

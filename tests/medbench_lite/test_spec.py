@@ -65,3 +65,15 @@ def test_generation_is_byte_identical_across_processes(bench, tmp_path):
         bench.write_public_files(bench.make_task(name, 42, "train"), d)
         here.append(WorkspaceIndex(d).scan().digest)
     assert out == here
+
+
+def test_the_declared_teacher_stages_are_the_scripts_for_every_track_and_outcome(bench):
+    """teacher_stages lets the default states plan without generating a task: it must
+    name exactly the stages of the script the task's teacher plays, and task_id the id."""
+    for track in bench.spec.tracks:
+        seed = bench.seeds("train")[0]
+        task = bench.task_of(track.name, seed, "train")
+        assert task.task_id == bench.task_id(track.name, seed, "train")
+        for outcome in bench.outcomes:
+            script = tuple(t.stage for t in bench.teacher_script(task, outcome))
+            assert bench.teacher_stages(track.name, outcome) == script, (track.name, outcome)
