@@ -16,10 +16,8 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +30,8 @@ from bat_gym.integrations.atif_export import export_atif
 from bat_gym.integrations.harbor import HarborExportError, HarborTask, load_state
 from bat_gym.integrations.harbor_runtime import verify_task
 from bat_gym.protocol import get_protocol
+
+from .servers import free_port, wait_for_port
 
 RUNNER = CliRunner()
 BIN = Path(sys.executable).parent
@@ -176,12 +176,6 @@ def test_harbor_lint_passes_on_exported_tasks(heldout_tasks, tmp_path):
     assert refused.returncode != 0 and "shared-verifier" in refused.stdout + refused.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def _play_over_mcp(port: int, calls) -> list:
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -216,18 +210,7 @@ def test_the_sidecar_and_the_verifier_score_an_mcp_agent_as_in_process(
     # Where Harbor's trial keeps the verifier's folder (TrialPaths: <trial>/verifier).
     trial = tmp_path / "job" / f"{folder.name}__teacher"
     logs = trial / "verifier"
-    result = RUNNER.invoke(
-        app,
-        [
-            "harbor",
-            "verify",
-            str(folder / "tests" / "task.json"),
-            "--trace",
-            str(out),
-            "--logs",
-            str(logs),
-        ],
-    )
+    result = _verify(folder, out, logs)
     assert result.exit_code == 0, result.output
     rewards = json.loads((logs / "reward.json").read_text())
     verdict = json.loads((logs / "verdict.json").read_text())
@@ -240,10 +223,26 @@ def test_the_sidecar_and_the_verifier_score_an_mcp_agent_as_in_process(
     _job_reads_back_into_view(trial, tmp_path, served)
 
 
+def _verify(folder: Path, trace: Path, logs: Path):
+    """`bat-gym harbor verify` (the verifier's test.sh) on ``folder``'s task and a kept trace."""
+    return RUNNER.invoke(
+        app,
+        [
+            "harbor",
+            "verify",
+            str(folder / "tests" / "task.json"),
+            "--trace",
+            str(trace),
+            "--logs",
+            str(logs),
+        ],
+    )
+
+
 @contextlib.contextmanager
 def _sidecar(folder: Path, out: Path) -> Iterator[int]:
     """`bat-gym harbor serve` (the sidecar's command) for ``folder``'s task; yields its port."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [
             str(BIN / "bat-gym"),
@@ -257,15 +256,7 @@ def _sidecar(folder: Path, out: Path) -> Iterator[int]:
         ]
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("bat-gym harbor serve did not start") from None
-                time.sleep(0.1)
+        wait_for_port(server, port, "bat-gym harbor serve")
         yield port
     finally:
         server.terminate()
@@ -368,18 +359,7 @@ def test_the_oracle_solution_plays_the_teacher_through_the_sidecar(tmp_path, toy
     assert played.returncode == 0, played.stderr
     assert "[episode ended: finished; reward 1.000]" in played.stdout
     logs = tmp_path / "verifier"
-    result = RUNNER.invoke(
-        app,
-        [
-            "harbor",
-            "verify",
-            str(folder / "tests" / "task.json"),
-            "--trace",
-            str(out),
-            "--logs",
-            str(logs),
-        ],
-    )
+    result = _verify(folder, out, logs)
     assert result.exit_code == 0, result.output
     assert json.loads((logs / "reward.json").read_text())["reward"] == pytest.approx(1.0)
     verdict = json.loads((logs / "verdict.json").read_text())

@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -27,6 +25,8 @@ from mcp.types import Implementation  # noqa: E402
 from bat_gym.env import StageEnv  # noqa: E402
 from bat_gym.protocol import ToolCall, get_protocol  # noqa: E402
 from bat_gym.rubrics.reward import RubricReward  # noqa: E402
+
+from .servers import free_port, wait_for_port  # noqa: E402
 
 BAT_GYM = str(Path(sys.executable).parent / "bat-gym")
 HERMES = get_protocol("hermes")
@@ -71,26 +71,12 @@ async def stdio_session(args: list[str]):
         yield session, await session.initialize()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @asynccontextmanager
 async def http_session(args: list[str]):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([BAT_GYM, *args, "--http", str(port)])
     try:
-        deadline = time.monotonic() + 20
-        while True:  # until the server listens
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("bat-gym serve mcp --http did not start") from None
-                await asyncio.sleep(0.1)
+        wait_for_port(proc, port, "bat-gym serve mcp --http", timeout_s=20)
         async with (
             streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
             ClientSession(read, write, client_info=AGENT) as session,
