@@ -13,8 +13,8 @@ the task: it is computed once per task and kept in bat_gym's cache
 (``<cache>/references/<benchmark>/``), keyed by the task id, the digest of its pristine
 files, the script, and what the sandbox has inside (the interpreter and the versions of
 the benchmark's packages), so a changed generator, teacher or environment never reuses
-a stale run, and two venvs can share one cache. Held-out tasks are run like any other, on the evaluation's side of the
-firewall: only verdicts leave it.
+a stale run, and two venvs can share one cache. Held-out tasks are run like any other,
+on the evaluation's side of the firewall: only verdicts leave it.
 
 :func:`reproduce` is the other half: reproduce, don't trust. It runs the benchmark's
 :meth:`~bat_gym.benchmark.Benchmark.reproduction_command` (the agent's shipped
@@ -37,7 +37,6 @@ import multiprocessing.util
 import os
 import platform
 import posixpath
-import re
 import shutil
 import sys
 import tempfile
@@ -102,9 +101,7 @@ def _runtime_of(requirements: SandboxRequirements, backend: str) -> tuple[str, .
 
         return (image_contents(requirements).key,)
     out = [sys.implementation.name, platform.python_version()]
-    for spec in requirements.pip:
-        name = re.match(r"[A-Za-z0-9._-]+", spec)
-        dist = name.group(0) if name else spec
+    for dist in requirements.pip_names:
         try:
             out.append(f"{dist}=={importlib.metadata.version(dist)}")
         except importlib.metadata.PackageNotFoundError:

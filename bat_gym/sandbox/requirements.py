@@ -114,6 +114,11 @@ class SandboxRequirements(BaseModel):
     def _from_host(cls, v: Iterable[str]) -> tuple[str, ...]:
         return _normalized(_strings(v), _DISTRIBUTION, "distribution name")
 
+    @property
+    def pip_names(self) -> tuple[str, ...]:
+        """The distribution name of each :attr:`pip` requirement (``'Pillow>=10'``: ``Pillow``)."""
+        return tuple(_DISTRIBUTION.match(spec).group(0) for spec in self.pip)  # type: ignore[union-attr]
+
     def __or__(self, other: SandboxRequirements) -> SandboxRequirements:
         """Everything either asks for."""
         if not isinstance(other, SandboxRequirements):
