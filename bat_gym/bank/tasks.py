@@ -299,10 +299,10 @@ def _build_task(
             if defer is not None and state.focus != E2E and defer(state):
                 pending.append(state.model_dump(mode="json"))
                 continue
-            demo = _demonstrate(demonstrator, task, state, turns, episode)
-            candidates.append(demo.summary(state))
-            if demo.refusal is None:
-                admitted.append(store_demonstration(store, state, demo).model_dump(mode="json"))
+            candidate, row = _admit(demonstrator, store, task, state, turns, episode)
+            candidates.append(candidate)
+            if row is not None:
+                admitted.append(row)
     record: dict[str, Any] = {
         "key": job.key,
         "reward": reward,
@@ -336,23 +336,44 @@ def demonstrate_pending(
     todo = [r for r in record.get("pending", []) if wanted is None or r["state_id"] in wanted]
     if not todo:
         return record
-    bench, store, protocol = builder.bench, builder.store, builder.protocol
+    bench, protocol = builder.bench, builder.protocol
     task = bench.task_of(job.track, job.seed, "train", job.reduction)
     turns = scripted_turns(bench, task, job.outcome or "success", protocol)
     rows, candidates = list(record["rows"]), list(record["candidates"])
-    with Demonstrator(bench, store, backend=builder.backend, protocol=protocol) as demonstrator:
+    with Demonstrator(
+        bench, builder.store, backend=builder.backend, protocol=protocol
+    ) as demonstrator:
         for dump in todo:
             state = load_model(StageState, dump, origin=f"{job.key}: pending row")
-            demo = _demonstrate(demonstrator, task, state, turns, None)
-            candidates.append(demo.summary(state))
-            if demo.refusal is None:
-                rows.append(store_demonstration(store, state, demo).model_dump(mode="json"))
+            candidate, row = _admit(demonstrator, builder.store, task, state, turns, None)
+            candidates.append(candidate)
+            if row is not None:
+                rows.append(row)
     done = {r["state_id"] for r in todo}
     left = [r for r in record["pending"] if r["state_id"] not in done]
     out = {**record, "rows": rows, "candidates": candidates, "pending": left}
     if not left:
         del out["pending"]
     return out
+
+
+def _admit(
+    demonstrator: Demonstrator,
+    store: BlobStore,
+    task: Any,
+    row: StageState,
+    trajectory: list[RecordedTurn],
+    episode: PlayedEpisode | None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Demonstrate ``row``: its candidate entry, and the row as admitted (None: refused).
+
+    An admitted row carries its demonstration, stored in ``store`` (the bank's).
+    """
+    demo = _demonstrate(demonstrator, task, row, trajectory, episode)
+    if demo.refusal is not None:
+        return demo.summary(row), None
+    admitted = store_demonstration(store, row, demo)
+    return demo.summary(row), admitted.model_dump(mode="json")
 
 
 def _candidate(state: StageState, refused: str | None) -> dict[str, Any]:
