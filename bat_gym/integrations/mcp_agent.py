@@ -282,7 +282,7 @@ class McpAgentPolicy(Policy):
         return [self._act(r) for r in requests]
 
     def _act(self, request: PolicyRequest) -> PolicyOutput:
-        key = _episode_key(request)
+        key = _episode_key(None if request.seed_key is None else request.seed_key[:-1])
         with self._lock:
             session = self._sessions.get(key)
         first = not any(m["role"] == "assistant" for m in request.messages)
@@ -303,7 +303,7 @@ class McpAgentPolicy(Policy):
 
     def end_episode(self, seed_key: Any, info: dict[str, Any] | None) -> None:
         """Answer the agent's last call, let it exit and stop its server."""
-        key = ("seed", tuple(seed_key)) if seed_key is not None else threading.get_ident()
+        key = _episode_key(seed_key)
         with self._lock:
             session = self._sessions.pop(key, None)
         if session is None:
@@ -343,11 +343,12 @@ class McpAgentPolicy(Policy):
                 self._clients.append(client)
 
 
-def _episode_key(request: PolicyRequest) -> Any:
-    """Which episode a request belongs to: its seed key without the turn, else the thread."""
-    if request.seed_key is not None:
-        return ("seed", tuple(request.seed_key[:-1]))
-    return threading.get_ident()
+def _episode_key(seed_key: Any) -> Any:
+    """The session of an episode: its seed key (a request's without the turn), else the thread.
+
+    A thread plays one episode at a time, so without seed keys it names the episode.
+    """
+    return ("seed", tuple(seed_key)) if seed_key is not None else threading.get_ident()
 
 
 def _build(argument: str, **options: Any) -> Policy:
