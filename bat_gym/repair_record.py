@@ -19,15 +19,28 @@ A teacher brackets its repair turns with the two calls made here:
   the stage's own new products, to that receipt.
 
 Both run inside the sandbox with the standard library only.
+
+For the reference stages (S2 writes ``pipeline/infer.py``; S3 to S5 write receipts under
+``validation/``), :data:`STAGE_RECEIPTS`, :func:`starts_with_s2_mistake`,
+:func:`pipeline_reasons` and :func:`record_stage_call` are the parts every suite's
+repair exercise shares, and :func:`write_file_call` writes a repaired file in the open.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bat_gym.protocol import ToolCall, python_call
+from bat_gym.protocol import ToolCall, bash_call, python_call
 
-__all__ = ["start_call", "record_call"]
+__all__ = [
+    "STAGE_RECEIPTS",
+    "pipeline_reasons",
+    "record_call",
+    "record_stage_call",
+    "start_call",
+    "starts_with_s2_mistake",
+    "write_file_call",
+]
 
 # The start state's digests, in the sandbox's own temporary directory ($TMPDIR).
 _START = "repair_start.json"
@@ -102,4 +115,62 @@ for r in repairs:
     print("repair:", r["path"], (r["sha256_before"] or "new")[:12], "->", (r["sha256_after"] or "deleted")[:12], "|", r["reason"])
 print(len(repairs), "repairs recorded in", RECEIPT)
 """
+    )
+
+
+#: Each reference stage's receipt, and the prefixes of its own products: a new file
+#: under one of them is the stage's work, not a repair.
+STAGE_RECEIPTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "S3": ("validation/s3_validation.json", ("validation/",)),
+    "S4": ("validation/s4_completion.json", ("outputs/", "validation/s4_completion.json")),
+    "S5": (
+        "validation/s5_submission.json",
+        ("outputs/submission.csv", "validation/s5_submission.json"),
+    ),
+}
+
+
+def starts_with_s2_mistake(focus: str, outcome: str) -> bool:
+    """Whether a row starts with a mistake its trajectory made in S2, for the usual outcomes.
+
+    ``recovery`` and ``failure`` write the mistaken pipeline in S2; ``recovery`` fixes
+    it in S3, so only its S3 row starts with it; ``failure`` keeps it to the end.
+    """
+    return (focus == "S3" and outcome in ("recovery", "failure")) or (
+        focus in ("S4", "S5") and outcome == "failure"
+    )
+
+
+def pipeline_reasons(evidence: str) -> list[tuple[str, str]]:
+    """The ``reasons`` of a repaired pipeline: its own, the pilot's and the outputs'.
+
+    Args:
+        evidence: one line: what the check showed, which the pipeline's entry quotes.
+    """
+    return [
+        ("pipeline/", evidence),
+        ("validation/", "the pilot, run again with the repaired pipeline"),
+        ("outputs/", "re-derived with the repaired pipeline"),
+    ]
+
+
+def record_stage_call(focus: str, reasons: Sequence[tuple[str, str]]) -> ToolCall:
+    """:func:`record_call` into reference stage ``focus``'s receipt (``S3``..``S5``)."""
+    receipt, own = STAGE_RECEIPTS[focus]
+    return record_call(receipt, reasons, own)
+
+
+def write_file_call(path: str, text: str) -> ToolCall:
+    """A bash call that writes ``text`` to ``path`` through a heredoc.
+
+    The heredoc keeps the file readable in the transcript (no escaped string). The file
+    is ``text`` byte for byte, with a final newline where ``text`` lacks one; ``text``
+    must not hold a line ``BAT_FILE_EOF``.
+    """
+    folder = path.rpartition("/")[0]
+    return bash_call(
+        (f"mkdir -p {folder}\n" if folder else "")
+        + f"cat > {path} <<'BAT_FILE_EOF'\n"
+        + text.removesuffix("\n")
+        + f"\nBAT_FILE_EOF\nwc -l {path}"
     )

@@ -5,6 +5,7 @@
   plus :data:`MARGIN`, and the teacher earns 1.0.
 * :func:`repair_record`: the teacher played from a failure row repairs in the open; its
   stage receipt records every earlier file it changed, with the start and final sha256s.
+* :func:`row_reward`: what a policy earns played from a bank row.
 """
 
 from __future__ import annotations
@@ -23,6 +24,20 @@ from bat_gym.spec import E2E
 
 MARGIN = 0.10
 """How far above the naive baseline's S3 reward the unchecked pilot may earn."""
+
+RECEIPTS = {
+    "S3": "validation/s3_validation.json",
+    "S4": "validation/s4_completion.json",
+    "S5": "validation/s5_submission.json",
+}
+"""The receipt of each stage that may record a repair."""
+
+LATER = {
+    "S3": ("validation/", "outputs/"),
+    "S4": ("outputs/", RECEIPTS["S4"], RECEIPTS["S5"]),
+    "S5": ("outputs/submission.csv", RECEIPTS["S5"]),
+}
+"""Per stage: new files under these are the stage's (or a later stage's) work, not a repair."""
 
 
 def audit_unchecked_pilot(benchmark, bank):
@@ -87,3 +102,13 @@ def repair_record(start, final, receipt, own):
     new = {p for p in final if not start.exists(p) and not p.startswith(own)}
     assert recorded == changed | new
     return recorded
+
+
+def row_reward(bench, bank, state_id, policy) -> float:
+    """The reward ``policy`` earns played from the bank row ``state_id`` to its end."""
+    env = RubricReward(StageEnv(E2E, benchmark=bench, states=bank))
+    try:
+        info, _ = play_episode(env, policy, bank.get(state_id), bench)
+        return info["verdict"].reward
+    finally:
+        env.close()

@@ -119,6 +119,9 @@ class ToolBench(ToyPipeline):
             Tool("grade", "Grade one case's score.", GradeArgs, grade, sees_private=True),
         )
 
+    # The tool tests play the success path only.
+    outcomes = ("success",)
+
     def teacher_turns(self, task) -> list[TeacherTurn]:  # noqa: D102
         turns = super().teacher_turns(task)
         first = next(iter(self._rows(task)))

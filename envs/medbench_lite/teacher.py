@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.envs.medbench_lite.scripts import fragment, stage_script
 from bat_gym.protocol import ToolCall, bash_call, python_call
-from bat_gym.repair_record import record_call, start_call
+from bat_gym.repair_record import (
+    STAGE_RECEIPTS,
+    pipeline_reasons,
+    record_stage_call,
+    start_call,
+    starts_with_s2_mistake,
+)
 
 __all__ = [
     "Recipe",
@@ -208,26 +214,14 @@ def _submit_call(recipe: Recipe) -> ToolCall:
 
 _DISCARD_PILOT = bash_call("rm -rf validation/pilot.csv validation/pilot")
 
-# Each stage's receipt, and its own products: a new file there is the stage's work.
-_RECEIPTS = {
-    "S3": ("validation/s3_validation.json", ("validation/",)),
-    "S4": ("validation/s4_completion.json", ("outputs/", "validation/s4_completion.json")),
-    "S5": (
-        "validation/s5_submission.json",
-        ("outputs/submission.csv", "validation/s5_submission.json"),
-    ),
-}
-
 
 def carries_mistake(focus: str, outcome: str) -> bool:
     """Whether a row of ``outcome``'s trajectory at ``focus`` starts with the buggy pipeline.
 
-    ``recovery`` and ``failure`` write it in S2; ``recovery`` fixes it in S3, so only
-    its S3 row starts with it; ``failure`` keeps it to the end.
+    The S3 row of ``recovery`` and ``failure``, the S4 and S5 rows of ``failure``
+    (:func:`~bat_gym.repair_record.starts_with_s2_mistake`).
     """
-    return (focus == "S3" and outcome in ("recovery", "failure")) or (
-        focus in ("S4", "S5") and outcome == "failure"
-    )
+    return starts_with_s2_mistake(focus, outcome)
 
 
 def repair_turns(recipe: Recipe, focus: str, outcome: str) -> list[TeacherTurn]:
@@ -278,18 +272,13 @@ def repair_turns(recipe: Recipe, focus: str, outcome: str) -> list[TeacherTurn]:
                 (_submit_call(recipe),),
             )
         )
-    receipt, own = _RECEIPTS[focus]
-    reasons = [
-        ("pipeline/", "the S3 quality check failed on the pilot case: " + says["bug_seen"]),
-        ("validation/", "the pilot, run again with the repaired pipeline"),
-        ("outputs/", "re-derived with the repaired pipeline"),
-    ]
+    evidence = "the S3 quality check failed on the pilot case: " + says["bug_seen"]
     turns.append(
         TeacherTurn(
             focus,
-            f"Recording the repair in {receipt}: each earlier file it changed, with its sha256 "
-            "before and after.",
-            (record_call(receipt, reasons, own),),
+            f"Recording the repair in {STAGE_RECEIPTS[focus][0]}: each earlier file it changed, "
+            "with its sha256 before and after.",
+            (record_stage_call(focus, pipeline_reasons(evidence)),),
         )
     )
     return turns

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn, Tolerance
-from bat_gym.protocol import ToolCall, bash_call, python_call
+from bat_gym.envs.toy_pipeline import teacher
 from bat_gym.sandbox.requirements import SandboxRequirements
-from bat_gym.scripts import fill_slots, without_docstring
 from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Task, Track
 from bat_gym.stages import reference_stages
 
@@ -171,6 +170,7 @@ class ToyPipeline(Benchmark):
     """The toy_pipeline benchmark."""
 
     spec = SPEC
+    outcomes = teacher.OUTCOMES
 
     def _draw(self, track: str, seed: int) -> dict[str, Any]:
         rng = np.random.default_rng([seed, 0 if track == "threshold" else 1])
@@ -259,9 +259,29 @@ class ToyPipeline(Benchmark):
         """numpy: the teacher's setup records its version."""
         return SandboxRequirements(modules=("numpy",), pip=("numpy",), debian=("python3-numpy",))
 
-    def teacher_turns(self, task: Task) -> list[TeacherTurn]:  # noqa: D102
+    def teacher_turns(self, task: Task, outcome: str = "success") -> list[TeacherTurn]:
+        """The scripted careful engineer (see :mod:`~bat_gym.envs.toy_pipeline.teacher`).
+
+        Args:
+            task: the task.
+            outcome: ``success``, ``recovery`` (the pipeline that misses the trap, caught
+                by the S3 check and fixed) or ``failure`` (that pipeline, kept).
+        """
         d = self._draw(task.track, task.seed)
-        return _teacher_turns(task.track, cases=len(d["ids"]), unit=d.get("unit", ""))
+        return teacher.teacher_turns(
+            task.track,
+            cases=len(d["ids"]),
+            unit=d.get("unit", ""),
+            outcome=outcome,
+            trap_shows=self._trap_shows(task),
+        )
+
+    def repair_turns(self, task: Task, focus: str, outcome: str) -> list[TeacherTurn]:
+        """The teacher's repair exercise from a row that starts with the mistaken pipeline.
+
+        See :func:`~bat_gym.envs.toy_pipeline.teacher.repair_turns`.
+        """
+        return teacher.repair_turns(task.track, focus, outcome, trap_shows=self._trap_shows(task))
 
     def naive_turns(self, task: Task) -> list[TeacherTurn]:
         """A naive baseline: no plan and no pilot, and a pipeline that misses the trap.
@@ -270,7 +290,7 @@ class ToyPipeline(Benchmark):
         (the lookup track), runs it on every case and submits: what an engineer who
         never validated would ship.
         """
-        return _naive_turns(task.track)
+        return teacher.naive_turns(task.track)
 
     def plan_facts(self, task: Task) -> tuple[PlanFact, ...]:
         """What only reading the task reveals: how many cases, and the track's pitfall.
@@ -318,6 +338,24 @@ class ToyPipeline(Benchmark):
         truth = self.private_answers(task)["scores"]
         return score_agreement(workspace, pilot_path, truth, complete=False)
 
+    def _trap_cases(self, task: Task) -> list[str]:
+        """The cases whose score the track's trap changes (possibly none)."""
+        d = self._draw(task.track, task.seed)
+        if task.track == "threshold":
+            return [
+                case
+                for case, value, score in zip(d["ids"], d["values"], d["scores"], strict=True)
+                if abs(logistic_score(value, d["threshold_cm"], d["width_cm"]) - score) > AGREEMENT
+            ]
+        return [
+            case
+            for case, code in zip(d["ids"], d["codes"], strict=True)
+            if code != code.strip().lower()
+        ]
+
+    def _trap_shows(self, task: Task) -> bool:
+        return bool(self._trap_cases(task))
+
     def risky_cases(self, task: Task) -> frozenset[str]:
         """The cases whose score the track's trap changes, or every case where it changes none.
 
@@ -326,20 +364,8 @@ class ToyPipeline(Benchmark):
         logistic saturates. Lookup: a code written other than lower-case without
         spaces, which the table lacks as written.
         """
-        d = self._draw(task.track, task.seed)
-        if task.track == "threshold":
-            risky = [
-                case
-                for case, value, score in zip(d["ids"], d["values"], d["scores"], strict=True)
-                if abs(logistic_score(value, d["threshold_cm"], d["width_cm"]) - score) > AGREEMENT
-            ]
-        else:
-            risky = [
-                case
-                for case, code in zip(d["ids"], d["codes"], strict=True)
-                if code != code.strip().lower()
-            ]
-        return frozenset(risky or d["ids"])
+        risky = self._trap_cases(task)
+        return frozenset(risky or self._draw(task.track, task.seed)["ids"])
 
     def pilot_figure(
         self, task: Task, workspace: FrozenWorkspace, pilot_path: str, case: str
@@ -365,82 +391,3 @@ class ToyPipeline(Benchmark):
         got = _pilot_scores(workspace, pilot_path).get(case)
         passed = got is not None and abs(got - d["scores"][k]) <= AGREEMENT
         return PilotFigure(name, value, passed, tolerance=1e-4)
-
-
-_SCRIPTS = Path(__file__).with_name("scripts")
-
-
-def _script(name: str) -> str:
-    """The text of ``scripts/<name>.py``, as it is on disk."""
-    return (_SCRIPTS / f"{name}.py").read_text(encoding="utf-8")
-
-
-def _stage(name: str, **slots: object) -> str:
-    """A stage script of ``scripts/``, docstring left out, slots filled."""
-    return fill_slots(without_docstring(_script(name)), f"scripts/{name}.py", **slots)
-
-
-# The receipt helper the S3-S5 scripts end with, and the pipeline of each track (sent
-# whole: the teacher writes it to pipeline/infer.py).
-_RECEIPT = without_docstring(_script("receipt"))
-_INFER = {track: _script(f"{track}_infer") for track in ("threshold", "lookup")}
-
-
-# The naive pipelines: the teacher's, less the unit conversion or the code normalization.
-_NAIVE_INFER = {
-    "threshold": _INFER["threshold"].replace(" * SCALE[unit]", ""),
-    "lookup": _INFER["lookup"].replace(
-        'model["table"][r["code"].strip().lower()]', 'model["table"].get(r["code"], 0.0)'
-    ),
-}
-assert all(_NAIVE_INFER[t] != _INFER[t] for t in _INFER)
-
-
-def _naive_turns(track: str) -> list[TeacherTurn]:
-    setup = _stage("naive_s2_setup", pipeline=_NAIVE_INFER[track])
-    run = "mkdir -p outputs && python pipeline/infer.py outputs/predictions.csv"
-    submit = "cp outputs/predictions.csv outputs/submission.csv"
-    return [
-        TeacherTurn("S2", "Writing the pipeline.", (python_call(setup),)),
-        TeacherTurn("S4", "Running every case.", (bash_call(run),)),
-        TeacherTurn("S5", "Submitting.", (bash_call(submit),)),
-        TeacherTurn("S5", "Done.", (ToolCall(name="finish", arguments={"summary": "Submitted."}),)),
-    ]
-
-
-def _teacher_turns(track: str, *, cases: int, unit: str) -> list[TeacherTurn]:
-    plan = (
-        "mkdir -p plan && cat > plan/plan.md <<'EOF'\n# Plan\n\n## Preprocess\n"
-        f"Read data/cases.csv ({cases} cases) and task.json; "
-        + (
-            f"convert the values from {unit} to cm, the model's unit."
-            if track == "threshold"
-            else "strip and lower-case the codes, as the model card says."
-        )
-        + "\n\n## Inference\nApply the model in "
-        "pipeline/infer.py, one row per case id.\n\n## Postprocess\nWrite outputs/submission.csv in the schema of "
-        "task.json with four-decimal scores and a receipt.\nEOF\ncat task.json; head -3 data/cases.csv"
-    )
-    setup = _stage("s2_setup", pipeline=_INFER[track])
-    check = without_docstring(_script(f"{track}_check"))
-    validate = _stage("s3_validate", check=check, receipt=_RECEIPT)
-    infer = _stage("s4_infer", receipt=_RECEIPT)
-    submit = _stage("s5_submit", receipt=_RECEIPT)
-    return [
-        TeacherTurn("S1", "I will read the task and write the plan.", (bash_call(plan),)),
-        TeacherTurn(
-            "S2", "Setting up the environment record and the pipeline.", (python_call(setup),)
-        ),
-        TeacherTurn(
-            "S3",
-            "A one-case pilot, checked against the data description.",
-            (python_call(validate),),
-        ),
-        TeacherTurn("S4", "Full inference.", (python_call(infer),)),
-        TeacherTurn("S5", "Submission in the required schema.", (python_call(submit),)),
-        TeacherTurn(
-            "S5",
-            "All stages are done.",
-            (ToolCall(name="finish", arguments={"summary": "Submitted outputs/submission.csv."}),),
-        ),
-    ]

@@ -37,6 +37,7 @@ def broken_toy(name="toy_pipeline"):
 
     class Broken(ToyPipeline):
         spec = SPEC.model_copy(update={"name": name})
+        outcomes = ("success",)
 
         def teacher_turns(self, task):
             return [t for i, t in enumerate(super().teacher_turns(task)) if i != 4]
@@ -56,7 +57,7 @@ def test_a_first_reset_builds_only_the_trajectories_it_chooses_among(toy, cache,
     env = gym.make("bat/Validate-v0", benchmark=toy)
     lazy_ids = []
     try:
-        sid = full_toy_bank.select(focus="S3", track="threshold")[0]
+        sid = full_toy_bank.select(focus="S3", track="threshold", outcome="success")[0]
         _, info = env.reset(options={"state_id": sid})
         assert built(env.unwrapped.states) == [f"threshold-{toy.seeds('train')[0]}-success.json"]
         _, info = env.reset(seed=3)
@@ -79,6 +80,7 @@ def test_a_planned_row_no_demonstration_wins_is_never_served(cache):
 
     class Unwinnable(ToyPipeline):
         spec = SPEC.model_copy(update={"name": "toy_unwinnable_s4"})
+        outcomes = ("success",)  # one row per focus and track
 
         def demonstration_turns(self, task, state):
             # S4's demonstrator skips S4's work: no play from the row wins it.
@@ -120,7 +122,8 @@ def test_a_built_trajectory_is_reused_by_the_next_process(toy, cache, monkeypatc
     assert again.get(sid) == row
     sent = pickle.loads(pickle.dumps(first))  # as a Ray actor or spawned worker gets it
     assert sent.root == first.root and sent.get(sid) == row
-    assert {again.get(i).focus for i in again.select(track=row.track)} == set(toy.spec.focuses)
+    same = again.select(track=row.track, outcome=row.outcome)  # the trajectory's rows
+    assert {again.get(i).focus for i in same} == set(toy.spec.focuses)
 
 
 def _get_in_child(args):
@@ -240,6 +243,7 @@ def test_a_seeded_reset_walks_past_a_refused_row_to_the_pick_of_the_admitted_ban
 
     class HalfWinnable(ToyPipeline):
         spec = SPEC.model_copy(update={"name": "toy_half_winnable_s4"})
+        outcomes = ("success",)  # one row per focus and track
 
         def demonstration_turns(self, task, state):
             # Only the lookup track's S4 row loses its demonstration.

@@ -109,7 +109,7 @@ def test_the_default_grid_builds_with_one_command_and_explains_its_rejections(
     monkeypatch.setenv("BAT_GYM_CACHE", str(tmp_path / "cache"))
     result = runner.invoke(app, ["bank", "build", "--default", "--benchmark", "toy_pipeline"])
     assert result.exit_code == 0, result.output
-    assert "toy_pipeline default grid: 12 states" in result.output
+    assert "toy_pipeline default grid: 36 states" in result.output
     assert runner.invoke(app, ["bank", "build", "--default", "--out", "x"]).exit_code == 2
 
     name = bench_named("toy_nosubmit2", drop_submit=True)

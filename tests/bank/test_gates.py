@@ -14,8 +14,8 @@ from bat_gym.spec import Budgets, ContractRef
 
 
 def planted(**overrides):
-    """A toy benchmark with some methods or its spec replaced."""
-    return type("Planted", (ToyPipeline,), overrides)()
+    """A toy benchmark with some methods or its spec replaced; its teacher plays success only."""
+    return type("Planted", (ToyPipeline,), {"outcomes": ("success",), **overrides})()
 
 
 def row_of(bank, focus="S3"):

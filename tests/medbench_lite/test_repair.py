@@ -12,24 +12,13 @@ the reference run's.
 from __future__ import annotations
 
 import pytest
-from row_checks import play_teacher, repair_record
+from row_checks import LATER, RECEIPTS, play_teacher, repair_record
 
 from bat_gym.bank import build_bank
 from bat_gym.rubrics.reference import reference_workspace
 
 from .conftest import TRACKS
 
-RECEIPTS = {
-    "S3": "validation/s3_validation.json",
-    "S4": "validation/s4_completion.json",
-    "S5": "validation/s5_submission.json",
-}
-# New files of the row's stage and the later ones are their work, not a repair.
-LATER = {
-    "S3": ("validation/", "outputs/"),
-    "S4": ("outputs/", RECEIPTS["S4"], RECEIPTS["S5"]),
-    "S5": ("outputs/submission.csv", RECEIPTS["S5"]),
-}
 FAST = "classification"  # the default run's track; the slow sweep takes every track
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bat_gym.envs.toy_pipeline import suite
+from bat_gym.envs.toy_pipeline import suite, teacher
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((Path(suite.__file__).parent / "scripts").glob("*.py"))
@@ -18,6 +18,7 @@ def test_there_are_the_stage_scripts_and_a_pipeline_and_a_check_per_track():
         "s2_setup",
         "naive_s2_setup",
         "s3_validate",
+        "s3_shape_pilot",
         "s4_infer",
         "s5_submit",
         *(f"{t}_{kind}" for t in ("threshold", "lookup") for kind in ("infer", "check")),
@@ -26,7 +27,15 @@ def test_there_are_the_stage_scripts_and_a_pipeline_and_a_check_per_track():
 
 @pytest.mark.parametrize("track", ["threshold", "lookup"])
 def test_every_turn_is_python_or_bash_with_every_slot_filled(track):
-    turns = suite._teacher_turns(track, cases=3, unit="mm") + suite._naive_turns(track)
+    turns = [
+        *(
+            t
+            for o in teacher.OUTCOMES
+            for t in teacher.teacher_turns(track, cases=3, unit="mm", outcome=o)
+        ),
+        *(t for f in ("S3", "S4", "S5") for t in teacher.repair_turns(track, f, "failure")),
+        *teacher.naive_turns(track),
+    ]
     for turn in turns:
         for call in turn.calls:
             code = call.arguments.get("code", "")
@@ -43,8 +52,8 @@ def test_every_script_compiles(path):
 @pytest.mark.parametrize("track", ["threshold", "lookup"])
 def test_the_teacher_writes_its_pipeline_file_and_the_naive_one_differs(track):
     source = (Path(suite.__file__).parent / "scripts" / f"{track}_infer.py").read_text()
-    setup = suite._teacher_turns(track, cases=3, unit="mm")[1].calls[0].arguments["code"]
-    naive = suite._naive_turns(track)[0].calls[0].arguments["code"]
+    setup = teacher.teacher_turns(track, cases=3, unit="mm")[1].calls[0].arguments["code"]
+    naive = teacher.naive_turns(track)[0].calls[0].arguments["code"]
     assert repr(source) in setup
     assert repr(source) not in naive and "pipeline/infer.py" in naive
 

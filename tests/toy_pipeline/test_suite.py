@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from bat_gym.envs.toy_pipeline.suite import _INFER, _NAIVE_INFER, AGREEMENT, score_agreement
+from bat_gym.envs.toy_pipeline.suite import AGREEMENT, score_agreement
+from bat_gym.envs.toy_pipeline.teacher import MISTAKEN_PIPELINE, PIPELINE
 from bat_gym.rubrics.workspace import FrozenWorkspace
 from bat_gym.sandbox import BlobStore
 
@@ -70,8 +71,8 @@ def test_the_trap_changes_most_scores_and_guesses_agree_with_none(toy, track, tm
         ws = tmp_path / f"{track}-{seed}"
         ws.mkdir()
         toy.write_public_files(task, ws)
-        _run(_INFER[track], ws, "teacher.csv")
-        _run(_NAIVE_INFER[track], ws, "naive.csv")
+        _run(PIPELINE[track], ws, "teacher.csv")
+        _run(MISTAKEN_PIPELINE[track], ws, "naive.csv")
         teacher.append(_task_score(toy, task, ws, "teacher.csv"))
         naive.append(_task_score(toy, task, ws, "naive.csv"))
         truth = toy.private_answers(task)["scores"]
