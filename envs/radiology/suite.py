@@ -248,6 +248,7 @@ class Radiology(Benchmark):
     """The radiology benchmark (see the module docs)."""
 
     spec = SPEC
+    outcomes = teacher.OUTCOMES
 
     def __init__(self) -> None:
         super().__init__()
@@ -509,10 +510,40 @@ class Radiology(Benchmark):
 
     # -- teacher --------------------------------------------------------------------------
 
-    def teacher_turns(self, task: Task) -> list[TeacherTurn]:  # noqa: D102
+    def teacher_turns(self, task: Task, outcome: str = "success") -> list[TeacherTurn]:
+        """The scripted careful engineer (see :mod:`~bat_gym.envs.radiology.teacher`).
+
+        Args:
+            task: the task.
+            outcome: ``success``, ``recovery`` (the naive pipeline, caught by the S3
+                check and fixed) or ``failure`` (that pipeline, kept and submitted).
+        """
         return teacher.teacher_turns(
-            task.track, self._patients(task.track, task.seed), self._truth(task.track, task.seed)
+            task.track,
+            self._patients(task.track, task.seed),
+            self._truth(task.track, task.seed),
+            outcome,
+            trap_shows=self._trap_shows(task),
         )
+
+    def repair_turns(self, task: Task, focus: str, outcome: str) -> list[TeacherTurn]:
+        """The teacher's repair exercise from a row that starts with the naive pipeline.
+
+        See :func:`~bat_gym.envs.radiology.teacher.repair_turns`.
+        """
+        if not teacher.carries_mistake(focus, outcome, trap_shows=self._trap_shows(task)):
+            return []
+        return teacher.repair_turns(
+            task.track,
+            self._patients(task.track, task.seed),
+            self._truth(task.track, task.seed),
+            focus,
+            outcome,
+        )
+
+    def _trap_shows(self, task: Task) -> bool:
+        """Whether some patient's current study holds a trap (see :meth:`risky_cases`)."""
+        return any(_trapped(p.studies[-1]) for _s, p in self._patients(task.track, task.seed))
 
     def naive_turns(self, task: Task) -> list[TeacherTurn]:
         """No plan and no pilot; a pipeline that trusts descriptions and stored values."""

@@ -30,7 +30,11 @@ def _turn_codes(track: str, seed: int) -> list[tuple[str, str, str]]:
     task = bench.make_task(track, seed, "heldout" if seed >= 2_000_000 else "train")
     return [
         (turn.stage, call.arguments.get("language", ""), call.arguments.get("code", ""))
-        for turn in bench.teacher_turns(task) + bench.naive_turns(task)
+        for turn in [
+            *(t for o in bench.outcomes for t in bench.teacher_turns(task, o)),
+            *(t for f in ("S3", "S4", "S5") for t in bench.repair_turns(task, f, "failure")),
+            *bench.naive_turns(task),
+        ]
         for call in turn.calls
         if call.name == "execute_code"
     ]
@@ -43,6 +47,7 @@ def test_the_folder_holds_the_pipeline_its_patches_the_stages_and_the_receipt():
         "pilot_check",
         *sandbox_code.NAIVE_PATCHES,
         *STAGES,
+        "s3_shape_pilot",
     }
     # A data folder, not a package of the suite's modules: its files run in a sandbox only.
     assert not (sandbox_code.SCRIPT_DIR / "__init__.py").exists()
@@ -99,7 +104,9 @@ def test_every_turn_is_python_or_bash_with_every_slot_filled(track, seed):
 @pytest.mark.parametrize(("track", "seed"), CELLS[:2])
 def test_the_teacher_writes_the_pipeline_and_the_naive_baseline_its_variant(track, seed):
     setups = [code for stage, _, code in _turn_codes(track, seed) if stage == "S2"]
-    teacher, naive = setups
+    teacher, *mistaken, naive = setups  # success, recovery and failure, the naive baseline
+    assert len(mistaken) == 2
+    assert all(repr(sandbox_code.naive_pipeline()) in code for code in mistaken)
     assert repr(sandbox_code.pipeline()) in teacher
     assert repr(sandbox_code.naive_pipeline()) in naive
     assert repr(sandbox_code.pipeline()) not in naive
