@@ -34,21 +34,18 @@ def toy_with(turns_for):
     return Toy()
 
 
-def test_rows_of_every_focus_track_and_outcome_carry_their_outcome(tmp_path):
-    from bat_gym.catalog import get_benchmark
-
-    med = get_benchmark("medbench_lite")
-    assert med.outcomes == ("success", "recovery", "failure")
+def test_rows_of_every_focus_track_and_outcome_carry_their_outcome(toy, tmp_path):
     outcomes = ("success", "recovery", "failure")
-    bank = build_bank(med, tmp_path / "b", tracks=["classification"], outcomes=outcomes)
+    assert toy.outcomes == outcomes
+    bank = build_bank(toy, tmp_path / "b", tracks=["lookup"], outcomes=outcomes)
     m = bank.manifest
     # Every focus x outcome was a candidate; a row is admitted where a demonstration
     # wins it (every success row), and each refusal is counted by its reason.
     shares = m["admission"]["shares"]
     assert {(f, o) for f in shares for o in shares[f]} == {
-        (f, o) for f in med.spec.focuses for o in outcomes
+        (f, o) for f in toy.spec.focuses for o in outcomes
     }
-    assert all(shares[f]["success"] == {"admitted": 1, "rows": 1} for f in med.spec.focuses)
+    assert all(shares[f]["success"] == {"admitted": 1, "rows": 1} for f in toy.spec.focuses)
     admitted = sum(c["admitted"] for f in shares.values() for c in f.values())
     assert admitted == len(bank) == m["admission"]["rows_admitted"]
     assert sum(m["rejected"].values()) == m["admission"]["rows_checked"] - len(bank)

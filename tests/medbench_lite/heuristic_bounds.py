@@ -52,7 +52,20 @@ def pipeline_score(bench, task, code: str) -> float:
 
 
 def tier_scores(bench, track: str, seeds, split: str = "heldout") -> dict[str, float]:
-    """Mean teacher, naive and per-heuristic scores over ``seeds`` (one tier's seeds)."""
+    """Mean teacher, naive and per-heuristic scores over ``seeds`` (one tier's seeds).
+
+    Scored once per benchmark, track, seeds and split: two tests judge the same scores.
+    """
+    key = (id(bench), track, tuple(seeds), split)
+    if key not in _SCORES:
+        _SCORES[key] = _tier_scores(bench, track, seeds, split)
+    return dict(_SCORES[key])
+
+
+_SCORES: dict[tuple, dict[str, float]] = {}
+
+
+def _tier_scores(bench, track: str, seeds, split: str) -> dict[str, float]:
     recipe = get_track(track).recipe()
     rows: dict[str, list[float]] = {}
     for seed in seeds:
