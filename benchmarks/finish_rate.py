@@ -171,27 +171,25 @@ def section_rows(out: Path, setup: Any, focuses: list[str]) -> None:
 def held_out(model: Path | str, out: Path, repeats: int, seed: int = 0) -> Any:
     """Held-out E2E evaluation of a checkpoint (tracks as units)."""
     from bat_gym.catalog import get_benchmark
-    from bat_gym.evaluation import EvalConfig, evaluate
-    from bat_gym.policies import make_policy
+    from bat_gym.evaluation import EvalConfig, evaluate_spec
 
     bench = get_benchmark(BENCH)
-    policy = make_policy(
-        f"hf:{model}",
-        max_new_tokens=MAX_NEW_TOKENS,
-        temperature=TEMPERATURE,
-        seed=seed,
-        max_batch_size=6,
-    )
     cfg = EvalConfig(
         repeats=repeats,
         workers=6,
         progress=False,
         budgets=bench.spec.budgets.model_copy(update={"max_turns": MAX_TURNS}),
     )
-    try:
-        return evaluate(bench, policy, out, cfg)
-    finally:
-        policy.close()
+    return evaluate_spec(
+        bench,
+        f"hf:{model}",
+        out,
+        cfg,
+        max_new_tokens=MAX_NEW_TOKENS,
+        temperature=TEMPERATURE,
+        seed=seed,
+        max_batch_size=6,
+    )
 
 
 def grpo_run(

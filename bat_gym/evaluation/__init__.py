@@ -2,7 +2,7 @@
 
 from bat_gym.evaluation.aggregates import Aggregates, CompletionCounts, TrackAggregate, aggregate
 from bat_gym.evaluation.cells import FAILURE_CATEGORIES, Cell, CellResult, FailureCategory
-from bat_gym.evaluation.evaluate import AGGREGATES_FILE, evaluate
+from bat_gym.evaluation.evaluate import AGGREGATES_FILE, evaluate, evaluate_spec
 from bat_gym.evaluation.harness import EvalConfig, held_out_cells, play_episode, run_cells
 from bat_gym.evaluation.report import EvalReport, Interval, bootstrap_interval
 
@@ -14,6 +14,7 @@ __all__ = [
     "Interval",
     "bootstrap_interval",
     "evaluate",
+    "evaluate_spec",
     "held_out_cells",
     "play_episode",
     "run_cells",

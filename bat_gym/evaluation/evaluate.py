@@ -35,7 +35,7 @@ from bat_gym.evaluation.report import (
 )
 from bat_gym.policies.base import Policy
 
-__all__ = ["evaluate", "AGGREGATES_FILE", "REPORT_FILE", "MANIFEST_FILE"]
+__all__ = ["evaluate", "evaluate_spec", "AGGREGATES_FILE", "REPORT_FILE", "MANIFEST_FILE"]
 
 AGGREGATES_FILE = "aggregates.json"
 REPORT_FILE = "report.json"
@@ -192,3 +192,33 @@ def evaluate(
     write_markdown(report, out / "report.md", chart="stages.png")
     aggregates.write(out / AGGREGATES_FILE)
     return report
+
+
+def evaluate_spec(
+    benchmark: str | Benchmark | None,
+    spec: str,
+    out_dir: str | Path,
+    cfg: EvalConfig | None = None,
+    **options: Any,
+) -> EvalReport:
+    """:func:`evaluate` the policy a spec names, built for this run and closed after it.
+
+    How a checkpoint is scored on the held-out cells: ``evaluate_spec(bench,
+    "hf:runs/sft/final", "runs/eval", cfg, max_new_tokens=256, temperature=0.7, seed=0)``.
+
+    Args:
+        benchmark: as for :func:`evaluate`.
+        spec: the policy spec (``hf:DIR``, ``vllm:DIR``, ``teacher``; see
+            :func:`bat_gym.policies.make_policy`).
+        out_dir: the results directory (resumed as :func:`evaluate` resumes it).
+        cfg: cells and settings, as for :func:`evaluate`.
+        **options: the policy kind's build options (``max_new_tokens``,
+            ``temperature``, ``seed``, ``max_batch_size``, ...).
+    """
+    from bat_gym.policies import make_policy
+
+    policy = make_policy(spec, **options)
+    try:
+        return evaluate(benchmark, policy, out_dir, cfg)
+    finally:
+        policy.close()

@@ -282,3 +282,15 @@ def test_naive_on_a_benchmark_without_a_baseline_fails_in_one_line(
         "evaluate the teacher or a model instead, or add naive_turns to the benchmark"
     ]
     assert not (out / "cells").exists()  # refused before any cell ran
+
+
+def test_a_policy_named_by_its_spec_is_built_evaluated_and_closed(toy, tmp_path, monkeypatch):
+    from bat_gym.evaluation import evaluate_spec
+
+    closed = []
+    monkeypatch.setattr(ScriptedPolicy, "close", lambda self: closed.append(self.name))
+    cfg = EvalConfig(repeats=1, workers=1, progress=False)
+    report = evaluate_spec(toy, "teacher", tmp_path / "eval", cfg)
+    assert report.aggregates.overall == 1.0
+    assert closed == ["teacher"]
+    assert (tmp_path / "eval" / AGGREGATES_FILE).exists()

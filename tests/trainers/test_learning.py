@@ -21,8 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from bat_gym.evaluation import EvalConfig, evaluate  # noqa: E402
-from bat_gym.policies import make_policy  # noqa: E402
+from bat_gym.evaluation import EvalConfig, evaluate_spec  # noqa: E402
 from bat_gym.trainers.grpo import GRPOConfig  # noqa: E402
 from bat_gym.trainers.grpo import train as grpo_train  # noqa: E402
 from bat_gym.trainers.tiny_sft import build_tiny_setup, state_rewards, train_tiny_sft  # noqa: E402
@@ -73,14 +72,17 @@ def ladder(tmp_path_factory):
 
 def held_out(ladder, model: Path, name: str):
     """Aggregates of 12 held-out E2E episodes (4 tasks x 3 tracks), sampled at T=0.7."""
-    policy = make_policy(
-        f"hf:{model}", max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE, seed=0
-    )
     cfg = EvalConfig(repeats=4, workers=6, progress=False, budgets=_budgets(ladder.bench))
-    try:
-        return evaluate(ladder.bench, policy, ladder.root / "eval" / name, cfg).aggregates
-    finally:
-        policy.close()
+    report = evaluate_spec(
+        ladder.bench,
+        f"hf:{model}",
+        ladder.root / "eval" / name,
+        cfg,
+        max_new_tokens=MAX_NEW_TOKENS,
+        temperature=TEMPERATURE,
+        seed=0,
+    )
+    return report.aggregates
 
 
 def measure(ladder, model: Path, state_id: str) -> list[float]:

@@ -109,27 +109,25 @@ def held_out(model: str | Path, out: Path, study: StudyConfig, seed: int) -> dic
         95% bootstrap CI of this one evaluation.
     """
     from bat_gym.catalog import get_benchmark
-    from bat_gym.evaluation import EvalConfig, evaluate
-    from bat_gym.policies import make_policy
+    from bat_gym.evaluation import EvalConfig, evaluate_spec
 
     bench = get_benchmark(study.benchmark)
-    policy = make_policy(
-        f"{study.eval_policy}:{model}",
-        max_new_tokens=study.max_new_tokens,
-        temperature=study.temperature,
-        seed=seed,
-        max_batch_size=study.eval_workers,
-    )
     cfg = EvalConfig(
         repeats=study.eval_repeats,
         workers=study.eval_workers,
         progress=False,
         budgets=bench.spec.budgets.model_copy(update={"max_turns": study.max_turns}),
     )
-    try:
-        report = evaluate(bench, policy, out, cfg)
-    finally:
-        policy.close()
+    report = evaluate_spec(
+        bench,
+        f"{study.eval_policy}:{model}",
+        out,
+        cfg,
+        max_new_tokens=study.max_new_tokens,
+        temperature=study.temperature,
+        seed=seed,
+        max_batch_size=study.eval_workers,
+    )
     agg, ci = report.aggregates, report.intervals["overall"]
     per_track: dict[str, list[float]] = {}
     for cell in report.cells:
