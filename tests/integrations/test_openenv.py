@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ from bat_gym.integrations.trl_tools import BatToolEnvironments  # noqa: E402
 from bat_gym.policies import EpisodeContext, PolicyRequest, ScriptedPolicy  # noqa: E402
 from bat_gym.protocol import ToolCall, get_protocol  # noqa: E402
 from bat_gym.rubrics.reward import RubricReward  # noqa: E402
+
+from .servers import free_port  # noqa: E402
 
 BAT_GYM = str(Path(sys.executable).parent / "bat-gym")
 HERMES = get_protocol("hermes")
@@ -68,16 +69,10 @@ def stage_state(toy_bank) -> str:
     return sorted(toy_bank.select(focus="S1"))[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(toy_bank):
     """``bat-gym serve openenv`` on a free port; its base URL."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [BAT_GYM, "serve", "openenv", "--benchmark", "toy_pipeline"]
         + ["--states", str(toy_bank.root), "--port", str(port), "--max-sessions", "4"],

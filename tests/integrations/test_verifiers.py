@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +45,8 @@ from bat_gym.integrations.verifiers import (  # noqa: E402
     episode_scores,
 )
 from bat_gym.rubrics.reward import RubricReward  # noqa: E402
+
+from .servers import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ENV = "bat-gym-stages"
@@ -109,18 +110,12 @@ def test_a_malformed_tool_call_is_the_envs_to_refuse(toy, toy_bank):
         env.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Server:
     """``bat-gym serve-policy`` as a user starts it, until closed."""
 
     def __init__(self, policy: str, *states: str) -> None:
         args = [str(BIN / "bat-gym"), "serve-policy", "--policy", policy, *states]
-        args += ["--port", str(_free_port())]
+        args += ["--port", str(free_port())]
         self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.url: str | None = None
