@@ -24,23 +24,29 @@ pytestmark = pytest.mark.usefixtures("orthanc")
 TRACK = "lesion_growth"
 
 
+# The failure trajectory's rows: its S3 row starts as a recovery's does. The default
+# bank (built by the reward audit) holds the other outcomes' rows.
+MISTAKEN = ("failure",)
+
+
 @pytest.fixture(scope="module")
 def bank(radiology, tmp_path_factory):
-    """The lesion_growth track's three outcomes: 3 trajectories x 6 focuses."""
+    """The lesion_growth track's failure trajectory: 6 focuses."""
+    assert set(MISTAKEN) < set(teacher.OUTCOMES)
     root = tmp_path_factory.mktemp("radiology") / "bank"
-    return build_bank(radiology, root, tracks=[TRACK], outcomes=teacher.OUTCOMES)
+    return build_bank(radiology, root, tracks=[TRACK], outcomes=MISTAKEN)
 
 
-def test_every_row_of_every_outcome_is_admitted(radiology, bank):
+def test_every_row_of_the_failure_is_admitted(radiology, bank):
     shares = bank.manifest["admission"]["shares"]
-    assert len(bank.select()) == 18
+    assert len(bank.select()) == 6
     for focus, by_outcome in shares.items():
-        assert set(by_outcome) == set(teacher.OUTCOMES), focus
+        assert set(by_outcome) == set(MISTAKEN), focus
         for outcome, cell in by_outcome.items():
             assert cell == {"admitted": 1, "rows": 1}, (focus, outcome)
 
 
-@pytest.mark.parametrize(("focus", "outcome"), [("S3", "recovery"), ("S4", "failure")])
+@pytest.mark.parametrize(("focus", "outcome"), [("S3", "failure"), ("S4", "failure")])
 def test_the_teacher_repairs_a_row_that_starts_with_the_mistake(radiology, bank, focus, outcome):
     (sid,) = bank.select(focus=focus, outcome=outcome)
     state = bank.get(sid)
