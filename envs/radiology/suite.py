@@ -531,14 +531,13 @@ class Radiology(Benchmark):
 
         See :func:`~bat_gym.envs.radiology.teacher.repair_turns`.
         """
-        if not teacher.carries_mistake(focus, outcome, trap_shows=self._trap_shows(task)):
-            return []
         return teacher.repair_turns(
             task.track,
             self._patients(task.track, task.seed),
             self._truth(task.track, task.seed),
             focus,
             outcome,
+            trap_shows=self._trap_shows(task),
         )
 
     def _trap_shows(self, task: Task) -> bool:

@@ -80,7 +80,7 @@ def teacher_turns(
         truth: the model's measurements by patient id (:meth:`Radiology._truth`).
         outcome: one of :data:`OUTCOMES`.
         trap_shows: whether some patient's current study holds a trap; where none does,
-            ``recovery`` has nothing to recover from and plays the success path.
+            ``recovery``'s pilot passes and it goes on with the pipeline it wrote.
 
     Raises:
         ValueError: an unknown outcome.

@@ -13,7 +13,8 @@ written):
 
 On a task where the trap changes no score (values already in centimetres), the mistaken
 pipeline computes what the right one does: there is nothing to recover from, so
-``recovery`` plays the success path, and ``failure``'s rows carry no defect.
+``recovery``'s check passes and the teacher keeps the pipeline, saying why, and
+``failure``'s rows carry no defect.
 
 Rows cut after the mistake went in (the S3 rows of ``recovery`` and ``failure``, the S4
 and S5 rows of ``failure``) start with the mistaken pipeline in place. From such a row
@@ -94,9 +95,6 @@ _FIX = {
 }
 
 
-_EVIDENCE = "the S3 check failed on the pilot case: "
-
-
 def _validate(track: str) -> ToolCall:
     check = without_docstring(_script(f"{track}_check"))
     return python_call(_stage("s3_validate", check=check, receipt=_RECEIPT))
@@ -140,7 +138,7 @@ def teacher_turns(
         unit: the threshold track's value unit (``""`` for lookup).
         outcome: one of :data:`OUTCOMES`.
         trap_shows: whether the track's trap changes some case's score; where it does
-            not, ``recovery`` has nothing to recover from and plays the success path.
+            not, ``recovery``'s check passes and the pipeline is kept.
 
     Raises:
         ValueError: an unknown outcome.
@@ -243,12 +241,13 @@ def repair_turns(
         )
     if focus == "S5":
         turns.append(TeacherTurn(focus, "Submission in the required schema.", (_submit(),)))
+    evidence = "the S3 check failed on the pilot case: " + _BUG_SEEN[track]
     turns.append(
         TeacherTurn(
             focus,
             f"Recording the repair in {STAGE_RECEIPTS[focus][0]}: each earlier file it "
             "changed, with its sha256 before and after.",
-            (record_stage_call(focus, pipeline_reasons(_EVIDENCE + _BUG_SEEN[track])),),
+            (record_stage_call(focus, pipeline_reasons(evidence)),),
         )
     )
     return turns
