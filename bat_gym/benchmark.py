@@ -524,6 +524,15 @@ class Benchmark(ABC):
     input_paths: tuple[str, ...] = ("data/", "model/", "task.json", "TASK.md")
     """The task's inputs: what a reproduction puts back as it was (pristine)."""
 
+    reproduction_omits: tuple[str, ...] = ()
+    """Paths (``"validation/"``: a folder and all under it) a reproduction starts without.
+
+    Besides the outputs, which it always starts without. Name what the pipeline must
+    not depend on, such as the episode's validation notes: a stage that only adds
+    files there then costs no new reproduction, its pipeline's run is the earlier
+    stage's (runs are remembered by the files they start from).
+    """
+
     def reproduction_command(self, task: Task) -> str | None:
         """Bash that runs the agent's shipped pipeline on every case, or None.
 

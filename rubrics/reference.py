@@ -407,16 +407,17 @@ def _reproduce(
 ) -> Reproduction:
     """:func:`reproduce` with the command; ``shortcut``: answer the reference's files by it."""
     inputs = benchmark.input_paths
-    produced = {o.split("/", 1)[0] for o in outputs if "/" in o}
+    # The outputs' top folders (``outputs/``) and what the benchmark says to omit.
+    omitted = {o.split("/", 1)[0] for o in outputs if "/" in o} | set(benchmark.reproduction_omits)
 
     def is_input(path: str) -> bool:
         return any(path_matches(path, p) for p in inputs)
 
-    def is_output(path: str) -> bool:
-        return path in outputs or any(path_matches(path, d) for d in produced)
+    def is_omitted(path: str) -> bool:
+        return path in outputs or any(path_matches(path, d) for d in omitted)
 
     def is_kept(path: str) -> bool:
-        return not is_input(path) and not is_output(path) and not _derived(path)
+        return not is_input(path) and not is_omitted(path) and not _derived(path)
 
     ref = reference_workspace(benchmark, task, backend=backend)
     sourced = [(e, final.store) for e in final.snapshot.entries if is_kept(e.path)]

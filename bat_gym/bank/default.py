@@ -319,10 +319,10 @@ class DefaultStates:
     def _trajectory_rows(self, t: _Trajectory, wanted: str | None = None) -> list[StageState]:
         """The admitted rows of ``t``: loaded from the cache, or built (under its lock) and cached.
 
-        ``wanted``: the one row asked for. Building for it demonstrates that row (and
-        the E2E row, whose demonstration is the trajectory itself) and leaves the others
-        pending until they are asked for; a first reset then plays one demonstration,
-        not one per focus. None: every row is demonstrated (the whole grid's build).
+        ``wanted``: the one row asked for. Building for it demonstrates that row (and a
+        success trajectory's E2E row, whose demonstration is the trajectory itself) and
+        leaves the others pending until they are asked for; a first reset then plays one
+        demonstration, not one per focus. None: every row is demonstrated (the whole grid's build).
         """
         folder = self.root / "trajectories"
         path = folder / f"{t.file}.json"

@@ -196,8 +196,9 @@ def _build_task(
 
     With a reduction the task is the reduced one and only its E2E row is kept (an
     E2E surrogate); the teacher still runs the whole episode, which is scored. Rows
-    ``defer`` picks (never an E2E row, whose demonstration is the scored trajectory
-    itself) pass the gates but are kept under ``pending``, not demonstrated.
+    ``defer`` picks (never the E2E row of a success trajectory, whose demonstration is
+    the scored trajectory itself) pass the gates but are kept under ``pending``, not
+    demonstrated.
     """
     bench, store, protocol = builder.bench, builder.store, builder.protocol
     reduction = job.reduction
@@ -296,7 +297,10 @@ def _build_task(
                 findings.append([state.state_id, *found])
                 candidates.append(_candidate(state, f"gate {found[0]}"))
                 continue
-            if defer is not None and state.focus != E2E and defer(state):
+            # A success trajectory's E2E row is demonstrated by the scored play itself,
+            # at no cost; any other row costs an episode, so it may wait.
+            own_play = state.focus == E2E and label == "success"
+            if defer is not None and not own_play and defer(state):
                 pending.append(state.model_dump(mode="json"))
                 continue
             candidate, row = _admit(demonstrator, store, task, state, turns, episode)

@@ -95,6 +95,10 @@ class MedBenchLite(Benchmark):
 
     spec = SPEC
     outcomes = ("success", "recovery", "failure")
+    # The reproduction command deletes validation/ before it runs (agreement.py): its
+    # notes cannot change what the pipeline computes, so a stage that only adds notes
+    # reuses the previous stage's reproduction.
+    reproduction_omits = ("validation/",)
 
     def __init__(self) -> None:
         self._draws: OrderedDict[tuple[str, int, str, int | None], Draw] = OrderedDict()

@@ -294,6 +294,26 @@ def test_a_row_is_demonstrated_when_first_asked_for_and_the_grid_still_equals_an
     assert bank.manifest["admission"] == full_toy_bank.manifest["admission"]
 
 
+def test_a_failure_trajectory_built_for_one_row_leaves_its_e2e_row_for_when_it_is_asked(toy, cache):
+    import json
+
+    source = DefaultStates(toy)
+    trajectory = next(
+        t for t in source.trajectories if t.job.track == "lookup" and t.job.outcome == "failure"
+    )
+    s3, e2e = (next(i for i in trajectory.ids if f".{f}." in i) for f in ("S3", "E2E"))
+    assert source.get(s3).focus == "S3"
+    path = source.root / "trajectories" / f"{trajectory.file}.json"
+    record = json.loads(path.read_text())
+    # The failure's own play loses its E2E row, so another play must win it: that costs
+    # a whole episode, which waits until the row is wanted, like any other row.
+    assert {c["state_id"] for c in record["candidates"]} == {s3}
+    assert e2e in {r["state_id"] for r in record["pending"]}
+    assert DefaultStates(toy).get(e2e).outcome == "failure"
+    record = json.loads(path.read_text())
+    assert e2e in {r["state_id"] for r in record["rows"]}
+
+
 def test_a_benchmark_that_names_its_teachers_stages_is_planned_without_generating_a_task(
     toy, cache, monkeypatch, full_toy_bank
 ):

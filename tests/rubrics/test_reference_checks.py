@@ -342,3 +342,41 @@ def test_a_teacher_run_with_an_unattributed_change_is_not_adopted_as_the_referen
         assert len(runs) == 1, "a run missing files became the reference"
     finally:
         env.close()
+
+
+def test_what_a_benchmark_omits_from_reproductions_is_not_seen_and_costs_no_run(
+    toy, tmp_path, monkeypatch
+):
+    # MedBench-Lite's reproduction deletes validation/ before it runs: a stage that only
+    # adds notes there must reuse the earlier stage's run, not pay for another one.
+    from bat_gym.rubrics import reference
+
+    monkeypatch.setenv("BAT_GYM_CACHE", str(tmp_path / "cache"))
+    task = toy.make_task(toy.spec.tracks[0].name, toy.seeds("train")[0], "train")
+    ref = reference_workspace(toy, task)
+    outputs = ["outputs/predictions.csv"]
+    assert reference.reproduce(toy, task, ref, outputs) is not None  # the reference's reads
+    noted = FrozenWorkspace.from_files(
+        ref.store, {**{p: ref.read_bytes(p) for p in ref.paths()}, "notes/why.md": "a note"}
+    )
+    seen: list[list[str]] = []  # the files each reproduction's sandbox started from
+    real = reference.make_sandbox
+
+    def counted(*args, **kwargs):
+        box = real(*args, **kwargs)
+        restore = box.restore
+
+        def restore_and_count(snapshot):
+            seen.append([e.path for e in snapshot.entries])
+            return restore(snapshot)
+
+        box.restore = restore_and_count
+        return box
+
+    monkeypatch.setattr(reference, "make_sandbox", counted)
+    omitting = type("Omitting", (type(toy),), {"reproduction_omits": ("notes/",)})()
+    again = reference.reproduce(omitting, task, noted, outputs)
+    assert again is not None and again.snapshot.digest == ref.snapshot.digest and seen == []
+    # Without the declaration the note is part of what the pipeline may read: a new run.
+    ran = reference.reproduce(toy, task, noted, outputs)
+    assert ran is not None and len(seen) == 1 and "notes/why.md" in seen[0]
