@@ -78,7 +78,7 @@ say "engine answers: $(docker version --format '{{.Server.Version}}' 2>/dev/null
 #    nibabel, pydicom and Pillow included), so each benchmark's envs, and the tests,
 #    find an image that covers them instead of building one of their own.
 "$PYTHON" -c "
-from bat_gym.sandbox.docker_image import ensure_image
+from bat_gym.core.sandbox.docker_image import ensure_image
 from bat_gym.catalog import installed_requirements
 req = installed_requirements()
 print('sandbox image for modules', ', '.join(req.modules) or '-', '...', flush=True)

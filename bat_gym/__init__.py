@@ -14,17 +14,17 @@ __version__ = "0.1.0"
 _EXPORTS = {
     # environments
     "StageEnv": "bat_gym.env",
-    "Completion": "bat_gym.completion",
-    "UnicodeText": "bat_gym.textspace",
+    "Completion": "bat_gym.core.completion",
+    "UnicodeText": "bat_gym.core.textspace",
     # benchmarks and specs
     "Benchmark": "bat_gym.benchmark",
     "TeacherTurn": "bat_gym.benchmark",
-    "BenchmarkSpec": "bat_gym.spec",
-    "Stage": "bat_gym.spec",
-    "Track": "bat_gym.spec",
-    "Task": "bat_gym.spec",
-    "StageState": "bat_gym.spec",
-    "Budgets": "bat_gym.spec",
+    "BenchmarkSpec": "bat_gym.core.spec",
+    "Stage": "bat_gym.core.spec",
+    "Track": "bat_gym.core.spec",
+    "Task": "bat_gym.core.spec",
+    "StageState": "bat_gym.core.spec",
+    "Budgets": "bat_gym.core.spec",
     "register_benchmark": "bat_gym.catalog",
     "get_benchmark": "bat_gym.catalog",
     "list_benchmarks": "bat_gym.catalog",
@@ -37,11 +37,11 @@ _EXPORTS = {
     "StageCurriculum": "bat_gym.curriculum.wrapper",
     "CurriculumSampler": "bat_gym.curriculum.sampler",
     # sandboxes and tool calls
-    "make_sandbox": "bat_gym.sandbox",
-    "SandboxLimits": "bat_gym.sandbox",
-    "ToolCall": "bat_gym.protocol",
-    "get_protocol": "bat_gym.protocol",
-    "ExecutionRecord": "bat_gym.record",
+    "make_sandbox": "bat_gym.core.sandbox",
+    "SandboxLimits": "bat_gym.core.sandbox",
+    "ToolCall": "bat_gym.core.protocol",
+    "get_protocol": "bat_gym.core.protocol",
+    "ExecutionRecord": "bat_gym.core.record",
 }
 
 __all__ = ["__version__", *_EXPORTS]

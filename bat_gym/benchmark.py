@@ -14,16 +14,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from bat_gym.errors import ConfigError
-from bat_gym.protocol import ToolCall, ToolProtocol
-from bat_gym.spec import E2E, BenchmarkSpec, ContractRef, StageState, Task
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.protocol import ToolCall, ToolProtocol
+from bat_gym.core.spec import E2E, BenchmarkSpec, ContractRef, StageState, Task
 
 if TYPE_CHECKING:
-    from bat_gym.rubrics.contract import ContractLibrary
-    from bat_gym.rubrics.workspace import FrozenWorkspace
-    from bat_gym.sandbox.requirements import SandboxRequirements
-    from bat_gym.service import ServiceState
-    from bat_gym.tools import Tool
+    from bat_gym.core.sandbox.requirements import SandboxRequirements
+    from bat_gym.core.service import ServiceState
+    from bat_gym.core.tools import Tool
+    from bat_gym.rubrics.contract.model import ContractLibrary
+    from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 __all__ = ["Benchmark", "PilotFigure", "PlanFact", "TeacherTurn", "Tolerance"]
 
@@ -255,7 +255,7 @@ class Benchmark(ABC):
             BatGymError: the benchmark declares no such outcome.
         """
         if outcome not in self.outcomes:
-            from bat_gym.errors import BatGymError
+            from bat_gym.core.errors import BatGymError
 
             raise BatGymError(
                 f"{self.name} has no teacher outcome {outcome!r}; it declares {self.outcomes}"
@@ -431,10 +431,10 @@ class Benchmark(ABC):
         provide them: ``pip`` names (for the ``local`` backend, which runs this
         interpreter), Debian bookworm packages and pure-Python distributions to copy from
         this interpreter (for the ``docker`` image, built with them). An env whose backend cannot provide them refuses to start with
-        :class:`~bat_gym.errors.SandboxUnavailable` instead of failing every episode.
-        Default: numpy only (:data:`bat_gym.sandbox.requirements.DEFAULT_REQUIREMENTS`).
+        :class:`~bat_gym.core.errors.SandboxUnavailable` instead of failing every episode.
+        Default: numpy only (:data:`bat_gym.core.sandbox.requirements.DEFAULT_REQUIREMENTS`).
         """
-        from bat_gym.sandbox.requirements import DEFAULT_REQUIREMENTS
+        from bat_gym.core.sandbox.requirements import DEFAULT_REQUIREMENTS
 
         return DEFAULT_REQUIREMENTS
 
@@ -443,20 +443,20 @@ class Benchmark(ABC):
     def tools(self) -> tuple[Tool, ...]:
         """The benchmark's own tools, offered beside ``execute_code`` and ``finish``.
 
-        Each is a :class:`bat_gym.tools.Tool`: typed arguments (a pydantic model), a
+        Each is a :class:`bat_gym.core.tools.Tool`: typed arguments (a pydantic model), a
         handler run on the host (against :meth:`make_service`'s service) or a program
         run in the sandbox, under the same budgets, timeout and output cap as
         ``execute_code``; every call lands in the execution record (see
-        :mod:`bat_gym.tools`). Default: none.
+        :mod:`bat_gym.core.tools`). Default: none.
         """
         return ()
 
     def make_service(self) -> ServiceState | None:
         """A fresh service for one env, or None (the default: the benchmark has none).
 
-        Its state is part of every start state (:mod:`bat_gym.service`): the env
+        Its state is part of every start state (:mod:`bat_gym.core.service`): the env
         restores it on reset, a Stage Bank captures it at every stage boundary, and
-        host tools reach it as :attr:`ToolContext.service <bat_gym.tools.ToolContext.service>`.
+        host tools reach it as :attr:`ToolContext.service <bat_gym.core.tools.ToolContext.service>`.
         A benchmark with a service also defines :meth:`service_blobs`.
         """
         return None
@@ -474,7 +474,7 @@ class Benchmark(ABC):
         """The workflow whose outputs are the truth an agent's artifacts must agree with.
 
         The verifier plays its tool calls in a fresh sandbox on the task's pristine
-        files (out of band, cached per task: :mod:`bat_gym.rubrics.reference`), and the
+        files (out of band, cached per task: :mod:`bat_gym.rubrics.verifier.reference`), and the
         ``matches_reference`` checks compare the agent's artifacts with what it left:
         predictions must be the provided model's outputs, a pilot's rows the model's
         rows for its cases, recorded environment facts the real ones. Default: the
@@ -517,7 +517,7 @@ class Benchmark(ABC):
         LLM's reading of its plans returns one here (say
         ``make_policy("openai:http://127.0.0.1:8000/v1#judge", temperature=0)``) and
         adds a ``judged`` item to its own contract. Its verdicts are cached by the
-        content they judged (:mod:`bat_gym.rubrics.judge`).
+        content they judged (:mod:`bat_gym.rubrics.verifier.judge`).
         """
         return None
 
@@ -581,7 +581,7 @@ class Benchmark(ABC):
         a benchmark with those stages. Override to return a library of your own
         (``ContractLibrary.from_dir(...)``).
         """
-        from bat_gym.rubrics.contract import ContractLibrary
+        from bat_gym.rubrics.contract.model import ContractLibrary
 
         return ContractLibrary.reference()
 

@@ -7,7 +7,7 @@ A benchmark package declares, in its ``pyproject.toml``::
 
 or calls :func:`register_benchmark` at import time. The shipped suites register the
 same way. Nothing is imported until a benchmark is asked for (:data:`BENCHMARKS` is
-their :class:`~bat_gym.plugins.Registry`). The default benchmark is
+their :class:`~bat_gym.core.plugins.Registry`). The default benchmark is
 ``BAT_GYM_BENCHMARK`` if set, else the installed one with the highest
 ``spec.default_priority``.
 
@@ -31,12 +31,12 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.errors import BenchmarkNotFound
-from bat_gym.plugins import Expect, Registry
+from bat_gym.core.errors import BenchmarkNotFound
+from bat_gym.core.plugins import Expect, Registry
 
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
-    from bat_gym.sandbox.requirements import SandboxRequirements
+    from bat_gym.core.sandbox.requirements import SandboxRequirements
 
 __all__ = [
     "BENCHMARKS",
@@ -139,13 +139,13 @@ def register_envs() -> None:
 
     # Applied after Gymnasium's TimeLimit, so a max_episode_steps truncation is scored.
     verdict = WrapperSpec(
-        "TruncationVerdict", "bat_gym.rubrics.reward:TruncationVerdict", kwargs={}
+        "TruncationVerdict", "bat_gym.rubrics.verifier.reward:TruncationVerdict", kwargs={}
     )
     for name, env_id in zip(STAGE_ENV_NAMES, env_ids(), strict=True):
         if env_id not in gym.registry:
             gym.register(
                 id=env_id,
-                entry_point="bat_gym.rubrics.reward:make_env",
+                entry_point="bat_gym.rubrics.verifier.reward:make_env",
                 kwargs={"stage": name},
                 disable_env_checker=False,
                 additional_wrappers=(verdict,),
@@ -187,7 +187,7 @@ def installed_requirements() -> SandboxRequirements:
 
     A benchmark that fails to load is left out with a warning.
     """
-    from bat_gym.sandbox.requirements import DEFAULT_REQUIREMENTS, SandboxRequirements
+    from bat_gym.core.sandbox.requirements import DEFAULT_REQUIREMENTS, SandboxRequirements
 
     found = []
     for name in list_benchmarks():

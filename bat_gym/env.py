@@ -18,7 +18,7 @@ users need no re-parsing.
   counts the episode's refused turns so far.
 
 Besides ``execute_code`` and ``finish``, the benchmark may declare tools of its own
-(:meth:`Benchmark.tools <bat_gym.benchmark.Benchmark.tools>`, :mod:`bat_gym.tools`):
+(:meth:`Benchmark.tools <bat_gym.benchmark.Benchmark.tools>`, :mod:`bat_gym.core.tools`):
 their schemas join ``info["tools"]``, their calls are checked against their argument
 models, count against the same tool-call budget, and land in the execution record.
 
@@ -40,8 +40,8 @@ from typing import Any, Literal, SupportsFloat, TypedDict
 import gymnasium as gym
 
 from bat_gym.benchmark import Benchmark
-from bat_gym.completion import Completion
-from bat_gym.errors import (
+from bat_gym.core.completion import Completion
+from bat_gym.core.errors import (
     ConfigError,
     EnvNotCopyable,
     NotAnAction,
@@ -50,7 +50,7 @@ from bat_gym.errors import (
     StateVersionMismatch,
     WorkspaceRejected,
 )
-from bat_gym.protocol import (
+from bat_gym.core.protocol import (
     TOOLS,
     ParsedMessage,
     ToolProtocol,
@@ -58,13 +58,13 @@ from bat_gym.protocol import (
     get_protocol,
     validate_call,
 )
-from bat_gym.record import ExecutionRecord
-from bat_gym.sandbox import Sandbox, SandboxLimits, make_sandbox
-from bat_gym.sandbox.snapshot import Snapshot
-from bat_gym.spec import Budgets, StageState
-from bat_gym.textspace import UnicodeText
-from bat_gym.tool_runner import ToolRunner
-from bat_gym.tools import Tool, ToolContext, check_tools
+from bat_gym.core.record import ExecutionRecord
+from bat_gym.core.sandbox import Sandbox, SandboxLimits, make_sandbox
+from bat_gym.core.sandbox.snapshot import Snapshot
+from bat_gym.core.spec import Budgets, StageState
+from bat_gym.core.textspace import UnicodeText
+from bat_gym.core.tool_runner import ToolRunner
+from bat_gym.core.tools import Tool, ToolContext, check_tools
 
 __all__ = [
     "STOP_REASONS",
@@ -121,9 +121,9 @@ class StageEnv(gym.Env[str, str]):
         benchmark: a registered benchmark name or instance; default is the installed
             default benchmark.
         track: only sample states of this track.
-        backend: sandbox backend, a name in :data:`bat_gym.sandbox.BACKENDS`.
-        protocol: how tool calls are written: a name in :data:`bat_gym.protocol.PROTOCOLS`
-            (or a :class:`~bat_gym.protocol.ToolProtocol`).
+        backend: sandbox backend, a name in :data:`bat_gym.core.sandbox.BACKENDS`.
+        protocol: how tool calls are written: a name in :data:`bat_gym.core.protocol.PROTOCOLS`
+            (or a :class:`~bat_gym.core.protocol.ToolProtocol`).
         budgets: per-episode limits (default: the benchmark's).
         states: where states come from: a :class:`~bat_gym.bank.StateSource`, or a bank
             directory; default: the benchmark's default states (its default grid, each
@@ -217,7 +217,7 @@ class StageEnv(gym.Env[str, str]):
 
     def _restore_service(self, state: StageState) -> None:
         """Make the benchmark's service (started on first use) hold ``state``'s service state."""
-        from bat_gym.service import restore_service
+        from bat_gym.core.service import restore_service
 
         if self.service is None:
             self.service = self.benchmark.make_service()
@@ -277,7 +277,7 @@ class StageEnv(gym.Env[str, str]):
 
         Each id is ranked by a hash of it keyed with one seeded draw, not by its place
         in the list, so skipping a row that turns out not to be admitted
-        (:class:`~bat_gym.errors.StateNotAdmitted`, from a source that builds lazily)
+        (:class:`~bat_gym.core.errors.StateNotAdmitted`, from a source that builds lazily)
         walks on to the pick an eagerly built list of only the admitted rows gives.
         """
         salt = int(self.np_random.integers(2**63)).to_bytes(8, "little")
@@ -459,7 +459,7 @@ class StageEnv(gym.Env[str, str]):
     def note_unattributed(self, now: Snapshot) -> tuple[str, ...]:
         """Record the paths that differ between ``now`` and the last call's end.
 
-        See :meth:`ToolRunner.note_unattributed <bat_gym.tool_runner.ToolRunner.note_unattributed>`.
+        See :meth:`ToolRunner.note_unattributed <bat_gym.core.tool_runner.ToolRunner.note_unattributed>`.
         """
         assert self.runner is not None
         return self.runner.note_unattributed(now)

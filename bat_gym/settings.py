@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from bat_gym.spec import Budgets
+from bat_gym.core.spec import Budgets
 
 __all__ = ["EnvSettings"]
 
@@ -35,12 +35,14 @@ class EnvSettings(BaseModel):
     )
     track: str | None = Field(None, description="Only states of this track (None: every track).")
     backend: str = Field(
-        "local", description="Sandbox backend, a name in bat_gym.sandbox.BACKENDS."
+        "local", description="Sandbox backend, a name in bat_gym.core.sandbox.BACKENDS."
     )
-    protocol: str = Field("hermes", description="How tool calls are written (bat_gym.protocol).")
+    protocol: str = Field(
+        "hermes", description="How tool calls are written (bat_gym.core.protocol)."
+    )
     budgets: dict[str, int | float] = Field(
         default_factory=dict,
-        description="Overrides of the benchmark's per-episode budgets (bat_gym.spec.Budgets "
+        description="Overrides of the benchmark's per-episode budgets (bat_gym.core.spec.Budgets "
         "fields, e.g. max_turns in assistant messages, tool_timeout_s in seconds).",
     )
     sandbox_options: dict[str, Any] = Field(

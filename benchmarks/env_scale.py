@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bat_gym.sandbox import BlobStore, WorkspaceIndex, make_sandbox
+from bat_gym.core.sandbox import BlobStore, WorkspaceIndex, make_sandbox
 
 # Measured before (local backend, 64 envs, this machine): see the table.
 BASELINE = {"pss_mb": 19.5, "cold_p50_ms": 107.0}

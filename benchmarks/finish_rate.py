@@ -82,7 +82,7 @@ def _log(msg: str) -> None:
 
 def _play(env: Any, row: Any, texts: list[str]) -> tuple[float, str | None]:
     """Play ``texts`` from ``row`` (then empty turns until the episode ends); reward, stop."""
-    from bat_gym.completion import Completion
+    from bat_gym.core.completion import Completion
     from bat_gym.rollout import run_episode
 
     pending = iter(texts)
@@ -103,9 +103,9 @@ def measure_rows(bank_root: Path, max_turns: int, focuses: list[str]) -> dict[st
     from bat_gym.bank import StageBank
     from bat_gym.bank.demonstrate import load_demonstration
     from bat_gym.catalog import get_benchmark
+    from bat_gym.core.protocol import get_protocol
     from bat_gym.env import StageEnv
-    from bat_gym.protocol import get_protocol
-    from bat_gym.rubrics.reward import RubricReward
+    from bat_gym.rubrics.verifier.reward import RubricReward
 
     bench = get_benchmark(BENCH)
     bank = StageBank(bank_root)

@@ -25,8 +25,8 @@ import gymnasium as gym
 
 from bat_gym.bank import build_bank
 from bat_gym.catalog import get_benchmark
+from bat_gym.core.protocol import get_protocol
 from bat_gym.policies import EpisodeContext, PolicyRequest, ScriptedPolicy
-from bat_gym.protocol import get_protocol
 from bat_gym.rollout import TokenEpisode
 from bat_gym.trainers.tiny_model import build_tokenizer
 

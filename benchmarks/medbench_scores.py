@@ -38,14 +38,14 @@ import numpy as np
 from bat_gym.bank import task_states
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.catalog import get_benchmark
+from bat_gym.core.protocol import get_protocol
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.spec import Task
 from bat_gym.env import StageEnv
 from bat_gym.envs.medbench_lite.heuristics import heuristics, score_heuristic
-from bat_gym.protocol import get_protocol
-from bat_gym.rubrics.reward import RubricReward
-from bat_gym.rubrics.scoring import aggregate, overall_score
-from bat_gym.rubrics.verifier import Verdict
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import Task
+from bat_gym.rubrics.verifier.reward import RubricReward
+from bat_gym.rubrics.verifier.scoring import aggregate, overall_score
+from bat_gym.rubrics.verifier.verdict import Verdict
 
 STAGES = ("S1", "S2", "S3", "S4", "S5")
 POLICIES = ("teacher", "naive", "random")

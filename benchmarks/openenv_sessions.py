@@ -33,11 +33,11 @@ from pathlib import Path
 
 from bat_gym.bank import build_bank
 from bat_gym.catalog import get_benchmark
+from bat_gym.core.protocol import ToolCall, get_protocol
 from bat_gym.env import StageEnv
 from bat_gym.integrations.openenv import BatAction
 from bat_gym.integrations.openenv_client import BatEnvClient
-from bat_gym.protocol import ToolCall, get_protocol
-from bat_gym.rubrics.reward import RubricReward
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 BAT_GYM = str(Path(sys.executable).parent / "bat-gym")
 

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
-from bat_gym.errors import SandboxUnavailable
-from bat_gym.sandbox import Sandbox, Snapshot, WorkspaceIndex, make_sandbox
+from bat_gym.core.errors import SandboxUnavailable
+from bat_gym.core.sandbox import Sandbox, Snapshot, WorkspaceIndex, make_sandbox
 
 FILES = 50
 FILE_BYTES = 100 * 1024  # 50 x 100 KiB = 5 MiB

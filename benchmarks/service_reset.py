@@ -16,10 +16,10 @@ import tempfile
 import time
 
 from bat_gym.bank.states import MemoryStates, initial_state
+from bat_gym.core.protocol import ToolCall, get_protocol
+from bat_gym.core.sandbox.snapshot import BlobStore
 from bat_gym.env import StageEnv
 from bat_gym.envs.radiology import Radiology
-from bat_gym.protocol import ToolCall, get_protocol
-from bat_gym.sandbox.snapshot import BlobStore
 
 __all__ = ["main"]
 

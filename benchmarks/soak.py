@@ -31,7 +31,7 @@ import gymnasium as gym
 
 from bat_gym.bank import build_bank
 from bat_gym.catalog import get_benchmark
-from bat_gym.sandbox.slots import runtime_dir
+from bat_gym.core.sandbox.slots import runtime_dir
 
 FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "x"}}</tool_call>'
 DEEP = "python3 -c \"import os\nfor _ in range(1200):\n    os.mkdir('d'); os.chdir('d')\""

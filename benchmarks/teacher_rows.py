@@ -84,7 +84,7 @@ def play_suite(
     from bat_gym.env import StageEnv
     from bat_gym.evaluation.harness import play_episode
     from bat_gym.policies.scripted import ScriptedPolicy
-    from bat_gym.rubrics.reward import RubricReward
+    from bat_gym.rubrics.verifier.reward import RubricReward
 
     bench = get_benchmark(suite)
     bank = default_bank(bench, workers=workers)

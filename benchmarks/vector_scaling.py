@@ -40,7 +40,7 @@ from typing import Any
 import gymnasium as gym
 
 from bat_gym import ToolCall
-from bat_gym.protocol import get_protocol
+from bat_gym.core.protocol import get_protocol
 
 ENV_ID = "bat/E2E-v0"
 BENCHMARK = "toy_pipeline"

@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from bat_gym.core.record import ExecutionRecord, ToolCallRecord
+from bat_gym.core.sandbox.snapshot import BlobStore
 from bat_gym.envs.toy_pipeline.suite import SPEC
-from bat_gym.record import ExecutionRecord, ToolCallRecord
-from bat_gym.rubrics.context import CheckContext, TaskOracle
-from bat_gym.rubrics.contract import ContractLibrary, RubricContract
-from bat_gym.rubrics.verifier import verify
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.sandbox.snapshot import BlobStore
+from bat_gym.rubrics.contract.context import CheckContext, TaskOracle
+from bat_gym.rubrics.contract.model import ContractLibrary, RubricContract
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
+from bat_gym.rubrics.verifier.verdict import verify
 
 CASES = [f"case{i:03d}" for i in range(40)]
 LABELS = {c: i % 2 for i, c in enumerate(CASES)}
@@ -219,9 +219,9 @@ def report(name: str, times: list[float]) -> None:
 def medbench_episodes() -> None:
     """Whole E2E verifications of teacher episodes, one per MedBench-Lite track."""
     from bat_gym.catalog import get_benchmark
+    from bat_gym.core.protocol import get_protocol
     from bat_gym.env import StageEnv
-    from bat_gym.protocol import get_protocol
-    from bat_gym.rubrics.reward import RubricReward
+    from bat_gym.rubrics.verifier.reward import RubricReward
 
     bench = get_benchmark("medbench_lite")
     proto = get_protocol("hermes")

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bat_gym.core.protocol import TOOLS, HermesProtocol
 from bat_gym.policies import PolicyRequest
-from bat_gym.protocol import TOOLS, HermesProtocol
 
 CORPUS = [
     HermesProtocol.example,

@@ -99,9 +99,9 @@ def docker_client():
     pytest.importorskip(
         "docker", reason="the docker SDK is not installed: pip install 'bat-gym[docker]'"
     )
-    from bat_gym.errors import SandboxUnavailable
-    from bat_gym.sandbox.docker import connect
-    from bat_gym.sandbox.docker_image import ensure_image
+    from bat_gym.core.errors import SandboxUnavailable
+    from bat_gym.core.sandbox.docker import connect
+    from bat_gym.core.sandbox.docker_image import ensure_image
 
     try:
         client = connect(timeout_s=30)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bat_gym import ToolCall
-from bat_gym.protocol import get_protocol
+from bat_gym.core.protocol import get_protocol
 
 HERMES = get_protocol("hermes")
 FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "done"}}</tool_call>'

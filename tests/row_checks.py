@@ -13,14 +13,14 @@ from __future__ import annotations
 import hashlib
 import json
 
-from bat_gym.audit_reward import audit_reward
+from bat_gym.audits.reward import audit_reward
 from bat_gym.bank.states import MemoryStates
+from bat_gym.core.spec import E2E
 from bat_gym.env import StageEnv
 from bat_gym.evaluation.harness import play_episode
 from bat_gym.policies.scripted import ScriptedPolicy
-from bat_gym.rubrics.reward import RubricReward
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.spec import E2E
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 MARGIN = 0.10
 """How far above the naive baseline's S3 reward the unchecked pilot may earn."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bat_gym.audit import answer_fingerprints, audit_bank, word_ngrams
+from bat_gym.audits.leakage import answer_fingerprints, audit_bank, word_ngrams
 from bat_gym.bank import StageBank
 from bat_gym.cli import app
 

@@ -3,8 +3,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from bat_gym import audit_reward as audit_module
-from bat_gym.audit_reward import (
+from bat_gym.audits import reward as audit_module
+from bat_gym.audits.exploits import UnknownExploit
+from bat_gym.audits.reward import (
     HELDOUT,
     AuditEpisode,
     AuditReport,
@@ -14,8 +15,7 @@ from bat_gym.audit_reward import (
     waived_bounds,
 )
 from bat_gym.cli import app
-from bat_gym.errors import BatGymError
-from bat_gym.exploits import UnknownExploit
+from bat_gym.core.errors import BatGymError
 
 runner = CliRunner()
 STAGES = ["S1", "S3", HELDOUT]

@@ -13,7 +13,7 @@ from bat_gym.catalog import (
     register_benchmark,
     unregister_benchmark,
 )
-from bat_gym.errors import BenchmarkNotFound
+from bat_gym.core.errors import BenchmarkNotFound
 
 
 def run_python(code, **env):

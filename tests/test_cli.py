@@ -2,7 +2,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
-from bat_gym.errors import EnvNotFound
+from bat_gym.core.errors import EnvNotFound
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ import textwrap
 from typer.testing import CliRunner
 
 from bat_gym.cli import COMMANDS, app
-from bat_gym.plugins import KINDS
+from bat_gym.core.plugins import KINDS
 
 runner = CliRunner()
 
@@ -46,7 +46,7 @@ def test_plugins_lists_without_importing_a_plugin_of_another_kind():
             main()
         except SystemExit:
             pass
-        kinds = ("bat_gym.rubrics.artifact_checks", "bat_gym.exploits", "bat_gym.envs.")
+        kinds = ("bat_gym.rubrics.verifier.checks.artifact", "bat_gym.audits.exploits", "bat_gym.envs.")
         print([m for m in sys.modules if m.startswith(kinds)], file=sys.stderr)
         """
     )

@@ -1,6 +1,6 @@
 """The reference pages for benchmark authors are what the code generates.
 
-``docs/reference/*.md`` are generated from the code (``python -m bat_gym.docgen
+``docs/reference/*.md`` are generated from the code (``python -m bat_gym.cli.docgen
 docs/reference``) and committed, so they read in the repository and every change to a
 check or a contract model shows in review as a change of its page; this test fails
 when a committed page differs from what the code generates now.
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bat_gym import docgen
-from bat_gym.rubrics import checks, contract
-from bat_gym.spec import BenchmarkSpec, Stage
+from bat_gym.cli import docgen
+from bat_gym.core.spec import BenchmarkSpec, Stage
+from bat_gym.rubrics.contract import checks
+from bat_gym.rubrics.contract import model as contract
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference"
@@ -22,7 +23,7 @@ REFERENCE = ROOT / "docs" / "reference"
 def test_the_committed_page_is_what_the_code_generates(name):
     committed = (REFERENCE / name).read_text(encoding="utf-8")
     assert committed == docgen.render(name), (
-        f"docs/reference/{name} is out of date: run `python -m bat_gym.docgen docs/reference` "
+        f"docs/reference/{name} is out of date: run `python -m bat_gym.cli.docgen docs/reference` "
         "and commit the result"
     )
 

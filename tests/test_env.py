@@ -5,10 +5,10 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from bat_gym.catalog import env_ids
+from bat_gym.core.errors import ResetNeeded, StageNotFound, StateNotFound
+from bat_gym.core.protocol import get_protocol
+from bat_gym.core.spec import Budgets
 from bat_gym.env import Completion, StageEnv
-from bat_gym.errors import ResetNeeded, StageNotFound, StateNotFound
-from bat_gym.protocol import get_protocol
-from bat_gym.spec import Budgets
 
 HERMES = get_protocol("hermes")
 
@@ -264,7 +264,7 @@ def test_pickle_and_deepcopy_work_out_of_an_episode_and_say_why_not_in_one(env):
     import copy
     import pickle
 
-    from bat_gym.errors import EnvNotCopyable
+    from bat_gym.core.errors import EnvNotCopyable
 
     assert type(copy.deepcopy(env)) is StageEnv
     env.reset(seed=0)
@@ -290,7 +290,7 @@ class _OtherVersion:
 
 
 def test_a_state_of_another_benchmark_version_is_refused(toy, toy_bank):
-    from bat_gym.errors import StateVersionMismatch
+    from bat_gym.core.errors import StateVersionMismatch
 
     env = StageEnv("Validate", benchmark=toy, states=_OtherVersion(toy_bank, "0.0-old"))
     try:

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from bat_gym import errors
+from bat_gym.core import errors
 
 
 def _made(cls: type) -> errors.BatGymError:

@@ -17,9 +17,9 @@ import textwrap
 import gymnasium as gym
 import pytest
 
-from bat_gym.errors import UnsafeSnapshot
-from bat_gym.sandbox import make_sandbox
-from bat_gym.sandbox.slots import runtime_dir
+from bat_gym.core.errors import UnsafeSnapshot
+from bat_gym.core.sandbox import make_sandbox
+from bat_gym.core.sandbox.slots import runtime_dir
 
 FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "done"}}</tool_call>'
 
@@ -73,7 +73,7 @@ def assert_still_works(env, make) -> None:
         e.reset(seed=1)
         obs, *_ = e.step(call("echo fine"))
         assert "fine" in obs, obs
-    code = "from bat_gym.sandbox import make_sandbox\nwith make_sandbox() as sb: print(sb.execute_code('bash', 'echo ok').output, end='')"
+    code = "from bat_gym.core.sandbox import make_sandbox\nwith make_sandbox() as sb: print(sb.execute_code('bash', 'echo ok').output, end='')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout == "ok\n", out.stderr[-2000:]
 
@@ -233,7 +233,7 @@ def test_processes_do_not_outlive_their_call(make):
 
 
 def test_memory_of_all_processes_together_is_capped():
-    from bat_gym.sandbox import SandboxLimits
+    from bat_gym.core.sandbox import SandboxLimits
 
     with make_sandbox("local", limits=SandboxLimits(total_memory_mb=256)) as sb:
         if sb.caps.value == "none":
@@ -269,7 +269,7 @@ def test_a_deep_tree_left_in_a_dead_slot_does_not_poison_the_next_sandbox(tmp_pa
     os.close(fd)
     script = textwrap.dedent(
         """
-        from bat_gym.sandbox import make_sandbox
+        from bat_gym.core.sandbox import make_sandbox
         with make_sandbox() as sb:
             print(sb.execute_code("bash", "echo ok").output, end="")
         """
@@ -302,7 +302,7 @@ def test_a_corrupted_blob_never_reaches_a_workspace(toy, tmp_path):
 
 
 def test_inotify_watches_stay_bounded(tmp_path):
-    from bat_gym.sandbox import WorkspaceIndex
+    from bat_gym.core.sandbox import WorkspaceIndex
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -319,7 +319,7 @@ def test_inotify_watches_stay_bounded(tmp_path):
 @pytest.mark.docker
 def test_docker_sandbox_survives_the_same_trees():
     pytest.importorskip("docker")
-    from bat_gym.errors import SandboxUnavailable
+    from bat_gym.core.errors import SandboxUnavailable
 
     try:
         sb = make_sandbox("docker")
@@ -328,7 +328,7 @@ def test_docker_sandbox_survives_the_same_trees():
     with sb:
         sb.execute_code("bash", DEEP.format(n=1100))
         sb.execute_code("bash", "ln -s /etc/passwd leak; touch $'\\xff'")
-        from bat_gym.errors import WorkspaceRejected
+        from bat_gym.core.errors import WorkspaceRejected
 
         with pytest.raises(WorkspaceRejected):
             sb.freeze()
@@ -337,7 +337,7 @@ def test_docker_sandbox_survives_the_same_trees():
 
 
 def _empty(sb) -> str:
-    from bat_gym.sandbox import Snapshot
+    from bat_gym.core.sandbox import Snapshot
 
     snap = Snapshot.of([])
     sb.store.put_snapshot(snap)

@@ -24,12 +24,12 @@ SCORE = textwrap.dedent(
     import sys, tempfile
 
     from bat_gym.policies import make_policy
-    from bat_gym.record import ExecutionRecord
-    from bat_gym.rubrics.context import CheckContext
-    from bat_gym.rubrics.contract import RubricContract
-    from bat_gym.rubrics.verifier import verify
-    from bat_gym.rubrics.workspace import FrozenWorkspace
-    from bat_gym.sandbox.snapshot import BlobStore
+    from bat_gym.core.record import ExecutionRecord
+    from bat_gym.rubrics.contract.context import CheckContext
+    from bat_gym.rubrics.contract.model import RubricContract
+    from bat_gym.rubrics.verifier.verdict import verify
+    from bat_gym.rubrics.contract.workspace import FrozenWorkspace
+    from bat_gym.core.sandbox.snapshot import BlobStore
 
     assert "acme_rubric_plugin" not in sys.modules
     contract = RubricContract.model_validate({
@@ -101,4 +101,8 @@ def test_bat_gym_plugins_lists_the_package_check_and_policy(venv):
     assert ["acme_has_readme", "acme-rubric-plugin", "acme_rubric_plugin:has_readme"] in rows
     assert ["acme", "acme-rubric-plugin", "acme_rubric_plugin:KIND"] in rows
     # bat_gym's own, beside them
-    assert ["file_exists", "bat-gym", "bat_gym.rubrics.artifact_checks:file_exists"] in rows
+    assert [
+        "file_exists",
+        "bat-gym",
+        "bat_gym.rubrics.verifier.checks.artifact:file_exists",
+    ] in rows

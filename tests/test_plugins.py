@@ -13,19 +13,19 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-from bat_gym import plugins
-from bat_gym.curriculum.selection import SELECTORS, PaperSelector
-from bat_gym.errors import (
+from bat_gym.core import plugins
+from bat_gym.core.errors import (
     PluginError,
     PluginNotFound,
     PolicyNotFound,
     SandboxBackendNotFound,
     SelectorNotFound,
 )
-from bat_gym.plugins import Registry, load_target, summary
+from bat_gym.core.plugins import Registry, load_target, summary
+from bat_gym.core.protocol import PROTOCOLS, HermesProtocol
+from bat_gym.core.sandbox import BACKENDS, make_sandbox
+from bat_gym.curriculum.selection import SELECTORS, PaperSelector
 from bat_gym.policies import POLICIES, PolicyKind, kind_table, make_policy, spec_forms
-from bat_gym.protocol import PROTOCOLS, HermesProtocol
-from bat_gym.sandbox import BACKENDS, make_sandbox
 
 # -- a third-party package, made on the spot -------------------------------------------
 
@@ -36,7 +36,7 @@ import os
 
 from bat_gym.policies import PolicyKind
 from bat_gym.policies.scripted import ScriptedPolicy
-from bat_gym.sandbox.local import LocalSandbox
+from bat_gym.core.sandbox.local import LocalSandbox
 
 
 class EchoPolicy(ScriptedPolicy):
@@ -188,8 +188,8 @@ def test_bat_gyms_own_checks_and_exploits_are_declared_as_they_register():
     # Importing their modules registers each in this process (a name declared for
     # another object is refused there); each must be declared too, so that
     # `bat-gym plugins` lists it without importing it.
-    from bat_gym.exploits import EXPLOITS
-    from bat_gym.rubrics.checks import BUILTIN_MODULES, CHECKS
+    from bat_gym.audits.exploits import EXPLOITS
+    from bat_gym.rubrics.contract.checks import BUILTIN_MODULES, CHECKS
 
     own = (*BUILTIN_MODULES, "bat_gym.envs.radiology.checks")
     for module in own:

@@ -5,7 +5,7 @@ import logging
 
 from rich.console import Console
 
-from bat_gym import progress
+from bat_gym.core import progress
 
 
 def test_the_library_logs_a_line_when_a_task_starts_and_ends(caplog):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from bat_gym.protocol import (
+from bat_gym.core.protocol import (
     PROTOCOLS,
     ToolCall,
     bash_call,

@@ -16,16 +16,16 @@ import pytest
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
-from bat_gym.errors import ConfigError, PluginError
-from bat_gym.plugins import load_target
-from bat_gym.rubrics.contract import ContractLibrary
+from bat_gym.core.errors import ConfigError, PluginError
+from bat_gym.core.plugins import load_target
+from bat_gym.rubrics.contract.model import ContractLibrary
 from bat_gym.scaffold import STAGE_SETS, TEMPLATE, new_benchmark, render_text
 
 runner = CliRunner()
 
 
 def test_the_templates_are_valid_python_before_rendering():
-    # So they are linted as they stand (CI's ruff covers bat_gym/templates).
+    # So they are linted as they stand (CI's ruff covers bat_gym/scaffold/template).
     sources = sorted(TEMPLATE.rglob("*.py"))
     assert len(sources) >= 4
     for path in sources:

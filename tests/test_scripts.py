@@ -2,8 +2,8 @@
 
 import pytest
 
-from bat_gym.errors import PluginError
-from bat_gym.scripts import Source, fill_slots, replace_function, without_docstring
+from bat_gym.core.errors import PluginError
+from bat_gym.core.scripts import Source, fill_slots, replace_function, without_docstring
 
 PIPELINE = 'X = 1\n\n\ndef f(a):\n    """Doc."""\n    return a + 1\n\n\ndef g():\n    return f(X)\n'
 

@@ -13,11 +13,10 @@ from tool_bench import ToolBench
 from bat_gym.bank import build_bank
 from bat_gym.bank.states import MemoryStates, initial_state
 from bat_gym.benchmark import TeacherTurn
-from bat_gym.env import StageEnv
-from bat_gym.errors import BatGymError, ConfigError, EnvNotCopyable
-from bat_gym.protocol import ToolCall, get_protocol
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.service import (
+from bat_gym.core.errors import BatGymError, ConfigError, EnvNotCopyable
+from bat_gym.core.protocol import ToolCall, get_protocol
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.service import (
     ServiceBlobs,
     ServiceLimits,
     ServiceState,
@@ -27,7 +26,8 @@ from bat_gym.service import (
     put_service_blobs,
     restore_service,
 )
-from bat_gym.tools import Tool, ToolContext, ToolError
+from bat_gym.core.tools import Tool, ToolContext, ToolError
+from bat_gym.env import StageEnv
 
 
 class KVService(ServiceState):

@@ -1,7 +1,7 @@
 import pytest
 
-from bat_gym.errors import SpecError, StageNotFound
-from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, StageState, load_model
+from bat_gym.core.errors import SpecError, StageNotFound
+from bat_gym.core.spec import BenchmarkSpec, Budgets, SeedRange, Splits, StageState, load_model
 
 GOOD = {
     "name": "mini",

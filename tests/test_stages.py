@@ -3,15 +3,15 @@
 import pytest
 
 from bat_gym.catalog import STAGE_ENV_NAMES, get_benchmark
-from bat_gym.errors import ConfigError
-from bat_gym.scaffold import STAGE_SETS
-from bat_gym.stages import (
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.stages import (
     REFERENCE_ARTIFACTS,
     REFERENCE_STAGE_NAMES,
     REFERENCE_WEIGHTS,
     reference_stage,
     reference_stages,
 )
+from bat_gym.scaffold import STAGE_SETS
 
 SKILLS = {f"S{i}": f"skill {i}" for i in range(1, 6)}
 

@@ -2,10 +2,10 @@
 
 import pytest
 
+from bat_gym.core.spec import Budgets
 from bat_gym.env import STOP_REASONS, Completion, StageEnv
 from bat_gym.evaluation.episodes import episode_trace
 from bat_gym.evaluation.harness import _failures
-from bat_gym.spec import Budgets
 
 EXEC = '{"name": "execute_code", "arguments": {"language": "bash", "code": "true"}}'
 FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "done"}}</tool_call>'

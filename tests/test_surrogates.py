@@ -14,8 +14,8 @@ from bat_gym.bank.replay import replay_teacher
 from bat_gym.bank.states import initial_state
 from bat_gym.catalog import get_benchmark
 from bat_gym.cli import app
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import E2E
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.spec import E2E
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from bat_gym.textspace import UnicodeText
+from bat_gym.core.textspace import UnicodeText
 
 
 def test_accepts_code_and_unicode():

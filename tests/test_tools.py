@@ -20,15 +20,15 @@ from pydantic import BaseModel
 from tool_bench import SECRET, ToolBench
 
 from bat_gym.bank.states import MemoryStates, initial_state
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.protocol import ToolCall, get_protocol
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.spec import Budgets
+from bat_gym.core.tools import Tool, ToolContext, run_host_tool
 from bat_gym.env import StageEnv
-from bat_gym.errors import ConfigError
-from bat_gym.protocol import ToolCall, get_protocol
-from bat_gym.rubrics.checks import run_check
-from bat_gym.rubrics.context import CheckContext, TaskOracle
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import Budgets
-from bat_gym.tools import Tool, ToolContext, run_host_tool
+from bat_gym.rubrics.contract.checks import run_check
+from bat_gym.rubrics.contract.context import CheckContext, TaskOracle
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 HERMES = get_protocol("hermes")
 
@@ -138,7 +138,7 @@ def test_bad_arguments_are_a_tool_call_error_that_names_the_field(env):
 def test_a_tool_error_is_shown_and_a_crash_hides_its_text(env, caplog):
     obs, *_ = env.step(say("lookup_case", case_id="case000"))
     assert obs.startswith("[lookup_case: error]\n") and "no case case000" in obs
-    with caplog.at_level(logging.ERROR, logger="bat_gym.tools"):
+    with caplog.at_level(logging.ERROR, logger="bat_gym.core.tools"):
         obs, _, terminated, truncated, info = env.step(say("boom"))
     assert "internal error (RuntimeError)" in obs and SECRET not in obs
     assert SECRET not in json.dumps(info["messages"])
@@ -503,7 +503,7 @@ def test_a_timeout_in_one_env_does_not_stall_another_thread(states, tmp_path):
 _ORPHAN = """
 import os, sys, time
 from pydantic import BaseModel
-from bat_gym.tools import Tool, ToolContext, run_host_tool
+from bat_gym.core.tools import Tool, ToolContext, run_host_tool
 
 class A(BaseModel):
     pass

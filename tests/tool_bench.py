@@ -18,9 +18,9 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym.benchmark import TeacherTurn
+from bat_gym.core.protocol import ToolCall
+from bat_gym.core.tools import SandboxProgram, Tool, ToolContext, ToolError
 from bat_gym.envs.toy_pipeline.suite import ToyPipeline
-from bat_gym.protocol import ToolCall
-from bat_gym.tools import SandboxProgram, Tool, ToolContext, ToolError
 
 __all__ = ["ToolBench", "SECRET"]
 

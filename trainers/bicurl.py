@@ -33,13 +33,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bat_gym import progress
+from bat_gym.core import progress
+from bat_gym.core.errors import ConfigError, EvaluationFailed
+from bat_gym.core.files import write_atomic
+from bat_gym.core.spec import first_problem
 from bat_gym.curriculum.gate import GateDecision, GateThresholds, gate
 from bat_gym.curriculum.selection import TargetSelector, make_selector
-from bat_gym.errors import ConfigError, EvaluationFailed
 from bat_gym.evaluation.aggregates import Aggregates
-from bat_gym.files import write_atomic
-from bat_gym.spec import first_problem
 from bat_gym.trainers.configs import BiCuRLConfig
 
 __all__ = [

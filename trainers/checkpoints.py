@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 
 try:
     import torch

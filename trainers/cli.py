@@ -107,7 +107,7 @@ def _sft(values: dict[str, Any]) -> None:
             states = StageBank(values["bank"])
         else:
             # The whole default grid, built where missing: shown while it builds.
-            from bat_gym import progress
+            from bat_gym.core import progress
 
             with progress.use(progress.for_cli()):
                 states = default_bank(bench)
@@ -210,7 +210,7 @@ train_app.command("grpo")(
 
 
 def _loop(values: dict[str, Any]) -> None:
-    from bat_gym import progress
+    from bat_gym.core import progress
     from bat_gym.trainers.bicurl import run_loop
 
     kwargs = config_values(_BICURL, values)

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 
 __all__ = [
     "ConfigField",

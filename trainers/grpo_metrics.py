@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bat_gym.errors import BatGymError
-from bat_gym.spec import first_problem
+from bat_gym.core.errors import BatGymError
+from bat_gym.core.spec import first_problem
 
 __all__ = ["StepMetrics", "no_signal_hint", "read_metrics", "warn_without_signal"]
 

@@ -168,7 +168,7 @@ class RolloutWorkers:
     def play_one(self, state_id: str, seed_key: SeedKey | None = None) -> EpisodeResult:
         """One episode from ``state_id`` on a pooled env.
 
-        An episode whose env is lost (:class:`~bat_gym.errors.EnvLost`: a Ray actor or
+        An episode whose env is lost (:class:`~bat_gym.core.errors.EnvLost`: a Ray actor or
         its node died), whose sandbox crashed, or whose policy backend failed is played
         again from the start by the runner's retry rule
         (:mod:`bat_gym.rollout.runner`), up to ``LOST_ENV_ATTEMPTS`` times in all (with

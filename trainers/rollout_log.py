@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bat_gym.core.files import write_atomic
 from bat_gym.evaluation.episodes import episode_trace
-from bat_gym.files import write_atomic
 
 __all__ = ["KEEP_PER_STEP", "ROLLOUTS_DIR", "log_rollouts", "sample_indices", "step_file"]
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 from bat_gym.sft.rows import IGNORE_INDEX
 
 try:

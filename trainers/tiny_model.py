@@ -6,7 +6,7 @@ saved with ``save_pretrained`` and loaded back through ``AutoModelForCausalLM`` 
 
 The chat template is Qwen-style ChatML: the tool schemas go into the system turn, the
 assistant writes Hermes ``<tool_call>\n{...}\n</tool_call>`` blocks (exactly as
-:class:`bat_gym.protocol.HermesProtocol` renders them), and tool results come back as
+:class:`bat_gym.core.protocol.HermesProtocol` renders them), and tool results come back as
 ``<tool_response>`` blocks in a user turn. The head size is 64, which every
 attention backend (vLLM's included) supports.
 """
@@ -194,7 +194,7 @@ def benchmark_corpus(benchmark: str | None = None, *, tasks_per_track: int = 2) 
     benchmark's text without a Stage Bank being built.
     """
     from bat_gym.catalog import get_benchmark
-    from bat_gym.protocol import get_protocol
+    from bat_gym.core.protocol import get_protocol
 
     bench = get_benchmark(benchmark)
     protocol = get_protocol("hermes")

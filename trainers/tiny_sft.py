@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 from bat_gym.trainers.tiny_model import build_tiny_model
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def state_rewards(
         state_id: an E2E state of ``bank``.
         n: episodes.
         seed: the policy's sampling seed.
-        budgets: the episode budgets (:class:`bat_gym.spec.Budgets`).
+        budgets: the episode budgets (:class:`bat_gym.core.spec.Budgets`).
         temperature: sampling temperature.
         max_new_tokens: tokens per sampled turn.
     """

@@ -1,6 +1,6 @@
 """The Stage Bank: replayable stage states on disk, and how they are built.
 
-A bank is a directory of rows (one :class:`~bat_gym.spec.StageState` per line), a
+A bank is a directory of rows (one :class:`~bat_gym.core.spec.StageState` per line), a
 manifest and a blob store of workspace snapshots (:mod:`bat_gym.bank.store`).
 
 Building runs a teacher (the benchmark's scripted one, or any
@@ -11,7 +11,7 @@ admission gates (:class:`Admission`: sandbox init, rollout limits, contracts, le
 and is kept only if a demonstration played from it wins it
 (:mod:`~bat_gym.bank.demonstrate`): a row no honest play wins teaches nothing.
 Only training seeds are used; held-out seeds never enter a bank
-(:mod:`bat_gym.audit` measures this afterwards). :meth:`StageBank.verify` re-checks a
+(:mod:`bat_gym.audits.leakage` measures this afterwards). :meth:`StageBank.verify` re-checks a
 bank's bytes and replays its boundaries.
 
 Modules:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from bat_gym import progress
 from bat_gym.bank.demonstrate import ADMIT_MIN_SHARE
 from bat_gym.bank.explain import admission_shares
 from bat_gym.bank.gates import GATES
@@ -25,9 +24,10 @@ from bat_gym.bank.states import SURROGATE
 from bat_gym.bank.store import BANK_FORMAT, StageBank
 from bat_gym.bank.tasks import SUCCESS_MIN_REWARD, Builder, Job, run_jobs
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BankError, ConfigError
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import Outcome, StageState, load_model
+from bat_gym.core import progress
+from bat_gym.core.errors import BankError, ConfigError
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.spec import Outcome, StageState, load_model
 
 if TYPE_CHECKING:
     from bat_gym.policies.base import Policy

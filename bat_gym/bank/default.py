@@ -13,7 +13,7 @@ Whether a row is admitted (a demonstration played from the row wins it,
 :mod:`bat_gym.bank.demonstrate`) is known only once it is demonstrated, so
 ``select()`` lists the planned ids and
 ``get()`` of a row no honest play wins raises
-:class:`~bat_gym.errors.StateNotAdmitted`; a seeded ``reset()`` walks a seeded order
+:class:`~bat_gym.core.errors.StateNotAdmitted`; a seeded ``reset()`` walks a seeded order
 of the ids to the first admitted one, so it picks the same state on a fresh cache, a
 warm one and the completed bank, and never a row that is not admitted.
 
@@ -36,7 +36,7 @@ indexing the held-out tasks of the trajectory's own track (as a build of that on
 track does);
 ``bat-gym bank audit`` measures a bank against every track. A trajectory that the verifier
 or the admission gates reject is never cached as a good one: asking for its states
-raises :class:`~bat_gym.errors.TrajectoryRejected` with the teacher's verdict, so a
+raises :class:`~bat_gym.core.errors.TrajectoryRejected` with the teacher's verdict, so a
 broken teacher is reported where it is, not as a missing focus later.
 
 :func:`default_bank` returns the complete grid as a :class:`StageBank` (building
@@ -57,15 +57,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bat_gym import progress
 from bat_gym.bank.build import Plan, write_bank
 from bat_gym.bank.store import BANK_FORMAT, StageBank
 from bat_gym.bank.tasks import Builder, Job, demonstrate_pending
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BankError, StateNotAdmitted, StateNotFound, TrajectoryRejected
-from bat_gym.files import cache_dir, write_atomic
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import E2E, StageState, load_model
+from bat_gym.core import progress
+from bat_gym.core.errors import BankError, StateNotAdmitted, StateNotFound, TrajectoryRejected
+from bat_gym.core.files import cache_dir, write_atomic
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.spec import E2E, StageState, load_model
 
 __all__ = [
     "DefaultStates",
@@ -270,7 +270,7 @@ class DefaultStates:
 
         Nothing is built: until the grid is completed the ids are the plan's, and a
         planned row may turn out not to be admitted (its demonstration does not win it),
-        which :meth:`get` then says with :class:`~bat_gym.errors.StateNotAdmitted`. A
+        which :meth:`get` then says with :class:`~bat_gym.core.errors.StateNotAdmitted`. A
         seeded ``reset()`` ranks the ids by a seeded hash and takes the first admitted
         one (:meth:`bat_gym.env.StageEnv.reset`), so it builds only what it walks past
         and picks the same state from this plan, a warm cache or the completed bank.

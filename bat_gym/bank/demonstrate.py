@@ -33,9 +33,9 @@ from typing import Any
 from bat_gym.bank.replay import PlayedEpisode, RecordedTurn
 from bat_gym.bank.states import MemoryStates
 from bat_gym.benchmark import Benchmark
-from bat_gym.sandbox.blobs import ScratchStore
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import E2E, StageState
+from bat_gym.core.sandbox.blobs import ScratchStore
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.spec import E2E, StageState
 
 __all__ = [
     "ADMIT_MIN_SHARE",
@@ -74,8 +74,8 @@ def reference_reward(bench: Benchmark, task: Any, backend: str = "local") -> flo
         task: the task (a reduced one for a surrogate).
         backend: the sandbox backend the reference runs on.
     """
-    from bat_gym.rubrics.reference import reference_workspace
-    from bat_gym.rubrics.scoring import overall_score
+    from bat_gym.rubrics.verifier.reference import reference_workspace
+    from bat_gym.rubrics.verifier.scoring import overall_score
 
     ref = reference_workspace(bench, task, backend=backend)
     score = bench.task_score(task, ref) if ref is not None else None
@@ -205,7 +205,7 @@ def demonstration_turns(
 
 def _rendered(turns: Sequence[Any], protocol: str) -> list[RecordedTurn]:
     """Teacher turns as an assistant writes them in ``protocol``."""
-    from bat_gym.protocol import get_protocol
+    from bat_gym.core.protocol import get_protocol
 
     proto = get_protocol(protocol)
     return [RecordedTurn(t.stage, proto.render(t.content, list(t.calls))) for t in turns]
@@ -217,7 +217,7 @@ def _stage_work(turns: Sequence[RecordedTurn], focus: str, protocol: str) -> lis
     A stage's turns end where the next stage's begin; unless the last of them already
     calls ``finish`` (the last stage's does), a ``finish`` turn is added.
     """
-    from bat_gym.protocol import ToolCall, get_protocol
+    from bat_gym.core.protocol import ToolCall, get_protocol
 
     if focus == E2E:
         return list(turns)
@@ -281,13 +281,13 @@ class Demonstrator:
     def play(self, row: StageState, turns: Sequence[RecordedTurn]) -> Demonstration:
         """Play ``turns`` from ``row``'s start state and score them by ``row``'s contract."""
         from bat_gym.bank.replay import verdict_summary
-        from bat_gym.completion import Completion
+        from bat_gym.core.completion import Completion
         from bat_gym.rollout import run_episode
 
         self._states.add(row)
         if self._env is None:
             from bat_gym.env import StageEnv
-            from bat_gym.rubrics.reward import RubricReward
+            from bat_gym.rubrics.verifier.reward import RubricReward
 
             self._env = RubricReward(
                 StageEnv(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BankError
+from bat_gym.core.errors import BankError
 
 __all__ = ["admission_shares", "explain", "gaps", "journal_records", "share_lines"]
 

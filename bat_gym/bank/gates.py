@@ -18,9 +18,9 @@ from bat_gym.bank.heldout import HeldOutIndex, task_fingerprints
 from bat_gym.bank.replay import PlayedEpisode
 from bat_gym.bank.states import prompt_chars
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BatGymError
-from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
-from bat_gym.spec import E2E, StageState
+from bat_gym.core.errors import BatGymError
+from bat_gym.core.sandbox.snapshot import BlobStore, WorkspaceIndex
+from bat_gym.core.spec import E2E, StageState
 
 __all__ = ["GATES", "Admission"]
 
@@ -58,7 +58,7 @@ class Admission:
         seed, its task id is not a held-out task id, and no file of its snapshot is a
         held-out public file or answer (:class:`~bat_gym.bank.heldout.HeldOutIndex`, built
         once, on first use), unless its own task holds the same bytes (shared by
-        design, as :func:`~bat_gym.audit.audit_bank` treats it). What this catches is
+        design, as :func:`~bat_gym.audits.leakage.audit_bank` treats it). What this catches is
         held-out content that enters during the trajectory (a teacher that writes
         it); a generator that puts held-out bytes into a training task's own files
         passes here and in the audit alike.
@@ -144,7 +144,7 @@ class Admission:
             self._box = None
 
     def _sandbox_init(self, row: StageState, episode: PlayedEpisode) -> str | None:
-        from bat_gym.sandbox import make_sandbox
+        from bat_gym.core.sandbox import make_sandbox
 
         if self._box is None:
             self._box = make_sandbox(self.backend, store=self.store)

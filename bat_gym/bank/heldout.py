@@ -3,7 +3,7 @@
 A Stage Bank is built from training seeds only. Two places check that claim against
 bytes: the admission gates of a build (:class:`~bat_gym.bank.Admission`, row by row,
 through a :class:`HeldOutIndex`) and the audit of a finished bank
-(:func:`bat_gym.audit.audit_bank`). Both fingerprint the same things, defined here: a
+(:func:`bat_gym.audits.leakage.audit_bank`). Both fingerprint the same things, defined here: a
 held-out task's id, each of its public files (sha256), and its private answers
 (:func:`answer_fingerprints`). The held-out tasks are those an evaluation plays
 (:meth:`~bat_gym.benchmark.Benchmark.evaluated_seeds`).
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from bat_gym.benchmark import Benchmark
-from bat_gym.spec import Task
+from bat_gym.core.spec import Task
 
 __all__ = [
     "MIN_ANSWER_BYTES",
@@ -122,7 +122,7 @@ class HeldOutIndex:
     def of(cls, bench: Benchmark, *, tracks: Sequence[str] | None = None) -> HeldOutIndex:
         """Regenerate ``bench``'s evaluated held-out tasks and fingerprint them.
 
-        The tasks are the ones :func:`~bat_gym.audit.audit_bank` checks: the first
+        The tasks are the ones :func:`~bat_gym.audits.leakage.audit_bank` checks: the first
         ``splits.heldout_repeats`` held-out seeds of every track (of ``tracks`` only,
         when given; task ids always cover every track, they cost nothing).
         """
@@ -141,7 +141,7 @@ class HeldOutIndex:
     def leaks(self, digests: Iterable[str], shared: set[str]) -> dict[str, str]:
         """The held-out ones among ``digests`` (digest -> where from), ``shared`` aside.
 
-        ``shared`` is content shared by design: as :func:`~bat_gym.audit.audit_bank` excludes what the
+        ``shared`` is content shared by design: as :func:`~bat_gym.audits.leakage.audit_bank` excludes what the
         bank's own training tasks hold, a row is judged against its own task's
         fingerprints (:func:`task_fingerprints`): the same model code or a card
         variant in a held-out task is not a leak.

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from bat_gym.bank.replay import RecordedTurn
 from bat_gym.bank.states import MemoryStates
 from bat_gym.benchmark import Benchmark
-from bat_gym.completion import Completion
-from bat_gym.errors import BankError
+from bat_gym.core.completion import Completion
+from bat_gym.core.errors import BankError
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.spec import E2E, StageState
 from bat_gym.rollout import SandboxRestarted, Step, policy_actor, run_episode
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import E2E, StageState
 
 if TYPE_CHECKING:
     from bat_gym.policies.base import Policy

@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 
 from bat_gym.bank.states import MemoryStates
 from bat_gym.benchmark import Benchmark
-from bat_gym.completion import Completion
+from bat_gym.core.completion import Completion
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.spec import E2E, StageState
 from bat_gym.rollout import run_episode
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import E2E, StageState
 
 __all__ = [
     "PlayedEpisode",
@@ -48,7 +48,7 @@ class RecordedTurn(NamedTuple):
 
 def scripted_turns(bench: Benchmark, task: Any, outcome: str, protocol: str) -> list[RecordedTurn]:
     """The benchmark's scripted teacher for ``outcome``, rendered in ``protocol``."""
-    from bat_gym.protocol import get_protocol
+    from bat_gym.core.protocol import get_protocol
 
     proto = get_protocol(protocol)
     return [
@@ -160,7 +160,7 @@ def play_turns(
     ``on_boundary(stage, env)`` runs before the first turn of each stage.
     """
     from bat_gym.env import StageEnv
-    from bat_gym.rubrics.reward import RubricReward
+    from bat_gym.rubrics.verifier.reward import RubricReward
 
     base = StageEnv(
         E2E,

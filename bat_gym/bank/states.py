@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bat_gym.benchmark import Benchmark, Split
-from bat_gym.errors import ConfigError, StateNotFound
-from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
-from bat_gym.service import put_service_blobs
-from bat_gym.spec import E2E, StageState
+from bat_gym.core.errors import ConfigError, StateNotFound
+from bat_gym.core.sandbox.snapshot import BlobStore, WorkspaceIndex
+from bat_gym.core.service import put_service_blobs
+from bat_gym.core.spec import E2E, StageState
 
 __all__ = [
     "SURROGATE",
@@ -126,7 +126,7 @@ def initial_state(
     Raises:
         ConfigError: a reduction is asked for and the benchmark has no reduced form.
     """
-    from bat_gym.protocol import get_protocol
+    from bat_gym.core.protocol import get_protocol
 
     task = bench.task_of(track, task_seed, split, reduction)
     if task is None:

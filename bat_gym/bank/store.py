@@ -26,10 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bat_gym.bank.states import StateLookup
 from bat_gym.bank.verify import BankReport, verify_demonstrations, verify_replays, verify_store
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BankError
-from bat_gym.files import write_atomic
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.spec import StageState, first_problem, load_model
+from bat_gym.core.errors import BankError
+from bat_gym.core.files import write_atomic
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.spec import StageState, first_problem, load_model
 
 __all__ = ["BANK_FORMAT", "BankManifest", "StageBank"]
 
@@ -194,7 +194,7 @@ class StageBank(StateLookup):
 
     def _verify_service(self, row: StageState, bad: Any, report: BankReport) -> None:
         """Report a row whose service state (manifest or blobs) is missing or corrupted."""
-        from bat_gym.service import load_service_snapshot
+        from bat_gym.core.service import load_service_snapshot
 
         assert row.service is not None
         try:

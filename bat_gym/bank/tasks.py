@@ -29,13 +29,13 @@ from bat_gym.bank.policy_teacher import policy_trajectory, trajectory_blob
 from bat_gym.bank.replay import PlayedEpisode, RecordedTurn, play_turns, scripted_turns
 from bat_gym.bank.states import SURROGATE, fit_history, initial_state, prompt_chars
 from bat_gym.benchmark import Benchmark
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.service import capture_service
-from bat_gym.spec import E2E, StageState
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.service import capture_service
+from bat_gym.core.spec import E2E, StageState
 
 if TYPE_CHECKING:
+    from bat_gym.core.progress import ProgressTask
     from bat_gym.policies.base import Policy
-    from bat_gym.progress import ProgressTask
 
 __all__ = [
     "SUCCESS_MIN_REWARD",
@@ -335,7 +335,7 @@ def demonstrate_pending(
     against the task's scripted trajectory. Only records of the scripted teacher defer
     rows. Returns a new record; ``record`` is not changed.
     """
-    from bat_gym.spec import load_model
+    from bat_gym.core.spec import load_model
 
     todo = [r for r in record.get("pending", []) if wanted is None or r["state_id"] in wanted]
     if not todo:
@@ -436,7 +436,7 @@ def _stage_state(
     bench: Benchmark, task: Any, env: Any, stage: str, start: StageState, protocol: str
 ) -> StageState:
     """The start state of ``stage``: the workspace now, and the conversation so far."""
-    from bat_gym.protocol import get_protocol
+    from bat_gym.core.protocol import get_protocol
 
     proto = get_protocol(protocol)
     base = env.unwrapped

@@ -4,7 +4,7 @@
 replays each sampled task's trajectory in a private store (:func:`verify_replays`),
 comparing the workspace digest at every stage boundary with the row's snapshot, and
 plays each sampled row's stored demonstration again (:func:`verify_demonstrations`).
-The findings go into a :class:`BankReport`, which :mod:`bat_gym.audit` fills as well.
+The findings go into a :class:`BankReport`, which :mod:`bat_gym.audits.leakage` fills as well.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from bat_gym.bank.policy_teacher import load_trajectory
 from bat_gym.bank.replay import replay_teacher
 from bat_gym.bank.states import initial_state
 from bat_gym.benchmark import Benchmark
-from bat_gym.sandbox.snapshot import BlobStore, Snapshot
-from bat_gym.spec import E2E, StageState
+from bat_gym.core.sandbox.snapshot import BlobStore, Snapshot
+from bat_gym.core.spec import E2E, StageState
 
 __all__ = ["BankReport", "verify_demonstrations", "verify_replays", "verify_store"]
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import typer
 
-from bat_gym.errors import BatGymError
-from bat_gym.plugins import Expect, Registry, install_hint
+from bat_gym.core.errors import BatGymError
+from bat_gym.core.plugins import Expect, Registry, install_hint
 
 __all__ = ["COMMANDS", "app", "main"]
 

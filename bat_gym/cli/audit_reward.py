@@ -17,8 +17,8 @@ from typing import Annotated
 
 import typer
 
-from bat_gym import progress
 from bat_gym.cli.options import Backend, BenchmarkName, EpisodeWorkers, Quiet, Tracks
+from bat_gym.core import progress
 
 __all__ = ["audit_reward"]
 
@@ -70,9 +70,9 @@ def audit_reward(
 
     Exit 1 when an exploit beats the targets (see --margin, --absolute); 0 otherwise.
     """
-    from bat_gym.audit_reward import audit_reward as run_audit
-    from bat_gym.errors import BatGymError
-    from bat_gym.exploits import exploit_names
+    from bat_gym.audits.exploits import exploit_names
+    from bat_gym.audits.reward import audit_reward as run_audit
+    from bat_gym.core.errors import BatGymError
 
     unknown = sorted(set(exploit or ()) - set(exploit_names()))
     if unknown:
@@ -99,7 +99,7 @@ def audit_reward(
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     if json_out is not None:
-        from bat_gym.files import write_atomic
+        from bat_gym.core.files import write_atomic
 
         json_out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(json_out, report.model_dump_json(indent=1) + "\n")

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from bat_gym import progress
 from bat_gym.cli.options import Backend, BenchmarkName, Quiet
+from bat_gym.core import progress
 
 app = typer.Typer(no_args_is_help=True, help="Build and inspect Stage Banks.")
 
@@ -292,7 +292,7 @@ def audit(
     path: Annotated[Path, typer.Argument(help="A bank directory.")], quiet: Quiet = False
 ) -> None:
     """Look for held-out content in a bank; exit 1 on any finding."""
-    from bat_gym.audit import audit_bank
+    from bat_gym.audits.leakage import audit_bank
     from bat_gym.bank import StageBank
 
     with progress.use(progress.for_cli(quiet)):

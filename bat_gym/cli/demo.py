@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
-from bat_gym import progress
 from bat_gym.cli.options import Backend, Quiet
-from bat_gym.protocol import ToolCall
+from bat_gym.core import progress
+from bat_gym.core.protocol import ToolCall
 from bat_gym.rollout import Step, run_episode
 
 __all__ = ["demo"]
@@ -51,7 +51,7 @@ def demo(
     """
     import gymnasium as gym
 
-    from bat_gym.errors import EnvNotFound
+    from bat_gym.core.errors import EnvNotFound
 
     if env_id not in gym.registry:
         raise EnvNotFound(env_id, [k for k in gym.registry if k.startswith("bat/")])
@@ -77,15 +77,15 @@ def _start_state(base: Any, seed: int) -> str:
             break
     ids = ids or base.states.select(focus=base.focus, track=base.track)
     if not ids:
-        from bat_gym.errors import ConfigError
+        from bat_gym.core.errors import ConfigError
 
         raise ConfigError(f"{base.spec.id if base.spec else 'the env'} has no states to start from")
     return ids[seed % len(ids)]
 
 
 def _demo(gym: Any, env_id: str, backend: str, seed: int, explain: bool) -> None:
-    from bat_gym.errors import BankError
-    from bat_gym.protocol import get_protocol
+    from bat_gym.core.errors import BankError
+    from bat_gym.core.protocol import get_protocol
 
     start = time.perf_counter()
     env = gym.make(env_id, backend=backend)

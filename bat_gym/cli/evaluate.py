@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from bat_gym import progress
 from bat_gym.cli.options import (
     Backend,
     BenchmarkName,
@@ -20,6 +19,7 @@ from bat_gym.cli.options import (
     build_policy,
     policy_options,
 )
+from bat_gym.core import progress
 from bat_gym.policies import spec_forms
 
 

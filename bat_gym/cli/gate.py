@@ -113,12 +113,12 @@ def gate(
     """
     from pydantic import ValidationError
 
+    from bat_gym.core.errors import BatGymError
+    from bat_gym.core.files import write_atomic
     from bat_gym.curriculum.gate import GateThresholds
     from bat_gym.curriculum.gate import gate as decide
     from bat_gym.curriculum.selection import NoTargetStage, make_selector
-    from bat_gym.errors import BatGymError
     from bat_gym.evaluation.aggregates import Aggregates
-    from bat_gym.files import write_atomic
 
     try:
         selector = SELECTORS.resolve(selector)

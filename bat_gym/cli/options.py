@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from bat_gym.sandbox import BACKENDS
+from bat_gym.core.sandbox import BACKENDS
 
 __all__ = [
     "Backend",

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from bat_gym.plugins import KINDS, declared, group_of
+from bat_gym.core.plugins import KINDS, declared, group_of
 
 __all__ = ["plugins"]
 

@@ -9,7 +9,7 @@ import typer
 from pydantic import ValidationError
 
 from bat_gym.cli.options import Backend, BenchmarkName
-from bat_gym.spec import Budgets
+from bat_gym.core.spec import Budgets
 
 __all__ = ["app"]
 
@@ -81,7 +81,7 @@ def mcp(
     from bat_gym.catalog import get_benchmark
     from bat_gym.env import StageEnv
     from bat_gym.integrations.mcp_server import serve
-    from bat_gym.rubrics.reward import RubricReward
+    from bat_gym.rubrics.verifier.reward import RubricReward
 
     bench = get_benchmark(benchmark)
     budgets = _budgets(bench.spec.budgets, budget or [])

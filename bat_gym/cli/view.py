@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 
 __all__ = ["view"]
 

@@ -55,7 +55,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from bat_gym.errors import BatGymError, ConfigError
+from bat_gym.core.errors import BatGymError, ConfigError
 from bat_gym.evaluation.aggregates import Aggregates
 
 __all__ = [

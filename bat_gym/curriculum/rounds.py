@@ -19,7 +19,7 @@ new, freshly shuffled pass of that pool starts; a row never repeats inside one b
 random stream, seeded from ``(seed, target, pool)``, so the same rows and spec always
 give the same round, whatever order the rows come in.
 
->>> from bat_gym.spec import StageState
+>>> from bat_gym.core.spec import StageState
 >>> rows = [
 ...     StageState(state_id=f"t{i}.{f}", benchmark="b", benchmark_version="1", focus=f,
 ...                track="a", task_id=f"t{i}", messages=({"role": "user", "content": "x"},),
@@ -42,8 +42,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bat_gym.errors import CurriculumError
-from bat_gym.spec import E2E, ContractRef, Outcome, StageState
+from bat_gym.core.errors import CurriculumError
+from bat_gym.core.spec import E2E, ContractRef, Outcome, StageState
 
 __all__ = ["Pool", "POOLS", "RoundSpec", "RLRow", "build_round"]
 

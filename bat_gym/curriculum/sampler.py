@@ -20,9 +20,9 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from bat_gym.core.errors import CurriculumError, StateNotAdmitted
+from bat_gym.core.spec import StageState
 from bat_gym.curriculum.rounds import RLRow, RoundSpec, build_round
-from bat_gym.errors import CurriculumError, StateNotAdmitted
-from bat_gym.spec import StageState
 
 __all__ = ["CurriculumSampler", "Draw"]
 

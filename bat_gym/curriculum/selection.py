@@ -33,10 +33,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from bat_gym.core.errors import BatGymError, ConfigError, SelectorNotFound
+from bat_gym.core.plugins import Expect, Registry
+from bat_gym.core.spec import BenchmarkSpec
 from bat_gym.curriculum.gate import GateDecision, stage_order
-from bat_gym.errors import BatGymError, ConfigError, SelectorNotFound
-from bat_gym.plugins import Expect, Registry
-from bat_gym.spec import BenchmarkSpec
 
 __all__ = [
     "DeficitSelector",

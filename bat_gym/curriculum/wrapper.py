@@ -20,10 +20,10 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
+from bat_gym.core.errors import CurriculumError, NotAStageEnv
 from bat_gym.curriculum.rounds import RLRow, RoundSpec
 from bat_gym.curriculum.sampler import CurriculumSampler
 from bat_gym.env import StageEnv
-from bat_gym.errors import CurriculumError, NotAStageEnv
 
 __all__ = ["StageCurriculum"]
 

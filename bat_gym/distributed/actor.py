@@ -62,7 +62,7 @@ class EnvActor:
 
     A plain class, so it can be used (and tested) without Ray; :class:`RayEnvPool`
     turns it into a Ray actor. Starting one first sweeps slot directories that dead
-    processes left on this node (see :func:`bat_gym.sandbox.slots.sweep_stale`), so a
+    processes left on this node (see :func:`bat_gym.core.sandbox.slots.sweep_stale`), so a
     pool cleans up after a driver that was killed with ``SIGKILL``.
 
     Args:
@@ -73,7 +73,7 @@ class EnvActor:
 
     def __init__(self, env: EnvSource, env_kwargs: dict[str, Any] | None = None) -> None:
         import bat_gym  # noqa: F401 - registers the bat/* ids in this process
-        from bat_gym.sandbox.slots import sweep_stale
+        from bat_gym.core.sandbox.slots import sweep_stale
 
         swept = sweep_stale()
         if swept:
@@ -171,7 +171,7 @@ def sweep_node(pids: list[int], timeout_s: float) -> int:
     A killed actor releases its slot lock only when its process is gone, and
     ``ray.kill`` returns before that.
     """
-    from bat_gym.sandbox.slots import sweep_stale
+    from bat_gym.core.sandbox.slots import sweep_stale
 
     deadline = time.monotonic() + timeout_s
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.error import AlreadyPendingCallError
 
+from bat_gym.core.errors import ConfigError
 from bat_gym.distributed.actor import EnvActor, EnvResult, EnvSource, sweep_node
 from bat_gym.distributed.runtime import (
     LIVE,
@@ -20,7 +21,6 @@ from bat_gym.distributed.runtime import (
     install_exit_hooks,
     shutdown_if_owned,
 )
-from bat_gym.errors import ConfigError
 
 __all__ = ["CLOSE_TIMEOUT_S", "DEFAULT_NUM_CPUS", "START_TIMEOUT_S", "RayEnvPool"]
 

@@ -17,7 +17,7 @@ import threading
 import weakref
 from typing import Any, Protocol
 
-from bat_gym.errors import BatGymError, EnvLost
+from bat_gym.core.errors import BatGymError, EnvLost
 
 __all__ = [
     "LIVE",
@@ -109,7 +109,7 @@ def close_all() -> None:
     reaper stops a local Ray cluster the driver started, and the actor processes die
     with it; each sandbox's bubblewrap runs with ``--die-with-parent``, so its
     processes die with the actor. Left behind: the sandboxes' slot directories (the
-    next :class:`EnvActor` on that node, or :func:`~bat_gym.sandbox.slots.sweep_stale`,
+    next :class:`EnvActor` on that node, or :func:`~bat_gym.core.sandbox.slots.sweep_stale`,
     removes them), a remote cluster's actors until Ray notices the driver is gone
     (they are owned by the driver, so Ray ends them), and, with Ray 2.60 on some
     machines, the local dashboard and runtime-env agent processes (``ray stop``).

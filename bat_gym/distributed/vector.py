@@ -10,9 +10,9 @@ from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from bat_gym.core.errors import ConfigError
 from bat_gym.distributed.actor import EnvResult, EnvSource
 from bat_gym.distributed.pool import RayEnvPool, per_env_options, per_env_seeds
-from bat_gym.errors import ConfigError
 
 __all__ = ["RayVectorEnv"]
 

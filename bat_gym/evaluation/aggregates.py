@@ -22,10 +22,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from bat_gym.core.files import write_atomic
+from bat_gym.core.spec import BenchmarkSpec
 from bat_gym.evaluation.cells import FAILURE_CATEGORIES, CellResult, FailureCategory
-from bat_gym.files import write_atomic
-from bat_gym.rubrics.scoring import aggregate as mean_of_tracks
-from bat_gym.spec import BenchmarkSpec
+from bat_gym.rubrics.verifier.scoring import aggregate as mean_of_tracks
 
 __all__ = [
     "Aggregates",
@@ -116,7 +116,7 @@ class Aggregates(BaseModel):
     @classmethod
     def read(cls, path: str | Path) -> Aggregates:
         """Read and validate ``aggregates.json`` (any extra field is refused)."""
-        from bat_gym.spec import load_model
+        from bat_gym.core.spec import load_model
 
         return load_model(cls, Path(path))
 
@@ -182,7 +182,7 @@ def aggregate(results: Sequence[CellResult], spec: BenchmarkSpec) -> Aggregates:
     """The firewall function: cell results in, only aggregates out.
 
     Means are over valid cells: within a track over its repeats, then over tracks
-    (tracks are the units, as in :func:`bat_gym.rubrics.scoring.aggregate`). Invalid
+    (tracks are the units, as in :func:`bat_gym.rubrics.verifier.scoring.aggregate`). Invalid
     cells count in ``completion.invalid`` and nowhere else. Cells that carry a
     :attr:`~bat_gym.evaluation.cells.CellResult.tier` are also aggregated per tier
     (:class:`TierAggregate`), with the same formula over that tier's cells.

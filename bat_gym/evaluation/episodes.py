@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bat_gym.files import write_atomic
+from bat_gym.core.files import write_atomic
 
 __all__ = [
     "BLOBS_DIR",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
 from bat_gym.evaluation.aggregates import aggregate
 from bat_gym.evaluation.cells import Cell
 from bat_gym.evaluation.harness import EvalConfig, held_out_cells, run_cells

@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bat_gym import progress
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import ConfigError
+from bat_gym.core import progress
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.files import write_atomic
+from bat_gym.core.spec import Budgets, StageState
 from bat_gym.evaluation.cells import Cell, CellResult, FailureCategory
 from bat_gym.evaluation.episodes import write_episode
-from bat_gym.files import write_atomic
 from bat_gym.policies.base import Policy, PolicyError, SeedKey
 from bat_gym.rollout import Runner, SandboxRestarted, policy_actor, run_episode
-from bat_gym.spec import Budgets, StageState
 
 __all__ = ["EvalConfig", "held_out_cells", "run_cells", "play_episode"]
 
@@ -63,7 +63,7 @@ class EvalConfig:
             an invalid cell.
         budgets: episode limits; default: the benchmark's.
         progress: report cells done / total, and a line per finished cell, to the
-            current progress reporter (:mod:`bat_gym.progress`: logged by default, a
+            current progress reporter (:mod:`bat_gym.core.progress`: logged by default, a
             live display under the command line).
         ray: play the episodes on Ray actors: ``"local"``, ``"auto"`` or a cluster
             address; None plays them in this process. On a cluster, the results
@@ -194,7 +194,7 @@ def _tier_of(bench: Any, state: Any) -> str | None:
 
 
 def _score(info: dict[str, Any], finished: bool, bench: Benchmark) -> dict[str, Any]:
-    from bat_gym.rubrics.scoring import overall_score
+    from bat_gym.rubrics.verifier.scoring import overall_score
 
     verdict = info["verdict"]
     result: dict[str, Any] = {
@@ -255,7 +255,7 @@ def run_cells(
         One result per cell, in the order of ``cells``.
     """
     from bat_gym.bank import task_states
-    from bat_gym.sandbox.snapshot import BlobStore
+    from bat_gym.core.sandbox.snapshot import BlobStore
 
     out = Path(out_dir)
     (out / CELLS_DIR).mkdir(parents=True, exist_ok=True)
@@ -297,7 +297,7 @@ def run_cells(
 def _rubric_env(bench: Benchmark, cfg: EvalConfig, budgets: Budgets, states: Any) -> Any:
     """The default evaluation env: a rubric-wrapped E2E StageEnv over the state source."""
     from bat_gym.env import StageEnv
-    from bat_gym.rubrics.reward import RubricReward
+    from bat_gym.rubrics.verifier.reward import RubricReward
 
     return RubricReward(
         StageEnv(

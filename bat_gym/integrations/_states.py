@@ -17,7 +17,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 
 __all__ = [
     "EnvSpec",

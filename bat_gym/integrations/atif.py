@@ -185,7 +185,7 @@ def verdict_lines(verdict: Mapping[str, Any] | None) -> str:
     """
     if not verdict:
         return "No verdict: the episode was not scored."
-    from bat_gym.rubrics.verifier import Verdict
+    from bat_gym.rubrics.verifier.verdict import Verdict
 
     parsed = Verdict.model_validate(verdict)
     lines = [parsed.summary()]
@@ -202,7 +202,7 @@ def _brief(verdict: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not verdict:
         return None
     from bat_gym.bank.replay import verdict_summary
-    from bat_gym.rubrics.verifier import Verdict
+    from bat_gym.rubrics.verifier.verdict import Verdict
 
     return verdict_summary(Verdict.model_validate(verdict))
 
@@ -297,7 +297,7 @@ def trajectory_document(
 
 def demonstration_steps(turns: Sequence[Any], protocol: str, first_id: int) -> list[dict]:
     """Agent steps of a demonstration's actions (protocol text), parsed into calls."""
-    from bat_gym.protocol import get_protocol
+    from bat_gym.core.protocol import get_protocol
 
     proto = get_protocol(protocol)
     steps = []

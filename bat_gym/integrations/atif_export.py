@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
+from bat_gym.core.files import write_atomic
 from bat_gym.evaluation.episodes import EPISODES_DIR
-from bat_gym.files import write_atomic
 from bat_gym.integrations.atif import (
     brief_lines,
     demonstration_steps,

@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bat_gym.errors import BatGymError, StateNotFound
-from bat_gym.spec import StageState
+from bat_gym.core.errors import BatGymError, StateNotFound
+from bat_gym.core.spec import StageState
 
 __all__ = [
     "AmbiguousConversation",

@@ -52,8 +52,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BatGymError, ConfigError
-from bat_gym.files import write_atomic
+from bat_gym.core.errors import BatGymError, ConfigError
+from bat_gym.core.files import write_atomic
 
 __all__ = [
     "HARBOR_IMAGE",
@@ -195,7 +195,7 @@ def load_state(bench: Benchmark, task: HarborTask, store_dir: str | Path) -> tup
         states = state_source(None, bench)
         return states, states.get(task.state_id)
     from bat_gym.bank import task_states
-    from bat_gym.sandbox.snapshot import BlobStore
+    from bat_gym.core.sandbox.snapshot import BlobStore
 
     if task.seed is None:
         raise HarborExportError(f"{task.name}: a held-out task names its seed; export it again")
@@ -310,7 +310,7 @@ def _task_toml(task: HarborTask, bench: Benchmark) -> str:
 
 
 def _sandbox_image(bench: Benchmark) -> str:
-    from bat_gym.sandbox.docker_image import image_contents
+    from bat_gym.core.sandbox.docker_image import image_contents
 
     return image_contents(bench.sandbox_requirements()).tag
 
@@ -425,8 +425,8 @@ def teacher_calls(bench: Benchmark, state: Any) -> list[dict[str, Any]]:
     Raises:
         ConfigError: the teacher does not finish within the state's turn budget.
     """
+    from bat_gym.core.protocol import get_protocol
     from bat_gym.policies import EpisodeContext, PolicyRequest, ScriptedPolicy
-    from bat_gym.protocol import get_protocol
 
     hermes = get_protocol("hermes")
     teacher = ScriptedPolicy("teacher", protocol="hermes")

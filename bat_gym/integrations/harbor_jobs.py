@@ -22,9 +22,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
+from bat_gym.core.files import write_atomic
 from bat_gym.evaluation.episodes import BLOBS_DIR, EPISODES_DIR
-from bat_gym.files import write_atomic
 from bat_gym.integrations.harbor_runtime import read_json
 
 __all__ = ["HarborJobError", "import_job", "trial_dirs"]

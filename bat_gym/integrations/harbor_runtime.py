@@ -22,9 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
+from bat_gym.core.files import write_atomic
 from bat_gym.evaluation.episodes import EPISODES_DIR
-from bat_gym.files import write_atomic
 from bat_gym.integrations.harbor import HarborTask, load_state
 
 __all__ = [
@@ -54,7 +54,7 @@ def read_task(path: str | Path) -> HarborTask:
 
 def _env(bench: Any, states: Any, protocol: str) -> Any:
     from bat_gym.env import StageEnv
-    from bat_gym.rubrics.reward import RubricReward
+    from bat_gym.rubrics.verifier.reward import RubricReward
 
     return RubricReward(StageEnv(benchmark=bench, states=states, protocol=protocol))
 
@@ -76,7 +76,7 @@ def recorded_actions(trace: dict[str, Any], protocol: str) -> list[str]:
     An MCP session steps one call per turn with no text (:class:`McpEpisode`); a text
     policy's turn holds its content and calls. Both are rendered back the same way.
     """
-    from bat_gym.protocol import ToolCall, get_protocol
+    from bat_gym.core.protocol import ToolCall, get_protocol
 
     proto = get_protocol(protocol)
     prefix = int(trace.get("prefix_messages") or 0)
@@ -106,7 +106,7 @@ def _replay(
     The replayed episode's trace (with the files its calls wrote) is kept under ``logs``
     as an evaluation keeps a cell's, for ``bat-gym harbor import``.
     """
-    from bat_gym.completion import Completion
+    from bat_gym.core.completion import Completion
     from bat_gym.evaluation.episodes import write_episode
     from bat_gym.rollout import run_episode
 

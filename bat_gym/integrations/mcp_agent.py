@@ -50,9 +50,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.protocol import ToolCall, ToolProtocol, get_protocol
 from bat_gym.policies.base import Policy, PolicyError, PolicyKind, PolicyOutput, PolicyRequest
-from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
 
 __all__ = ["MCP_AGENT", "MCP_URL_VARIABLE", "McpAgentPolicy"]
 

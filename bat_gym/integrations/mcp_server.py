@@ -5,17 +5,17 @@ Inspect or Harbor agent) plays a stage env through its own tool loop: the server
 the env's tools (``execute_code``, ``finish`` and the benchmark's own, with the env's
 JSON Schemas) and answers each ``tools/call`` by stepping the real
 :class:`~bat_gym.env.StageEnv`, wrapped in
-:class:`~bat_gym.rubrics.reward.RubricReward`:
+:class:`~bat_gym.rubrics.verifier.reward.RubricReward`:
 
 * one MCP call is one env step whose action is that single call written in the env's
-  protocol (:meth:`ToolProtocol.render <bat_gym.protocol.ToolProtocol.render>`), so the
+  protocol (:meth:`ToolProtocol.render <bat_gym.core.protocol.ToolProtocol.render>`), so the
   env parses, checks, budgets, runs and records it exactly as it does an in-process
   policy's turn, and the execution record is the same;
 * a call the env refuses (unknown tool, bad arguments) comes back as an MCP tool error
   carrying the env's ``[tool call error]`` sentence; the episode goes on, as in-process;
 * the step that ends the episode (``finish``, or a budget: turns, tool calls) is scored
   by the rubric, and its result ends with the reward and the verdict's one-line
-  :meth:`~bat_gym.rubrics.verifier.Verdict.summary`; later calls are refused with the
+  :meth:`~bat_gym.rubrics.verifier.verdict.Verdict.summary`; later calls are refused with the
   same line.
 
 The state's prompt (its messages as the env's reset observation renders them) is the
@@ -45,14 +45,14 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp.types import CallToolResult, TextContent
 from pydantic import ConfigDict
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.files import write_atomic
+from bat_gym.core.protocol import ToolCall
 from bat_gym.evaluation.episodes import EPISODES_DIR, write_episode
-from bat_gym.files import write_atomic
-from bat_gym.protocol import ToolCall
-from bat_gym.rubrics.reward import RubricReward
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 if TYPE_CHECKING:
-    from bat_gym.rubrics.verifier import Verdict
+    from bat_gym.rubrics.verifier.verdict import Verdict
 
 __all__ = [
     "LOCALHOST",
@@ -88,7 +88,7 @@ class McpEpisode:
     """One episode of a rubric-scored StageEnv, stepped one tool call at a time.
 
     Args:
-        env: a :class:`~bat_gym.rubrics.reward.RubricReward` around a
+        env: a :class:`~bat_gym.rubrics.verifier.reward.RubricReward` around a
             :class:`~bat_gym.env.StageEnv` (``gym.make("bat/E2E-v0", ...)`` gives one).
         state_id: the Stage Bank state the episode starts from.
         out: where to keep the episode when it ends: its trace in the evaluation's

@@ -2,8 +2,8 @@
 
 The wire format: a policy's message (written in the env's tool protocol) becomes a
 ``chat.completion`` whose calls, read with the protocol
-(:meth:`~bat_gym.protocol.ToolProtocol.parse`), are ``message.tool_calls``
-(:meth:`~bat_gym.protocol.ToolCall.to_openai`: arguments a JSON string) with
+(:meth:`~bat_gym.core.protocol.ToolProtocol.parse`), are ``message.tool_calls``
+(:meth:`~bat_gym.core.protocol.ToolCall.to_openai`: arguments a JSON string) with
 ``finish_reason: "tool_calls"``. It is the inverse of what the client side,
 :func:`bat_gym.policies.openai_policy.render_tool_calls`, does with a server's reply,
 so a message that goes through both comes back as the text it was.
@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
+from bat_gym.core.protocol import ToolProtocol
 from bat_gym.integrations.conversations import message_text
 from bat_gym.policies import PolicyOutput
-from bat_gym.protocol import ToolProtocol
 
 __all__ = [
     "ChatBackend",

@@ -4,7 +4,7 @@ OpenEnv (the ``openenv`` package, 0.10) serves an ``Environment[Action, Observat
 State]`` over HTTP and WebSocket with its own ``create_app``; one such server reaches
 TRL's ``environment_factory``, torchforge, SkyRL, ART and, through their bridges,
 verifiers and NeMo Gym. :class:`BatOpenEnv` is that environment over the real
-:class:`~bat_gym.env.StageEnv` wrapped in :class:`~bat_gym.rubrics.reward.RubricReward`:
+:class:`~bat_gym.env.StageEnv` wrapped in :class:`~bat_gym.rubrics.verifier.reward.RubricReward`:
 
 * ``reset(state_id=...)`` restores one Stage Bank state; the observation's ``text`` is
   the state's prompt as the env renders it and ``tools`` the env's tool schemas;
@@ -16,7 +16,7 @@ verifiers and NeMo Gym. :class:`BatOpenEnv` is that environment over the real
   step after the end come back as an observation whose ``error`` says what is wrong;
   the session goes on;
 * the step that ends the episode (``finish``, or a budget) carries the reward, the
-  verdict's one-line :meth:`~bat_gym.rubrics.verifier.Verdict.summary` and each
+  verdict's one-line :meth:`~bat_gym.rubrics.verifier.verdict.Verdict.summary` and each
   stage's credit; ``metadata`` holds ``terminated`` and ``truncated`` apart (OpenEnv's
   single ``done`` merges them) and the stop reason.
 
@@ -39,14 +39,14 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.protocol import ToolCall
 from bat_gym.integrations._states import EnvSpec, make_env
-from bat_gym.protocol import ToolCall
 
 if TYPE_CHECKING:
     import gymnasium as gym
 
-    from bat_gym.rubrics.verifier import Verdict
+    from bat_gym.rubrics.verifier.verdict import Verdict
 
 __all__ = [
     "DEFAULT_MAX_SESSIONS",

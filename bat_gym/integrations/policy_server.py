@@ -41,7 +41,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from bat_gym.errors import StateNotFound, UnsupportedPolicy
+from bat_gym.core.errors import StateNotFound, UnsupportedPolicy
+from bat_gym.core.protocol import get_protocol
 from bat_gym.integrations.conversations import (
     AmbiguousConversation,
     ConversationStates,
@@ -56,7 +57,6 @@ from bat_gym.integrations.openai_chat import (
 )
 from bat_gym.policies import EpisodeContext, Policy, PolicyError, PolicyOutput, PolicyRequest
 from bat_gym.policies.scripted import ScriptedPolicy
-from bat_gym.protocol import get_protocol
 
 __all__ = [
     "PolicyServer",
@@ -116,7 +116,7 @@ class PolicyServer:
         port: int = 0,
         protocol: str = "hermes",
     ) -> None:
-        from bat_gym.errors import ConfigError
+        from bat_gym.core.errors import ConfigError
 
         self.scripted = isinstance(policy, ScriptedPolicy)
         if self.scripted and states is None:
@@ -277,8 +277,8 @@ def load_states(
     """
     from bat_gym.bank import StageBank, task_states
     from bat_gym.catalog import get_benchmark
+    from bat_gym.core.sandbox.snapshot import BlobStore
     from bat_gym.evaluation.harness import EvalConfig, held_out_cells
-    from bat_gym.sandbox.snapshot import BlobStore
 
     states = []
     if bank is not None:

@@ -153,7 +153,7 @@ def chat_template_kwargs(benchmark: Any = None) -> dict[str, Any]:
         benchmark: a benchmark (or its registered name) whose own tools join the
             built-in ones; None: the built-in tools only.
     """
-    from bat_gym.protocol import TOOLS
+    from bat_gym.core.protocol import TOOLS
 
     tools = [dict(t) for t in TOOLS]
     if benchmark is not None:

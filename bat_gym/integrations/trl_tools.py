@@ -36,7 +36,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 from bat_gym.integrations._states import EnvSpec, state_id_of
 from bat_gym.integrations.openenv import BatAction, BatObservation, BatOpenEnv
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import Field
 
-from bat_gym.errors import BatGymError, ConfigError
+from bat_gym.core.errors import BatGymError, ConfigError
 from bat_gym.integrations._states import make_env, state_rows
 from bat_gym.rollout import run_episode
 
@@ -206,7 +206,7 @@ def _held_out(benchmark: str, track: str | None, repeats: int | None) -> list[tu
     """The benchmark's held-out E2E start states: ``(state, track, seed)``, track by track."""
     from bat_gym.bank import task_states
     from bat_gym.catalog import get_benchmark
-    from bat_gym.sandbox.snapshot import BlobStore
+    from bat_gym.core.sandbox.snapshot import BlobStore
 
     bench = get_benchmark(benchmark)
     seeds = bench.evaluated_seeds()
@@ -300,7 +300,7 @@ def _episode_env(task: StageData, backend: str) -> tuple[Any, Any]:
         )
     from bat_gym.bank import task_states
     from bat_gym.catalog import get_benchmark
-    from bat_gym.sandbox.snapshot import BlobStore
+    from bat_gym.core.sandbox.snapshot import BlobStore
 
     tmp = tempfile.TemporaryDirectory(prefix="bat-gym-vf-")
     bench = get_benchmark(task.benchmark)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bat_gym.errors import PluginError, PolicyNotFound
-from bat_gym.plugins import Expect, Registry
+from bat_gym.core.errors import PluginError, PolicyNotFound
+from bat_gym.core.plugins import Expect, Registry
 from bat_gym.policies.base import (
     EpisodeContext,
     Policy,

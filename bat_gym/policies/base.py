@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.completion import Completion
-from bat_gym.errors import BatGymError
+from bat_gym.core.completion import Completion
+from bat_gym.core.errors import BatGymError
 
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
-    from bat_gym.spec import StageState
+    from bat_gym.core.spec import StageState
 
 __all__ = [
     "EpisodeContext",
@@ -240,7 +240,7 @@ class PolicyKind:
         description: one line: what the policy is.
         build: ``build(argument, **options)`` returns the policy; ``argument`` is ``""``
             when the spec has no ``:``. It raises
-            :class:`~bat_gym.errors.ConfigError` for an argument it cannot take, naming
+            :class:`~bat_gym.core.errors.ConfigError` for an argument it cannot take, naming
             the form to write.
         sampling: whether it takes the sampling options of a model (``max_new_tokens``,
             ``temperature``, ``seed``, ``chat_template_kwargs``); a scripted policy does

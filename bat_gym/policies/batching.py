@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Generic, TypeVar
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 
 __all__ = ["BatcherClosed", "MicroBatcher"]
 

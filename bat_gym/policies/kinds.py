@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 from bat_gym.policies.base import Policy, PolicyKind
 
 __all__ = ["HF", "NAIVE", "OPENAI", "TEACHER", "VLLM"]

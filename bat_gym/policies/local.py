@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest, SeedKey, keyed_seed
 from bat_gym.policies.batching import MicroBatcher
 

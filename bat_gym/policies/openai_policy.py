@@ -28,7 +28,8 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.protocol import ToolCall, ToolProtocol, get_protocol
 from bat_gym.policies.base import (
     Policy,
     PolicyError,
@@ -36,7 +37,6 @@ from bat_gym.policies.base import (
     PolicyRequest,
     keyed_seed,
 )
-from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
 
 __all__ = ["OpenAIPolicy", "openai_messages", "render_tool_calls"]
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from bat_gym.benchmark import TeacherTurn
-from bat_gym.errors import BatGymError, ConfigError, UnsupportedPolicy
+from bat_gym.core.errors import BatGymError, ConfigError, UnsupportedPolicy
+from bat_gym.core.protocol import ToolCall, ToolProtocol, get_protocol
 from bat_gym.policies.base import Policy, PolicyOutput, PolicyRequest
-from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
 
 __all__ = ["ScriptedPolicy"]
 

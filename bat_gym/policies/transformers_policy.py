@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.errors import ConfigError, ModelNotFound
+from bat_gym.core.errors import ConfigError, ModelNotFound
 from bat_gym.policies.base import PolicyError
 from bat_gym.policies.local import (
     LocalModelPolicy,

@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
 
 __all__ = [
     "ChatTemplateError",

@@ -20,7 +20,7 @@ The guarantee: nothing a policy writes makes a step raise. The env turns every
 message, malformed or hostile, into an observation (a ``[tool call error]`` reply, a
 refused workspace ending the episode); :func:`step` is the only place the consumers
 call ``env.step``. What still raises from it is never the policy's doing: a caller's
-bug (:class:`~bat_gym.errors.ResetNeeded`, :class:`~bat_gym.errors.NotAnAction`) or
+bug (:class:`~bat_gym.core.errors.ResetNeeded`, :class:`~bat_gym.core.errors.NotAnAction`) or
 infrastructure (a sandbox that could not run). A sandbox that crashed during a tool
 call and was restarted is infrastructure too; the step reports it
 (:attr:`Step.restarted`) and the loop raises :class:`SandboxRestarted` unless told to
@@ -34,13 +34,13 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bat_gym.completion import Completion
-from bat_gym.errors import BatGymError
+from bat_gym.core.completion import Completion
+from bat_gym.core.errors import BatGymError
 
 if TYPE_CHECKING:
     from bat_gym.benchmark import Benchmark
+    from bat_gym.core.spec import StageState
     from bat_gym.policies.base import Policy, SeedKey
-    from bat_gym.spec import StageState
 
 __all__ = [
     "Action",
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 Action = str | Completion
-"""An assistant message: its text, or a :class:`~bat_gym.completion.Completion` with tokens."""
+"""An assistant message: its text, or a :class:`~bat_gym.core.completion.Completion` with tokens."""
 
 Actor = Callable[[dict[str, Any]], Action | None]
 """Given the env's latest ``info`` (``messages``, ``tools``, ``turns``), the next message.

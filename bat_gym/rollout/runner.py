@@ -7,9 +7,9 @@ Ray actors in place of local envs (``ray=``, through :mod:`bat_gym.distributed`)
 
 **The retry rule.** An episode that fails for a reason that is not the policy's answer
 is played again from the start: *play again, count an attempt, never a failure*.
-Those reasons (:data:`REPLAYABLE`) are a lost env (:class:`~bat_gym.errors.EnvLost`: a
+Those reasons (:data:`REPLAYABLE`) are a lost env (:class:`~bat_gym.core.errors.EnvLost`: a
 Ray actor or its node died), a sandbox that could not run or crashed
-(:class:`~bat_gym.errors.SandboxError`, :class:`~bat_gym.rollout.loop.SandboxRestarted`),
+(:class:`~bat_gym.core.errors.SandboxError`, :class:`~bat_gym.rollout.loop.SandboxRestarted`),
 and a policy backend that failed (:class:`~bat_gym.policies.PolicyError`). Each play
 counts an attempt (:attr:`Played.attempts`); after ``max_attempts`` the last error is
 the answer. Any other error is a bug or a setting, which playing again cannot fix: it
@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from bat_gym.errors import ConfigError, EnvLost, SandboxError
+from bat_gym.core.errors import ConfigError, EnvLost, SandboxError
 from bat_gym.policies.base import PolicyError
 from bat_gym.rollout.loop import SandboxRestarted
 

@@ -22,7 +22,7 @@ Formally, with ``g_t`` the tokens sampled at turn ``t`` and ``o_t`` the reply's 
 and turn ``t`` is sampled from exactly ``prompt_ids + g_1 + o_1 + ... + o_{t-1}``.
 The last reply (e.g. ``finish``'s "Finished.") is not appended: nothing is generated
 after it. The reward is the env's final-step reward (the rubric verdict under
-:class:`~bat_gym.rubrics.reward.RubricReward`).
+:class:`~bat_gym.rubrics.verifier.reward.RubricReward`).
 
 **Token limits.** An episode ends with ``stop_reason == "length"`` when a token limit
 leaves no room for another turn, and ``EpisodeResult.length_limit`` says which:
@@ -54,8 +54,8 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from bat_gym.completion import Completion
-from bat_gym.errors import BatGymError, ConfigError
+from bat_gym.core.completion import Completion
+from bat_gym.core.errors import BatGymError, ConfigError
 from bat_gym.rollout.chat_tokens import (
     RERENDERED_TEMPLATE,
     ChatTemplateError,
@@ -181,8 +181,8 @@ class EpisodeResult:
 
 
 def rubric_wrapper(env: gym.Env[str, str]) -> Any:
-    """The :class:`~bat_gym.rubrics.reward.RubricReward` in ``env``'s wrapper stack, or None."""
-    from bat_gym.rubrics.reward import RubricReward
+    """The :class:`~bat_gym.rubrics.verifier.reward.RubricReward` in ``env``'s wrapper stack, or None."""
+    from bat_gym.rubrics.verifier.reward import RubricReward
 
     while True:
         if isinstance(env, RubricReward):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bat_gym.benchmark import Benchmark
-from bat_gym.protocol import TOOLS, ToolProtocol, get_protocol
+from bat_gym.core.protocol import TOOLS, ToolProtocol, get_protocol
 from bat_gym.sft.render import render_rows
 from bat_gym.sft.rows import IGNORE_INDEX, SFTRejection, SFTRow, sft_rows
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
+from bat_gym.core.protocol import ToolCall, ToolProtocol, get_protocol
 from bat_gym.sft.rows import IGNORE_INDEX, SFTRejected, SFTRejection, SFTRenderError, SFTRow
 
 __all__ = ["chat_messages", "render_sft", "render_rows"]

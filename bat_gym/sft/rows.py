@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bat_gym.bank import RecordedTurn, load_trajectory
 from bat_gym.benchmark import Benchmark
-from bat_gym.errors import BatGymError
-from bat_gym.protocol import ToolCall, ToolProtocol, get_protocol
+from bat_gym.core.errors import BatGymError
+from bat_gym.core.protocol import ToolCall, ToolProtocol, get_protocol
+from bat_gym.core.spec import E2E, Outcome, StageState
 from bat_gym.rollout import Step, run_episode
-from bat_gym.spec import E2E, Outcome, StageState
 
 __all__ = [
     "IGNORE_INDEX",
@@ -119,7 +119,7 @@ def _recorded_steps(turns: list[RecordedTurn], proto: ToolProtocol) -> list[_Ste
     Each message carries its token count, as the build sent it, so the env's budgets
     see the same episode.
     """
-    from bat_gym.completion import Completion
+    from bat_gym.core.completion import Completion
 
     steps = []
     for turn in turns:

@@ -22,7 +22,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from bat_gym.rubrics.verifier import Verdict
+from bat_gym.rubrics.verifier.verdict import Verdict
 from bat_gym.viewer.runs import Run
 
 __all__ = [

@@ -13,7 +13,7 @@ import zlib
 
 import numpy as np
 
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
 
 __all__ = ["ImageError", "MAX_VOLUME_BYTES", "to_png", "slice_to_png"]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
 from bat_gym.evaluation.episodes import VERDICT_KEY
 
 __all__ = ["RunKind", "Run", "ViewerError", "detect_kind", "load_runs"]

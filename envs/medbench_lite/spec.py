@@ -1,11 +1,11 @@
-"""The MedBench-Lite :class:`~bat_gym.spec.BenchmarkSpec`: stages, skills, tracks, splits."""
+"""The MedBench-Lite :class:`~bat_gym.core.spec.BenchmarkSpec`: stages, skills, tracks, splits."""
 
 from __future__ import annotations
 
+from bat_gym.core.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Track
+from bat_gym.core.stages import reference_stages
 from bat_gym.envs.medbench_lite.tracks import TRACKS
 from bat_gym.envs.medbench_lite.tracks.base import STAGE_ARTIFACTS
-from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Track
-from bat_gym.stages import reference_stages
 
 __all__ = ["SKILLS", "SPEC", "TRAIN_SEEDS", "HELDOUT_SEEDS"]
 

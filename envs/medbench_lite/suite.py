@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn
+from bat_gym.core.sandbox.requirements import SandboxRequirements
+from bat_gym.core.spec import Task
 from bat_gym.envs.medbench_lite import agreement, pilot_checks, teacher
 from bat_gym.envs.medbench_lite.formats import npz_bytes
 from bat_gym.envs.medbench_lite.models import model_source
 from bat_gym.envs.medbench_lite.spec import SPEC
 from bat_gym.envs.medbench_lite.tracks import get_track
 from bat_gym.envs.medbench_lite.tracks.base import STAGE_ARTIFACTS, Draw, read_rows
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.sandbox.requirements import SandboxRequirements
-from bat_gym.spec import Task
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 __all__ = ["MedBenchLite", "SANDBOX_REQUIREMENTS"]
 

@@ -22,7 +22,7 @@ and S5 rows of ``failure``) start with the buggy pipeline in place. From such a 
 the teacher plays a repair exercise (:func:`repair_turns`): the track's quality check
 on the riskiest case shows the mistake, the pipeline is fixed in the open, the pilot
 (and inference) run again, and the stage's receipt records each file the repair
-changed (:mod:`bat_gym.repair_record`).
+changed (:mod:`bat_gym.core.repair_record`).
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bat_gym.benchmark import TeacherTurn
-from bat_gym.envs.medbench_lite.scripts import fragment, stage_script
-from bat_gym.protocol import ToolCall, bash_call, python_call
-from bat_gym.repair_record import (
+from bat_gym.core.protocol import ToolCall, bash_call, python_call
+from bat_gym.core.repair_record import (
     STAGE_RECEIPTS,
     pipeline_reasons,
     record_stage_call,
     start_call,
     starts_with_s2_mistake,
 )
+from bat_gym.envs.medbench_lite.scripts import fragment, stage_script
 
 __all__ = [
     "Recipe",
@@ -219,7 +219,7 @@ def carries_mistake(focus: str, outcome: str) -> bool:
     """Whether a row of ``outcome``'s trajectory at ``focus`` starts with the buggy pipeline.
 
     The S3 row of ``recovery`` and ``failure``, the S4 and S5 rows of ``failure``
-    (:func:`~bat_gym.repair_record.starts_with_s2_mistake`).
+    (:func:`~bat_gym.core.repair_record.starts_with_s2_mistake`).
     """
     return starts_with_s2_mistake(focus, outcome)
 

@@ -14,14 +14,14 @@ claims (:mod:`.checks`). Needs Debian's ``orthanc`` package
 (``apt-get update && apt-get install -y orthanc``).
 
 Why typed tools and not an MCP server mounted as a tool set: an MCP server's tool
-list would plug into :class:`bat_gym.tools.Tool` easily (its ``inputSchema`` is JSON
+list would plug into :class:`bat_gym.core.tools.Tool` easily (its ``inputSchema`` is JSON
 Schema, and a handler could forward ``tools/call`` under the call's remaining time),
 but it buys this suite nothing it needs and costs what the gym guarantees. The reward
 rests on evidence the env records and the verifier recomputes; the typed tools refuse
-a malformed UID before any request, name the fix in a :class:`~bat_gym.tools.ToolError`,
+a malformed UID before any request, name the fix in a :class:`~bat_gym.core.tools.ToolError`,
 and write records only through the service, which caps their size and journals them
 for an exact, incremental reset. A mounted server is a second process with state of its
-own: it would have to be a :class:`~bat_gym.service.ServiceState` (snapshot and restore
+own: it would have to be a :class:`~bat_gym.core.service.ServiceState` (snapshot and restore
 of its data, or GRPO groups would not start from one state), a hung call could only be
 stopped by killing it (and losing that state), its free-form results and loosely typed
 schemas would need the same caps and strict models anyway, and most servers assume a

@@ -13,7 +13,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bat_gym.rubrics.workspace import FrozenWorkspace
+    from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 __all__ = ["AGREEMENT_MM", "COLUMNS", "agreement", "read_rows", "row_agrees"]
 

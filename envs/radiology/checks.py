@@ -1,7 +1,7 @@
 """Reference checks for what the agent stored on the DICOM server through the tools.
 
 The server keeps what the tools stored (findings on a study, annotations on a series);
-the env records each call the server accepted (:class:`~bat_gym.record.ToolUseRecord`,
+the env records each call the server accepted (:class:`~bat_gym.core.record.ToolUseRecord`,
 status ``ok``, with the validated arguments it stored). These checks read those
 records and compare them with the verifier's own measurement, which the suite's
 private answers carry (:meth:`Radiology._truth
@@ -30,9 +30,9 @@ import io
 import math
 from typing import Any
 
-from bat_gym.record import ToolUseRecord
-from bat_gym.rubrics.checks import register_check
-from bat_gym.rubrics.context import (
+from bat_gym.core.record import ToolUseRecord
+from bat_gym.rubrics.contract.checks import register_check
+from bat_gym.rubrics.contract.context import (
     CheckContext,
     CheckFailed,
     CheckResult,

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
 
 __all__ = [
     "INSTALL",

@@ -20,7 +20,7 @@ lints them and a test compiles every one:
 
 The names the scripts get from a slot are declared as builtins in this folder's
 ``ruff.toml``, so ruff still reports any other undefined name. The reading, the slots
-and the patches are :mod:`bat_gym.scripts`'s. The text sent is the one the teacher has
+and the patches are :mod:`bat_gym.core.scripts`'s. The text sent is the one the teacher has
 always sent, byte for byte, so its transcripts and the states built from them do not
 depend on this layout.
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from bat_gym.scripts import fill_slots, replace_function, without_docstring
+from bat_gym.core.scripts import fill_slots, replace_function, without_docstring
 
 __all__ = [
     "SCRIPT_DIR",
@@ -76,7 +76,7 @@ def naive_pipeline() -> str:
 
     Raises:
         PluginError: a patch defines no function or several, or one ``infer.py`` lacks
-            (see :func:`bat_gym.scripts.replace_function`).
+            (see :func:`bat_gym.core.scripts.replace_function`).
     """
     source = script("infer")
     for patch in NAIVE_PATCHES:
@@ -97,7 +97,7 @@ def stage_script(name: str, **slots: object) -> str:
     Args:
         name: the script's file name without ``.py`` (``s2_setup``, ...).
         **slots: code or value by slot key in lower case (see
-            :func:`bat_gym.scripts.fill_slots`).
+            :func:`bat_gym.core.scripts.fill_slots`).
 
     Raises:
         PluginError: a slot of the script is not given, or one given is not in it.

@@ -15,7 +15,7 @@ the records that differ from the target's (the service remembers what it wrote, 
 tools write records only through :meth:`OrthancService.add_record`); the server starts
 on the first restore, and starts again (empty, then loaded) if it died.
 
-Tools run in a child process per call (:mod:`bat_gym.tools`), so what a call writes is
+Tools run in a child process per call (:mod:`bat_gym.core.tools`), so what a call writes is
 never in this object's memory. :meth:`OrthancService.add_record` notes the record it is
 about to write in a journal file beside the server's storage (before the write, so a
 call killed mid-write is noted too); :meth:`OrthancService.after_tool_call` reads the
@@ -24,10 +24,10 @@ record again and the next restore rewrites (or deletes) only what differs. A jou
 that cannot be read makes the next restore read every record again.
 
 Size: a state is capped by :attr:`OrthancService.limits` (the core's
-:class:`~bat_gym.service.ServiceLimits`: blobs and bytes) at every snapshot, and
+:class:`~bat_gym.core.service.ServiceLimits`: blobs and bytes) at every snapshot, and
 :meth:`OrthancService.add_record` refuses, before writing, a record that would pass
 them or :attr:`OrthancService.max_records` records on one series or study; the agent
-sees a :class:`~bat_gym.service.ServiceStateTooLarge` naming the limit. The server
+sees a :class:`~bat_gym.core.service.ServiceStateTooLarge` naming the limit. The server
 listens on 127.0.0.1 only, which no sandbox reaches (each runs without a network).
 """
 
@@ -38,8 +38,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bat_gym.core.service import ServiceBlobs, ServiceLimits, ServiceState, ServiceStateTooLarge
 from bat_gym.envs.radiology.orthanc import OrthancClient, OrthancError, OrthancServer
-from bat_gym.service import ServiceBlobs, ServiceLimits, ServiceState, ServiceStateTooLarge
 
 __all__ = ["ANNOTATIONS", "FINDINGS", "OrthancService", "canonical_json"]
 

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn, Tolerance
+from bat_gym.core.sandbox.requirements import SandboxRequirements
+from bat_gym.core.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
 from bat_gym.envs.radiology import teacher
 from bat_gym.envs.radiology.agreement import (
     AGREEMENT_MM,
@@ -54,14 +56,12 @@ from bat_gym.envs.radiology.studies import (
     render_patient,
     render_series,
 )
-from bat_gym.sandbox.requirements import SandboxRequirements
-from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Stage, Task, Track
 
 if TYPE_CHECKING:
+    from bat_gym.core.tools import Tool
     from bat_gym.envs.radiology.service import OrthancService
-    from bat_gym.rubrics.contract import ContractLibrary
-    from bat_gym.rubrics.workspace import FrozenWorkspace
-    from bat_gym.tools import Tool
+    from bat_gym.rubrics.contract.model import ContractLibrary
+    from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 __all__ = ["Radiology", "MEASURE_PY", "SUBMISSION"]
 
@@ -500,7 +500,7 @@ class Radiology(Benchmark):
         stage re-versioned without radiology's E2E pin following fails here, loudly.
         """
         from bat_gym.envs.radiology import checks  # noqa: F401 - registers the S5 checks
-        from bat_gym.rubrics.contract import ContractLibrary, load_contract
+        from bat_gym.rubrics.contract.model import ContractLibrary, load_contract
 
         own = [load_contract(p) for p in sorted(CONTRACTS.glob("*.yaml"))]
         mine = {c.id for c in own}

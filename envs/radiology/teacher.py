@@ -22,10 +22,8 @@ from typing import Any
 import numpy as np
 
 from bat_gym.benchmark import TeacherTurn
-from bat_gym.envs.radiology import sandbox_code
-from bat_gym.envs.radiology.studies import PatientSpec, _uid
-from bat_gym.protocol import ToolCall, bash_call, python_call
-from bat_gym.repair_record import (
+from bat_gym.core.protocol import ToolCall, bash_call, python_call
+from bat_gym.core.repair_record import (
     STAGE_RECEIPTS,
     pipeline_reasons,
     record_stage_call,
@@ -33,6 +31,8 @@ from bat_gym.repair_record import (
     starts_with_s2_mistake,
     write_file_call,
 )
+from bat_gym.envs.radiology import sandbox_code
+from bat_gym.envs.radiology.studies import PatientSpec, _uid
 
 __all__ = [
     "OUTCOMES",
@@ -148,7 +148,7 @@ def carries_mistake(focus: str, outcome: str, *, trap_shows: bool = True) -> boo
     """Whether a row of ``outcome``'s trajectory at ``focus`` starts with the naive pipeline.
 
     The S3 row of ``recovery`` and ``failure``, the S4 and S5 rows of ``failure``
-    (:func:`~bat_gym.repair_record.starts_with_s2_mistake`); none where no patient's
+    (:func:`~bat_gym.core.repair_record.starts_with_s2_mistake`); none where no patient's
     current study holds a trap (the naive reading is then right).
     """
     return trap_shows and starts_with_s2_mistake(focus, outcome)

@@ -1,8 +1,8 @@
-"""Typed DICOM tools over the env's Orthanc (host-side, :mod:`bat_gym.tools`).
+"""Typed DICOM tools over the env's Orthanc (host-side, :mod:`bat_gym.core.tools`).
 
 Each takes a strict pydantic model (UIDs are checked as DICOM UIDs before any request
 is made) and answers in JSON. A UID the server does not hold, or a slice past the
-series, is a :class:`~bat_gym.tools.ToolError` that says how to find the right one.
+series, is a :class:`~bat_gym.core.tools.ToolError` that says how to find the right one.
 What the tools store (annotations on a series, findings on a study) is kept by the
 server itself, so it is part of the service state a stage hands on.
 
@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from bat_gym.tools import Tool, ToolContext, ToolError
+from bat_gym.core.tools import Tool, ToolContext, ToolError
 
 __all__ = ["dicom_tools", "pixel_spacing", "read_volume"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Track
-from bat_gym.stages import reference_stages
+from bat_gym.core.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Track
+from bat_gym.core.stages import reference_stages
 
 __all__ = ["SPEC", "SKILLS", "TRACKS"]
 

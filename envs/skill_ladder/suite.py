@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn
+from bat_gym.core.protocol import ToolProtocol
+from bat_gym.core.sandbox.requirements import SandboxRequirements
+from bat_gym.core.spec import Task
 from bat_gym.envs.skill_ladder import teacher
 from bat_gym.envs.skill_ladder.spec import SPEC
 from bat_gym.envs.skill_ladder.tasks import (
@@ -17,12 +20,9 @@ from bat_gym.envs.skill_ladder.tasks import (
     public_files,
     reduce_draw,
 )
-from bat_gym.protocol import ToolProtocol
-from bat_gym.sandbox.requirements import SandboxRequirements
-from bat_gym.spec import Task
 
 if TYPE_CHECKING:
-    from bat_gym.rubrics.workspace import FrozenWorkspace
+    from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 __all__ = ["SkillLadder", "SUBMISSION", "PILOT"]
 

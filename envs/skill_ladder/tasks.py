@@ -37,7 +37,7 @@ import numpy as np
 from bat_gym.envs.skill_ladder.spec import TRACKS
 
 if TYPE_CHECKING:
-    from bat_gym.rubrics.workspace import FrozenWorkspace
+    from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 __all__ = ["Draw", "draw", "reduce_draw", "public_files", "label_accuracy", "PHANTOM_CM"]
 

@@ -17,9 +17,9 @@ and records the repair in its stage's receipt.
 from __future__ import annotations
 
 from bat_gym.benchmark import TeacherTurn
+from bat_gym.core.protocol import ToolCall
+from bat_gym.core.repair_record import record_call, start_call
 from bat_gym.envs.skill_ladder.tasks import Draw
-from bat_gym.protocol import ToolCall
-from bat_gym.repair_record import record_call, start_call
 
 __all__ = [
     "OUTCOMES",
@@ -111,7 +111,7 @@ def repair_turns(d: Draw, focus: str, outcome: str) -> list[TeacherTurn]:
     flag, and inference reads the pilot's settings); for any other row: ``[]``. The
     turns read the failed check in the S3 receipt, pilot again with the right flag,
     run every case (and, in S5, submit), then write the ``repairs`` record into the
-    stage's receipt (:mod:`bat_gym.repair_record`).
+    stage's receipt (:mod:`bat_gym.core.repair_record`).
 
     Args:
         d: the task's draw.

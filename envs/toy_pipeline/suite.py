@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bat_gym.benchmark import Benchmark, PilotFigure, PlanFact, Split, TeacherTurn, Tolerance
+from bat_gym.core.sandbox.requirements import SandboxRequirements
+from bat_gym.core.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Task, Track
+from bat_gym.core.stages import reference_stages
 from bat_gym.envs.toy_pipeline import teacher
-from bat_gym.sandbox.requirements import SandboxRequirements
-from bat_gym.spec import BenchmarkSpec, Budgets, SeedRange, Splits, Task, Track
-from bat_gym.stages import reference_stages
 
 if TYPE_CHECKING:
-    from bat_gym.rubrics.workspace import FrozenWorkspace
+    from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 __all__ = ["ToyPipeline", "score_agreement"]
 

@@ -21,7 +21,7 @@ and S5 rows of ``failure``) start with the mistaken pipeline in place. From such
 the teacher plays a repair exercise (:func:`repair_turns`): the S3 check on the risky
 case shows the mistake, the pipeline is fixed in the open, the pilot (and inference)
 run again, and the stage's receipt records each earlier file the repair changed
-(:mod:`bat_gym.repair_record`).
+(:mod:`bat_gym.core.repair_record`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bat_gym.benchmark import TeacherTurn
-from bat_gym.protocol import ToolCall, bash_call, python_call
-from bat_gym.repair_record import (
+from bat_gym.core.protocol import ToolCall, bash_call, python_call
+from bat_gym.core.repair_record import (
     STAGE_RECEIPTS,
     pipeline_reasons,
     record_stage_call,
@@ -38,7 +38,7 @@ from bat_gym.repair_record import (
     starts_with_s2_mistake,
     write_file_call,
 )
-from bat_gym.scripts import fill_slots, without_docstring
+from bat_gym.core.scripts import fill_slots, without_docstring
 
 __all__ = [
     "OUTCOMES",
@@ -196,7 +196,7 @@ def carries_mistake(focus: str, outcome: str, *, trap_shows: bool = True) -> boo
     """Whether a row of ``outcome``'s trajectory at ``focus`` starts with a defective pipeline.
 
     The S3 row of ``recovery`` and ``failure``, the S4 and S5 rows of ``failure``
-    (:func:`~bat_gym.repair_record.starts_with_s2_mistake`); none where the trap
+    (:func:`~bat_gym.core.repair_record.starts_with_s2_mistake`); none where the trap
     changes no score.
     """
     return trap_shows and starts_with_s2_mistake(focus, outcome)

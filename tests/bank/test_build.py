@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from bat_gym.bank import StageBank, build_bank
 from bat_gym.cli import app
-from bat_gym.errors import BankError
+from bat_gym.core.errors import BankError
 
 runner = CliRunner()
 

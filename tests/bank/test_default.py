@@ -9,7 +9,7 @@ import gymnasium as gym
 import pytest
 
 from bat_gym.bank import DefaultStates, StageBank, build_bank, default_bank, default_states
-from bat_gym.errors import ConfigError, TrajectoryRejected
+from bat_gym.core.errors import ConfigError, TrajectoryRejected
 
 
 @pytest.fixture
@@ -75,8 +75,8 @@ def test_a_first_reset_builds_only_the_trajectories_it_chooses_among(toy, cache,
 
 
 def test_a_planned_row_no_demonstration_wins_is_never_served(cache):
+    from bat_gym.core.errors import StateNotAdmitted
     from bat_gym.envs.toy_pipeline.suite import SPEC, ToyPipeline
-    from bat_gym.errors import StateNotAdmitted
 
     class Unwinnable(ToyPipeline):
         spec = SPEC.model_copy(update={"name": "toy_unwinnable_s4"})
@@ -165,7 +165,7 @@ def test_the_whole_grid_is_one_call_away_and_equals_an_eager_build(toy, cache, f
 
 
 def test_the_success_trajectory_becomes_the_tasks_reference_run(toy, cache, monkeypatch):
-    from bat_gym.rubrics import reference
+    from bat_gym.rubrics.verifier import reference
 
     source = DefaultStates(toy)
     row = source.get(source.select(focus="E2E", track="lookup")[0])
@@ -205,7 +205,7 @@ def test_a_rejected_teacher_fails_the_reset_with_its_verdict(cache):
 
 
 def test_an_unknown_state_id_names_the_known_ones(toy, cache):
-    from bat_gym.errors import StateNotFound
+    from bat_gym.core.errors import StateNotFound
 
     source = DefaultStates(toy)
     with pytest.raises(StateNotFound, match="Did you mean"):

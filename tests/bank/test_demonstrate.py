@@ -68,8 +68,8 @@ def toy_setup_done_in_validate():
     writes it. Playing on from the row would win it, but that pays a policy for doing
     the next stage: a row that teaches only that must not be admitted.
     """
+    from bat_gym.core.protocol import bash_call
     from bat_gym.envs.toy_pipeline.suite import ToyPipeline
-    from bat_gym.protocol import bash_call
 
     class Toy(ToyPipeline):
         outcomes = ("success",)

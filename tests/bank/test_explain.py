@@ -96,7 +96,7 @@ def test_explain_shows_a_kept_success_with_its_reward(toy_bank):
 
 
 def test_explain_of_a_directory_without_a_build_says_how_to_make_one(tmp_path):
-    from bat_gym.errors import BankError
+    from bat_gym.core.errors import BankError
 
     result = runner.invoke(app, ["bank", "explain", str(tmp_path)])
     assert isinstance(result.exception, BankError)

@@ -8,9 +8,9 @@ from pathlib import Path
 from unittest.mock import ANY
 
 from bat_gym.bank import GATES, Admission, StageBank, build_bank
+from bat_gym.core.protocol import ToolCall
+from bat_gym.core.spec import Budgets, ContractRef
 from bat_gym.envs.toy_pipeline.suite import ToyPipeline
-from bat_gym.protocol import ToolCall
-from bat_gym.spec import Budgets, ContractRef
 
 
 def planted(**overrides):

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from bat_gym.bank import StageBank, build_bank, load_trajectory
 from bat_gym.cli import app
+from bat_gym.core.protocol import ToolCall, get_protocol
 from bat_gym.policies import Policy, PolicyOutput, PolicyRequest, ScriptedPolicy
-from bat_gym.protocol import ToolCall, get_protocol
 
 HERMES = get_protocol("hermes")
 

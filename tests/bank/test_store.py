@@ -3,8 +3,8 @@ import json
 import pytest
 
 from bat_gym.bank import StageBank
-from bat_gym.errors import BankError, SpecError
-from bat_gym.sandbox.snapshot import WorkspaceIndex
+from bat_gym.core.errors import BankError, SpecError
+from bat_gym.core.sandbox.snapshot import WorkspaceIndex
 
 
 def files_of(bank, state):

@@ -4,8 +4,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
+from bat_gym.core.errors import BatGymError
 from bat_gym.curriculum.gate import GateDecision, GateRefused, GateThresholds, gate
-from bat_gym.errors import BatGymError
 from bat_gym.evaluation.aggregates import Aggregates, CompletionCounts, TrackAggregate
 
 DIGEST = "a" * 64

@@ -2,8 +2,8 @@ from collections import Counter
 
 import pytest
 
+from bat_gym.core.spec import StageState
 from bat_gym.curriculum.rounds import RLRow, RoundSpec, build_round
-from bat_gym.spec import StageState
 
 TRACKS = [f"track{i}" for i in range(7)]
 OUTCOMES = ["success", "recovery", "failure"]

@@ -2,10 +2,10 @@ import json
 
 import pytest
 
+from bat_gym.core.errors import CurriculumError, StateNotAdmitted
+from bat_gym.core.spec import StageState
 from bat_gym.curriculum.rounds import RoundSpec, build_round
 from bat_gym.curriculum.sampler import CurriculumSampler
-from bat_gym.errors import CurriculumError, StateNotAdmitted
-from bat_gym.spec import StageState
 
 SPEC = RoundSpec(target="S2", batches=3, seed=7)  # 24 draws a round
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from bat_gym.core.sandbox.slots import runtime_dir, sweep_stale
 from bat_gym.evaluation import EvalConfig, evaluate
 from bat_gym.policies import make_policy
-from bat_gym.sandbox.slots import runtime_dir, sweep_stale
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from gymnasium.error import AlreadyPendingCallError
 from gymnasium.vector import AutoresetMode
 from hermes_actions import FINISH, bash, teacher_plan
 
+from bat_gym.core.errors import ResetNeeded
 from bat_gym.distributed import EnvActor, EnvActorsUnavailable
-from bat_gym.errors import ResetNeeded
 
 
 def test_env_actor_runs_an_env_without_ray(toy, toy_bank):

@@ -28,7 +28,7 @@ import pytest
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 from hermes_actions import FINISH, bash, teacher_plan
 
-from bat_gym.textspace import UnicodeText
+from bat_gym.core.textspace import UnicodeText
 
 
 def make_vec(mode: str, bank, n: int = 2, **vector_kwargs):
@@ -185,7 +185,7 @@ DRIVER = """
 import sys, time
 import gymnasium as gym
 from bat_gym import ToolCall
-from bat_gym.protocol import get_protocol
+from bat_gym.core.protocol import get_protocol
 
 def bash(code):
     call = ToolCall(name="execute_code", arguments={"language": "bash", "code": code})
@@ -305,7 +305,7 @@ def test_killing_the_driver_leaves_no_sandbox_behind(
             time.sleep(0.2)
         if (backend, how) == ("ray", "sigkill"):
             assert _slot_dirs(rt)  # stale: their owners died without a word
-            from bat_gym.sandbox.slots import sweep_stale
+            from bat_gym.core.sandbox.slots import sweep_stale
 
             monkeypatch.setenv("BAT_GYM_RUNTIME_DIR", str(rt))
             assert sweep_stale() == 2

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
 from bat_gym.evaluation import AGGREGATES_FILE, Aggregates, EvalConfig, evaluate, held_out_cells
 from bat_gym.policies import PolicyError, ScriptedPolicy, make_policy
 
@@ -235,7 +235,7 @@ def three_repeats():
 def test_eval_plays_the_specs_heldout_repeats_the_tasks_the_audit_covers(
     three_repeats, tmp_path, monkeypatch
 ):
-    from bat_gym.audit import HeldOutIndex
+    from bat_gym.audits.leakage import HeldOutIndex
 
     bench = three_repeats
     cells = held_out_cells(bench, EvalConfig())

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
 from bat_gym.evaluation import EvalConfig, evaluate
 from bat_gym.evaluation.manifest import EvalManifest, read_manifest
 from bat_gym.policies import make_policy

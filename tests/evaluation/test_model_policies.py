@@ -175,9 +175,9 @@ def test_eval_with_a_tiny_local_hf_model(toy, tiny_model, tmp_path):
 
 def test_a_seeded_model_samples_each_cell_alike_with_one_worker_or_many(toy, tiny_model, tmp_path):
     """Concurrency changes the order requests arrive in, not the tokens a cell draws."""
+    from bat_gym.core.spec import Budgets
     from bat_gym.evaluation import EvalConfig, evaluate
     from bat_gym.policies import make_policy
-    from bat_gym.spec import Budgets
 
     def replies(workers: int) -> dict[str, list]:
         out = tmp_path / f"workers-{workers}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from bat_gym.core.protocol import ToolCall, get_protocol
 from bat_gym.policies import EpisodeContext, PolicyRequest, ScriptedPolicy
-from bat_gym.protocol import ToolCall, get_protocol
 
 
 def _corpus(bench, bank) -> list[str]:
@@ -134,7 +134,7 @@ def play_in_process(bench, bank, state_id, calls, **budgets):
     """Play ``calls`` one per step in the in-process env (RubricReward around StageEnv, the
     benchmark's budgets with ``budgets`` applied); the last step's (reward, info)."""
     from bat_gym.env import StageEnv
-    from bat_gym.rubrics.reward import RubricReward
+    from bat_gym.rubrics.verifier.reward import RubricReward
 
     hermes = get_protocol("hermes")
     env = RubricReward(

@@ -22,7 +22,7 @@ from bat_gym.integrations.atif_export import AtifExportError, export_atif
 from bat_gym.policies import ScriptedPolicy
 from bat_gym.rollout import policy_actor, run_episode
 from bat_gym.rollout.token_episode import EpisodeResult
-from bat_gym.rubrics.reward import RubricReward
+from bat_gym.rubrics.verifier.reward import RubricReward
 from bat_gym.trainers.rollout_log import log_rollouts
 
 RUNNER = CliRunner()

@@ -16,9 +16,9 @@ import pytest
 from tool_bench import ToolBench
 
 from bat_gym.bank.states import MemoryStates, initial_state
+from bat_gym.core.sandbox.snapshot import BlobStore
 from bat_gym.rollout import TokenEpisode
 from bat_gym.rollout.chat_tokens import render_ids
-from bat_gym.sandbox.snapshot import BlobStore
 
 pytest.importorskip("transformers")
 

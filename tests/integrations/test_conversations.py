@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bat_gym.errors import StateNotFound
+from bat_gym.core.errors import StateNotFound
 from bat_gym.integrations.conversations import (
     AmbiguousConversation,
     ConversationStates,

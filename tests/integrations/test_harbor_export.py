@@ -26,10 +26,10 @@ import pytest
 from typer.testing import CliRunner
 
 from bat_gym.cli import app
+from bat_gym.core.protocol import get_protocol
 from bat_gym.integrations.atif_export import export_atif
 from bat_gym.integrations.harbor import HarborExportError, HarborTask, load_state
 from bat_gym.integrations.harbor_runtime import verify_task
-from bat_gym.protocol import get_protocol
 
 from .servers import free_port, wait_for_port
 

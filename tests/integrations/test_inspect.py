@@ -26,10 +26,10 @@ from inspect_ai.log import read_eval_log  # noqa: E402
 from inspect_ai.model import ChatMessageAssistant, ModelOutput, ModelUsage, get_model  # noqa: E402
 from inspect_ai.tool import ToolCall as InspectToolCall  # noqa: E402
 
+from bat_gym.core.protocol import ToolCall, get_protocol  # noqa: E402
 from bat_gym.integrations.inspect import StageSandbox, StageSandboxConfig, heldout, stage  # noqa: E402
-from bat_gym.protocol import ToolCall, get_protocol  # noqa: E402
 from bat_gym.rollout import run_episode  # noqa: E402
-from bat_gym.rubrics.reward import make_env  # noqa: E402
+from bat_gym.rubrics.verifier.reward import make_env  # noqa: E402
 from bat_gym.viewer.export import score_explanation  # noqa: E402
 
 from .conftest import teacher_actions  # noqa: E402
@@ -199,10 +199,10 @@ def test_a_benchmarks_own_tools_are_inspect_tools_stepping_the_env(tmp_path):
 
     from bat_gym.bank.states import MemoryStates, initial_state
     from bat_gym.catalog import register_benchmark, unregister_benchmark
+    from bat_gym.core.sandbox.snapshot import BlobStore
     from bat_gym.integrations.inspect import play_stage, rubric_scorer
     from bat_gym.integrations.inspect.sandbox import register_states
     from bat_gym.integrations.inspect.tasks import chat_messages
-    from bat_gym.sandbox.snapshot import BlobStore
 
     bench = ToolBench()
     store = BlobStore(tmp_path / "store")

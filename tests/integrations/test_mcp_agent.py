@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from bat_gym.errors import ConfigError  # noqa: E402
+from bat_gym.core.errors import ConfigError  # noqa: E402
 from bat_gym.evaluation import EvalConfig, evaluate  # noqa: E402
 from bat_gym.policies import make_policy  # noqa: E402
 

@@ -22,9 +22,9 @@ from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from mcp.types import Implementation  # noqa: E402
 
+from bat_gym.core.protocol import ToolCall, get_protocol  # noqa: E402
 from bat_gym.env import StageEnv  # noqa: E402
-from bat_gym.protocol import ToolCall, get_protocol  # noqa: E402
-from bat_gym.rubrics.reward import RubricReward  # noqa: E402
+from bat_gym.rubrics.verifier.reward import RubricReward  # noqa: E402
 
 from .servers import free_port, wait_for_port  # noqa: E402
 
@@ -203,8 +203,8 @@ def test_a_benchmarks_own_tools_answer_as_in_process(tmp_path) -> None:
     from tool_bench import ToolBench
 
     from bat_gym.bank.states import MemoryStates, initial_state
+    from bat_gym.core.sandbox.snapshot import BlobStore
     from bat_gym.integrations.mcp_server import McpEpisode, build_server
-    from bat_gym.sandbox.snapshot import BlobStore
 
     bench = ToolBench()
     store = BlobStore(tmp_path / "store")

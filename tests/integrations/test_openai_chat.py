@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from bat_gym.core.protocol import ToolCall, get_protocol
 from bat_gym.integrations.openai_chat import ChatRequestError, chat_completion, request_messages
 from bat_gym.policies import PolicyOutput
 from bat_gym.policies.openai_policy import OpenAIPolicy
-from bat_gym.protocol import ToolCall, get_protocol
 
 HERMES = get_protocol("hermes")
 

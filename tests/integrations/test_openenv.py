@@ -21,13 +21,13 @@ pytest.importorskip(
     "openenv", reason="the openenv extra has a venv of its own: .ci/venv-openenv.sh"
 )
 
+from bat_gym.core.protocol import ToolCall, get_protocol  # noqa: E402
 from bat_gym.env import StageEnv  # noqa: E402
 from bat_gym.integrations.openenv import BatAction, BatObservation, BatOpenEnv  # noqa: E402
 from bat_gym.integrations.openenv_client import BatEnvClient  # noqa: E402
 from bat_gym.integrations.trl_tools import BatToolEnvironments  # noqa: E402
 from bat_gym.policies import EpisodeContext, PolicyRequest, ScriptedPolicy  # noqa: E402
-from bat_gym.protocol import ToolCall, get_protocol  # noqa: E402
-from bat_gym.rubrics.reward import RubricReward  # noqa: E402
+from bat_gym.rubrics.verifier.reward import RubricReward  # noqa: E402
 
 from .servers import free_port  # noqa: E402
 

@@ -13,13 +13,13 @@ import urllib.request
 
 import pytest
 
+from bat_gym.core.protocol import get_protocol
 from bat_gym.env import StageEnv
 from bat_gym.integrations.policy_server import serve_policy, state_url
 from bat_gym.policies import PolicyError, ScriptedPolicy
 from bat_gym.policies.openai_policy import OpenAIPolicy
-from bat_gym.protocol import get_protocol
 from bat_gym.rollout import policy_actor, run_episode
-from bat_gym.rubrics.reward import RubricReward
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 HERMES = get_protocol("hermes")
 
@@ -52,7 +52,7 @@ def naive_url(toy_bank):
 def heldout(toy, tmp_path_factory):
     """A held-out E2E start state of the toy benchmark and its state source."""
     from bat_gym.bank import task_states
-    from bat_gym.sandbox.snapshot import BlobStore
+    from bat_gym.core.sandbox.snapshot import BlobStore
 
     track = toy.spec.tracks[0].name
     tasks = [(track, toy.evaluated_seeds()[0])]

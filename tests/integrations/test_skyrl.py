@@ -2,6 +2,7 @@ import pytest
 
 skyrl_gym = pytest.importorskip("skyrl_gym")
 
+from bat_gym.core.protocol import TOOLS  # noqa: E402
 from bat_gym.integrations.skyrl import (  # noqa: E402
     ENV_CLASS,
     BatTextEnv,
@@ -9,7 +10,6 @@ from bat_gym.integrations.skyrl import (  # noqa: E402
     register_env,
     skyrl_dataset,
 )
-from bat_gym.protocol import TOOLS  # noqa: E402
 
 
 def state_of(bank, focus, track="lookup"):

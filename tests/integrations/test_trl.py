@@ -5,7 +5,7 @@ import gymnasium as gym
 import pytest
 
 from bat_gym import StageCurriculum
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
 from bat_gym.integrations.trl import BatEnvironment, BatRollout, bat_dataset, rubric_reward
 from bat_gym.rollout.chat_tokens import render_ids
 

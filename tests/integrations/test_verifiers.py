@@ -44,7 +44,7 @@ from bat_gym.integrations.verifiers import (  # noqa: E402
     _assistant_json,
     episode_scores,
 )
-from bat_gym.rubrics.reward import RubricReward  # noqa: E402
+from bat_gym.rubrics.verifier.reward import RubricReward  # noqa: E402
 
 from .servers import free_port  # noqa: E402
 
@@ -161,7 +161,7 @@ def _vf_eval(url: str, out: Path, *options: str) -> list[dict]:
 def _native(bench, policy: str, track: str, seed: int, tmp: Path) -> dict:
     """The policy's episode of the held-out task in the in-process env: its scores."""
     from bat_gym.bank import task_states
-    from bat_gym.sandbox.snapshot import BlobStore
+    from bat_gym.core.sandbox.snapshot import BlobStore
 
     source = task_states(bench, [(track, seed)], "heldout", BlobStore(tmp))
     (state_id,) = source.select()

@@ -26,8 +26,8 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bat_gym.core.protocol import get_protocol  # noqa: E402
 from bat_gym.integrations.verl import agent_loop_config, verl_dataset  # noqa: E402
-from bat_gym.protocol import get_protocol  # noqa: E402
 from bat_gym.rollout.chat_tokens import render_ids  # noqa: E402
 
 LOGPROB = -0.125

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bat_gym.core.sandbox import BlobStore, ExecResult, WorkspaceIndex, make_sandbox
 from bat_gym.envs.medbench_lite import MedBenchLite
-from bat_gym.sandbox import BlobStore, ExecResult, WorkspaceIndex, make_sandbox
 
 TRACKS = (
     "segmentation",

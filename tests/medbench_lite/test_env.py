@@ -4,8 +4,8 @@ StageEnv episodes started from it."""
 import pytest
 
 from bat_gym.bank import build_bank
+from bat_gym.core.protocol import get_protocol
 from bat_gym.env import StageEnv
-from bat_gym.protocol import get_protocol
 
 from .conftest import NAIVE_MAX, TEACHER_MIN, TRACKS
 

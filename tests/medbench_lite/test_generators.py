@@ -8,8 +8,8 @@ import pydicom
 import pytest
 from PIL import Image
 
+from bat_gym.core.sandbox import WorkspaceIndex
 from bat_gym.envs.medbench_lite.tracks import TRACKS, get_track
-from bat_gym.sandbox import WorkspaceIndex
 
 from .conftest import TRACKS as NAMES
 

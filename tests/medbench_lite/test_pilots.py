@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from bat_gym.core.record import ExecutionRecord
+from bat_gym.core.sandbox import BlobStore
 from bat_gym.envs.medbench_lite.teacher import pilot_script
 from bat_gym.envs.medbench_lite.tracks import get_track
 from bat_gym.envs.medbench_lite.tracks.base import read_rows
-from bat_gym.record import ExecutionRecord
-from bat_gym.rubrics.checks import run_check
-from bat_gym.rubrics.context import CheckContext, TaskOracle
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.sandbox import BlobStore
+from bat_gym.rubrics.contract.checks import run_check
+from bat_gym.rubrics.contract.context import CheckContext, TaskOracle
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 from .heuristic_bounds import pipeline_score
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import bat_gym
 from bat_gym.bank import cache_dir
+from bat_gym.core.sandbox import make_sandbox
 from bat_gym.envs import medbench_lite
 from bat_gym.envs.medbench_lite import MedBenchLite
-from bat_gym.sandbox import make_sandbox
 
 PROBE = """
 import importlib, json, os

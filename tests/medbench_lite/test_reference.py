@@ -21,15 +21,15 @@ import pytest
 
 from bat_gym.bank import task_states
 from bat_gym.bank.tasks import success_threshold
+from bat_gym.core.protocol import get_protocol
+from bat_gym.core.sandbox import BlobStore, WorkspaceIndex
 from bat_gym.env import StageEnv
 from bat_gym.envs.medbench_lite import agreement
 from bat_gym.envs.medbench_lite.formats import nifti_bytes
-from bat_gym.protocol import get_protocol
-from bat_gym.rubrics.reference import reference_workspace, reproduce
-from bat_gym.rubrics.reward import RubricReward
-from bat_gym.rubrics.scoring import overall_score
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.sandbox import BlobStore, WorkspaceIndex
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
+from bat_gym.rubrics.verifier.reference import reference_workspace, reproduce
+from bat_gym.rubrics.verifier.reward import RubricReward
+from bat_gym.rubrics.verifier.scoring import overall_score
 
 HERMES = get_protocol("hermes")
 PRED = "outputs/predictions.csv"

@@ -15,7 +15,7 @@ import pytest
 from row_checks import LATER, RECEIPTS, play_teacher, repair_record
 
 from bat_gym.bank import build_bank
-from bat_gym.rubrics.reference import reference_workspace
+from bat_gym.rubrics.verifier.reference import reference_workspace
 
 from .conftest import TRACKS
 

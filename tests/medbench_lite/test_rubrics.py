@@ -9,16 +9,16 @@ import pytest
 
 from bat_gym.bank import build_bank, task_states
 from bat_gym.bank.tasks import success_threshold
+from bat_gym.core.errors import RubricContractError
+from bat_gym.core.protocol import ToolCall, get_protocol
+from bat_gym.core.sandbox import BlobStore
+from bat_gym.core.spec import E2E
 from bat_gym.env import StageEnv
 from bat_gym.envs.medbench_lite.teacher import RECEIPT, bash_call, python_call
 from bat_gym.envs.medbench_lite.tracks import get_track
-from bat_gym.errors import RubricContractError
-from bat_gym.protocol import ToolCall, get_protocol
-from bat_gym.rubrics.contract import ContractLibrary
-from bat_gym.rubrics.reward import RubricReward
-from bat_gym.rubrics.scoring import overall_score
-from bat_gym.sandbox import BlobStore
-from bat_gym.spec import E2E
+from bat_gym.rubrics.contract.model import ContractLibrary
+from bat_gym.rubrics.verifier.reward import RubricReward
+from bat_gym.rubrics.verifier.scoring import overall_score
 
 from .conftest import TEACHER_MIN, TRACKS
 

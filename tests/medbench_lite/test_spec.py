@@ -41,7 +41,7 @@ def test_generation_is_byte_identical_across_processes(bench, tmp_path):
         """
         import sys, tempfile, pathlib
         from bat_gym.envs.medbench_lite import MedBenchLite
-        from bat_gym.sandbox import WorkspaceIndex
+        from bat_gym.core.sandbox import WorkspaceIndex
         b = MedBenchLite()
         for name in sys.argv[1:]:
             d = pathlib.Path(tempfile.mkdtemp())
@@ -56,7 +56,7 @@ def test_generation_is_byte_identical_across_processes(bench, tmp_path):
         check=True,
         env={"PYTHONHASHSEED": "7", "PATH": "/usr/bin:/bin"},
     ).stdout.split()
-    from bat_gym.sandbox import WorkspaceIndex
+    from bat_gym.core.sandbox import WorkspaceIndex
 
     here = []
     for name in TRACKS:

@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import gymnasium as gym
 import pytest
 
+from bat_gym.core.protocol import TOOLS, ToolCall, get_protocol
 from bat_gym.policies import PolicyError, PolicyRequest, make_policy
 from bat_gym.policies.openai_policy import OpenAIPolicy, openai_messages, render_tool_calls
-from bat_gym.protocol import TOOLS, ToolCall, get_protocol
 
 HERMES = get_protocol("hermes")
 
@@ -387,7 +387,7 @@ def _closed_port_url():
 
 
 def test_check_ready_passes_on_a_serving_server_and_names_what_is_wrong_otherwise(server, make):
-    from bat_gym.errors import BatGymError
+    from bat_gym.core.errors import BatGymError
 
     make().check_ready()
     server.models = ["other-model"]

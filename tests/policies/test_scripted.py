@@ -1,10 +1,10 @@
 import pytest
 
+from bat_gym.core.errors import BatGymError
 from bat_gym.env import StageEnv
-from bat_gym.errors import BatGymError
 from bat_gym.evaluation import play_episode
 from bat_gym.policies import EpisodeContext, PolicyRequest, ScriptedPolicy, make_policy
-from bat_gym.rubrics.reward import RubricReward
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 
 @pytest.mark.parametrize("focus", ["E2E", "S3", "S5"])
@@ -43,7 +43,7 @@ def test_unknown_specs_and_outcomes_are_named(toy, toy_bank):
 
 def test_a_row_that_carries_a_mistake_plays_the_benchmarks_repair_turns(toy, toy_bank, monkeypatch):
     from bat_gym.benchmark import TeacherTurn
-    from bat_gym.protocol import bash_call
+    from bat_gym.core.protocol import bash_call
 
     repair = [TeacherTurn("S4", "Repairing the pilot.", (bash_call("true"),))]
     asked = []

@@ -9,10 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from bat_gym.core.protocol import TOOLS, HermesProtocol  # noqa: E402
 from bat_gym.policies import PolicyRequest, make_policy  # noqa: E402
 from bat_gym.policies.local import chat_messages, checkpoint_digest  # noqa: E402
 from bat_gym.policies.transformers_policy import TransformersPolicy  # noqa: E402
-from bat_gym.protocol import TOOLS, HermesProtocol  # noqa: E402
 
 CORPUS = [
     HermesProtocol.example,
@@ -277,7 +277,7 @@ def test_bad_settings_fail_before_loading(model_dir):
         TransformersPolicy(model_dir, temperature=-1)
     with pytest.raises(ValueError, match="top_p"):
         TransformersPolicy(model_dir, top_p=0)
-    from bat_gym.errors import ModelNotFound
+    from bat_gym.core.errors import ModelNotFound
 
     with pytest.raises(ModelNotFound, match="bat-gym tiny-model DIR"):
         TransformersPolicy(model_dir / "missing")

@@ -9,7 +9,8 @@ import types
 
 import pytest
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.protocol import TOOLS
 from bat_gym.policies import PolicyError, PolicyRequest, keyed_seed, make_policy
 from bat_gym.policies.local import TokenGeneration, request_seed
 from bat_gym.policies.vllm_policy import (
@@ -20,7 +21,6 @@ from bat_gym.policies.vllm_policy import (
     sampling_kwargs,
     token_generation,
 )
-from bat_gym.protocol import TOOLS
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 

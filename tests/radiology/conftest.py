@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bat_gym.protocol import get_protocol
+from bat_gym.core.protocol import get_protocol
 
 HERMES = get_protocol("hermes")
 

@@ -15,13 +15,13 @@ import math
 import pytest
 
 from bat_gym.bank.states import MemoryStates, initial_state
+from bat_gym.core.protocol import ToolCall
+from bat_gym.core.sandbox.snapshot import BlobStore
 from bat_gym.env import StageEnv
-from bat_gym.protocol import ToolCall
-from bat_gym.rubrics.checks import run_check
-from bat_gym.rubrics.context import CheckContext, TaskOracle
-from bat_gym.rubrics.reward import RubricReward
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.sandbox.snapshot import BlobStore
+from bat_gym.rubrics.contract.checks import run_check
+from bat_gym.rubrics.contract.context import CheckContext, TaskOracle
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 from .conftest import HERMES, play
 

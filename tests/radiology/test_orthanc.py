@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.service import capture_service, put_service_blobs, restore_service
 from bat_gym.envs.radiology.orthanc import INSTALL, OrthancMissing, OrthancServer, find_orthanc
 from bat_gym.envs.radiology.service import OrthancService
 from bat_gym.envs.radiology.studies import make_patient, render_patient
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.service import capture_service, put_service_blobs, restore_service
 
 
 def test_a_missing_binary_names_the_install_command(monkeypatch):

@@ -17,7 +17,7 @@ from row_checks import LATER, RECEIPTS, play_teacher, repair_record, row_reward
 from bat_gym.bank import build_bank
 from bat_gym.envs.radiology import sandbox_code, teacher
 from bat_gym.policies.scripted import ScriptedPolicy
-from bat_gym.rubrics.reference import reference_workspace
+from bat_gym.rubrics.verifier.reference import reference_workspace
 
 pytestmark = pytest.mark.usefixtures("orthanc")
 

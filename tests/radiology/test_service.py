@@ -8,12 +8,12 @@ import json
 import pytest
 
 from bat_gym.bank.states import MemoryStates, initial_state
+from bat_gym.core.protocol import ToolCall, get_protocol
+from bat_gym.core.sandbox.snapshot import BlobStore
+from bat_gym.core.service import ServiceLimits, ServiceStateTooLarge, capture_service
 from bat_gym.env import StageEnv
 from bat_gym.envs.radiology import Radiology
 from bat_gym.envs.radiology.service import OrthancService
-from bat_gym.protocol import ToolCall, get_protocol
-from bat_gym.sandbox.snapshot import BlobStore
-from bat_gym.service import ServiceLimits, ServiceStateTooLarge, capture_service
 
 HERMES = get_protocol("hermes")
 

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 from bat_gym.benchmark import Tolerance
+from bat_gym.core.record import ExecutionRecord
+from bat_gym.core.sandbox.snapshot import BlobStore
 from bat_gym.envs.radiology import agreement, sandbox_code, suite
-from bat_gym.record import ExecutionRecord
-from bat_gym.rubrics.checks import run_check
-from bat_gym.rubrics.context import CheckContext
-from bat_gym.rubrics.contract import ContractLibrary
-from bat_gym.rubrics.reference import task_oracle
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.sandbox.snapshot import BlobStore
+from bat_gym.rubrics.contract.checks import run_check
+from bat_gym.rubrics.contract.context import CheckContext
+from bat_gym.rubrics.contract.model import ContractLibrary
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
+from bat_gym.rubrics.verifier.reference import task_oracle
 
 # (track, task seed): both tiers of both tracks; odd seeds are the hard tier.
 CELLS = [(t, s) for t in ("lesion_growth", "nodule_dx") for s in (0, 1)]
@@ -160,7 +160,7 @@ def test_an_unchecked_pilot_earns_nothing_and_the_teacher_wins_every_row(orthanc
     # with no check, and a submission not linked to S4's predictions, earn at most the
     # naive baseline; the teacher earns everything, its check confirmed on a risky
     # patient, its earlier files unchanged, nothing to repair, its stages linked.
-    from bat_gym.audit_reward import audit_reward
+    from bat_gym.audits.reward import audit_reward
 
     report = audit_reward(
         radiology,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bat_gym.errors import BatGymError
+from bat_gym.core.errors import BatGymError
 from bat_gym.rollout import SandboxRestarted, Step, run_episode, sandbox_restarted, step
 
 

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from bat_gym.errors import ConfigError, EnvLost, SandboxCrashed
+from bat_gym.core.errors import ConfigError, EnvLost, SandboxCrashed
 from bat_gym.policies import PolicyError
 from bat_gym.rollout import Runner, SandboxRestarted
 

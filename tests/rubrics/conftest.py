@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from bat_gym.core.record import ExecutionRecord, ToolCallRecord
+from bat_gym.core.sandbox.snapshot import BlobStore
 from bat_gym.envs.skill_ladder.tasks import label_accuracy
-from bat_gym.record import ExecutionRecord, ToolCallRecord
-from bat_gym.rubrics.context import CheckContext, TaskOracle
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.sandbox.snapshot import BlobStore
+from bat_gym.rubrics.contract.context import CheckContext, TaskOracle
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 CASES = ["case001", "case002", "case003"]
 LABELS = {"case001": 1, "case002": 0, "case003": 1}

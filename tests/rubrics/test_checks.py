@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-from bat_gym.errors import CheckNotFound
-from bat_gym.rubrics.checks import check_names, get_check, register_check, run_check
-from bat_gym.rubrics.context import CheckContext, CheckResult, Evidence
-from bat_gym.rubrics.workspace import MAX_READ_BYTES, FrozenWorkspace
-from bat_gym.sandbox.snapshot import Entry, Snapshot
+from bat_gym.core.errors import CheckNotFound
+from bat_gym.core.sandbox.snapshot import Entry, Snapshot
+from bat_gym.rubrics.contract.checks import check_names, get_check, register_check, run_check
+from bat_gym.rubrics.contract.context import CheckContext, CheckResult, Evidence
+from bat_gym.rubrics.contract.workspace import MAX_READ_BYTES, FrozenWorkspace
 
 from .conftest import CASES, LABELS, START, call
 
@@ -448,12 +448,12 @@ def test_a_missing_blob_is_an_infrastructure_null_not_a_failure(make_ctx, store)
 def test_a_check_declared_evidence_free_earns_full_credit_and_refuses_required_evidence(
     make_ctx,
 ):
-    from bat_gym.errors import SpecError
-    from bat_gym.rubrics.checks import check_evidence, register_check
-    from bat_gym.rubrics.context import CheckResult
-    from bat_gym.rubrics.contract import RubricContract
-    from bat_gym.rubrics.verifier import verify
-    from bat_gym.spec import load_model
+    from bat_gym.core.errors import SpecError
+    from bat_gym.core.spec import load_model
+    from bat_gym.rubrics.contract.checks import check_evidence, register_check
+    from bat_gym.rubrics.contract.context import CheckResult
+    from bat_gym.rubrics.contract.model import RubricContract
+    from bat_gym.rubrics.verifier.verdict import verify
 
     @register_check("metric_positive_for_test", evidence="none")
     def metric_positive(ctx):

@@ -3,9 +3,14 @@ import textwrap
 import pytest
 import yaml
 
-from bat_gym.errors import ContractNotFound, RubricContractError, SpecError
-from bat_gym.rubrics.contract import REFERENCE_DIR, ContractLibrary, RubricContract, load_contract
-from bat_gym.spec import ContractRef
+from bat_gym.core.errors import ContractNotFound, RubricContractError, SpecError
+from bat_gym.core.spec import ContractRef
+from bat_gym.rubrics.contract.model import (
+    REFERENCE_DIR,
+    ContractLibrary,
+    RubricContract,
+    load_contract,
+)
 
 MINIMAL = {
     "id": "mine",
@@ -153,7 +158,7 @@ def test_item_errors_name_the_item_index_and_field(tmp_path, item, where, what):
 )
 def test_contract_level_problems_are_explained(update, what):
     with pytest.raises(SpecError, match="problem") as exc:
-        from bat_gym.spec import load_model
+        from bat_gym.core.spec import load_model
 
         load_model(RubricContract, {**MINIMAL, **update})
     assert what in str(exc.value)

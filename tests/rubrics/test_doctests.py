@@ -7,10 +7,10 @@ import pytest
 @pytest.mark.parametrize(
     "name",
     [
-        "bat_gym.rubrics.scoring",
-        "bat_gym.rubrics.workspace",
-        "bat_gym.rubrics.reading",
-        "bat_gym.rubrics.invocation",
+        "bat_gym.rubrics.verifier.scoring",
+        "bat_gym.rubrics.contract.workspace",
+        "bat_gym.rubrics.verifier.reading",
+        "bat_gym.rubrics.verifier.invocation",
     ],
 )
 def test_docstring_examples_run(name):

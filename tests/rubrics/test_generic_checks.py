@@ -7,16 +7,16 @@ from dataclasses import replace
 
 import pytest
 
+from bat_gym.core.errors import PluginError, RubricContractError
+from bat_gym.core.record import ProgramRun
+from bat_gym.core.spec import ContractRef
 from bat_gym.envs.skill_ladder.tasks import label_accuracy
 from bat_gym.envs.toy_pipeline.suite import SPEC
-from bat_gym.errors import PluginError, RubricContractError
-from bat_gym.record import ProgramRun
-from bat_gym.rubrics.checks import run_check
-from bat_gym.rubrics.context import Evidence, TaskOracle
-from bat_gym.rubrics.contract import ContractLibrary
-from bat_gym.rubrics.invocation import runs_script
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.spec import ContractRef
+from bat_gym.rubrics.contract.checks import run_check
+from bat_gym.rubrics.contract.context import Evidence, TaskOracle
+from bat_gym.rubrics.contract.model import ContractLibrary
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
+from bat_gym.rubrics.verifier.invocation import runs_script
 
 from .conftest import CASES, LABELS, START, call
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 import pytest
 
 from bat_gym.policies.base import Policy, PolicyError, PolicyOutput, PolicyRequest
-from bat_gym.rubrics.checks import run_check
-from bat_gym.rubrics.context import TaskOracle
-from bat_gym.rubrics.judge import judge_prompt, parse_verdict
+from bat_gym.rubrics.contract.checks import run_check
+from bat_gym.rubrics.contract.context import TaskOracle
+from bat_gym.rubrics.verifier.judge import judge_prompt, parse_verdict
 
 ARGS = {
     "path": "plan/plan.md",

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from bat_gym.core.protocol import get_protocol
 from bat_gym.env import StageEnv
-from bat_gym.protocol import get_protocol
-from bat_gym.rubrics.reward import RubricReward
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "done"}}</tool_call>'
 

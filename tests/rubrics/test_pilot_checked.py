@@ -7,10 +7,10 @@ import pytest
 
 from bat_gym.benchmark import PilotFigure
 from bat_gym.envs.skill_ladder.tasks import label_accuracy
-from bat_gym.rubrics.checks import run_check
-from bat_gym.rubrics.context import CheckContext, TaskOracle
-from bat_gym.rubrics.contract import ContractLibrary
-from bat_gym.rubrics.verifier import verify
+from bat_gym.rubrics.contract.checks import run_check
+from bat_gym.rubrics.contract.context import CheckContext, TaskOracle
+from bat_gym.rubrics.contract.model import ContractLibrary
+from bat_gym.rubrics.verifier.verdict import verify
 
 from .conftest import LABELS, START, call
 

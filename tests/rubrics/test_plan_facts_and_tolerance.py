@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from bat_gym.benchmark import PlanFact, Tolerance
-from bat_gym.record import ExecutionRecord
-from bat_gym.rubrics.checks import run_check
-from bat_gym.rubrics.context import CheckContext, TaskOracle
-from bat_gym.rubrics.workspace import FrozenWorkspace
+from bat_gym.core.record import ExecutionRecord
+from bat_gym.rubrics.contract.checks import run_check
+from bat_gym.rubrics.contract.context import CheckContext, TaskOracle
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 from .conftest import START
 

@@ -7,11 +7,11 @@ import json
 import gymnasium as gym
 import pytest
 
-from bat_gym.protocol import get_protocol
-from bat_gym.rubrics.checks import run_check
-from bat_gym.rubrics.context import CheckContext, TaskOracle
-from bat_gym.rubrics.reference import reference_workspace
-from bat_gym.rubrics.workspace import FrozenWorkspace
+from bat_gym.core.protocol import get_protocol
+from bat_gym.rubrics.contract.checks import run_check
+from bat_gym.rubrics.contract.context import CheckContext, TaskOracle
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
+from bat_gym.rubrics.verifier.reference import reference_workspace
 
 from .conftest import START, call
 
@@ -57,7 +57,7 @@ def ctx_for(store):
 
 
 def _record():
-    from bat_gym.record import ExecutionRecord
+    from bat_gym.core.record import ExecutionRecord
 
     record = ExecutionRecord(start_digest="0" * 64)
     record.append(call(0, "python pipeline/infer.py outputs/predictions.csv"))
@@ -175,7 +175,7 @@ def test_another_interpreter_or_numpy_does_not_reuse_the_reference_run(toy, monk
     import importlib.metadata
     import platform
 
-    from bat_gym.rubrics import reference
+    from bat_gym.rubrics.verifier import reference
 
     task = toy.make_task(toy.spec.tracks[0].name, toy.seeds("train")[0], "train")
     here = reference.reference_key(toy, task, "d" * 64)
@@ -224,7 +224,7 @@ def test_hand_written_predictions_with_a_real_receipt_earn_nothing_on_infer(toy,
 
 
 def _py(code):
-    from bat_gym.protocol import ToolCall
+    from bat_gym.core.protocol import ToolCall
 
     return ToolCall(name="execute_code", arguments={"language": "python", "code": code})
 
@@ -253,7 +253,7 @@ def test_the_teachers_own_run_on_the_pristine_task_is_adopted_as_the_reference(
     toy, tmp_path, monkeypatch
 ):
     from bat_gym.bank import build_bank
-    from bat_gym.rubrics import reference
+    from bat_gym.rubrics.verifier import reference
 
     monkeypatch.setenv("BAT_GYM_CACHE", str(tmp_path / "cache"))
     runs = []
@@ -280,7 +280,7 @@ def test_a_cell_naming_a_file_outside_the_workspace_or_a_directory_disagrees(ctx
 
 
 def _reproduce_in_child(queue):
-    from bat_gym.rubrics import reference
+    from bat_gym.rubrics.verifier import reference
 
     # What reproduce() keeps per reproduction: its result and its blob directory.
     tmp = reference._scratch_dir()
@@ -292,7 +292,7 @@ def test_a_multiprocessing_child_deletes_its_reproductions_and_not_its_parents(t
     import multiprocessing
     import os
 
-    from bat_gym.rubrics import reference
+    from bat_gym.rubrics.verifier import reference
 
     # A pool worker or an env subprocess leaves through os._exit, which skips atexit.
     parents = tmp_path / "parents-reproduction"
@@ -317,9 +317,9 @@ def test_a_teacher_run_with_an_unattributed_change_is_not_adopted_as_the_referen
     toy, toy_bank, tmp_path, monkeypatch
 ):
     """Unattributed paths are removed before scoring: such a run is missing files."""
-    from bat_gym.protocol import get_protocol
-    from bat_gym.rubrics import reference
-    from bat_gym.rubrics.reward import make_env
+    from bat_gym.core.protocol import get_protocol
+    from bat_gym.rubrics.verifier import reference
+    from bat_gym.rubrics.verifier.reward import make_env
 
     monkeypatch.setenv("BAT_GYM_CACHE", str(tmp_path / "cache"))
     runs = []
@@ -349,7 +349,7 @@ def test_what_a_benchmark_omits_from_reproductions_is_not_seen_and_costs_no_run(
 ):
     # MedBench-Lite's reproduction deletes validation/ before it runs: a stage that only
     # adds notes there must reuse the earlier stage's run, not pay for another one.
-    from bat_gym.rubrics import reference
+    from bat_gym.rubrics.verifier import reference
 
     monkeypatch.setenv("BAT_GYM_CACHE", str(tmp_path / "cache"))
     task = toy.make_task(toy.spec.tracks[0].name, toy.seeds("train")[0], "train")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from bat_gym.rubrics.checks import run_check
+from bat_gym.rubrics.contract.checks import run_check
 
 from .conftest import START
 

@@ -4,11 +4,11 @@ import gymnasium as gym
 import pytest
 
 from bat_gym.catalog import STAGE_ENV_NAMES
+from bat_gym.core.errors import RubricContractError
+from bat_gym.core.protocol import ToolCall, get_protocol
 from bat_gym.env import StageEnv
-from bat_gym.errors import RubricContractError
-from bat_gym.protocol import ToolCall, get_protocol
-from bat_gym.rubrics.contract import REFERENCE_DIR, ContractLibrary
-from bat_gym.rubrics.reward import RubricReward
+from bat_gym.rubrics.contract.model import REFERENCE_DIR, ContractLibrary
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 HERMES = get_protocol("hermes")
 LIB = ContractLibrary.reference()
@@ -168,9 +168,9 @@ def test_an_edited_copy_of_the_contract_in_the_workspace_changes_nothing(toy_ban
     )
     original = (REFERENCE_DIR / "s5_submit.yaml").read_text()
     code = (
-        "mkdir -p rubrics/contracts .bat_gym\n"
-        f"cat > rubrics/contracts/s5_submit.yaml <<'EOF'\n{lenient}EOF\n"
-        "cp rubrics/contracts/s5_submit.yaml contract.yaml\n"
+        "mkdir -p rubrics/contract .bat_gym\n"
+        f"cat > rubrics/contract/s5_submit.yaml <<'EOF'\n{lenient}EOF\n"
+        "cp rubrics/contract/s5_submit.yaml contract.yaml\n"
         f"cat > .bat_gym/s5_submit.yaml <<'EOF'\n{original.replace('coverage: all', 'coverage: subset')}EOF"
     )
     rewards, info = play(make("Submit"), [bash(code), FINISH], toy_bank.select(focus="S5")[0])

@@ -3,7 +3,7 @@
 import pytest
 
 from bat_gym.envs.toy_pipeline.suite import SPEC
-from bat_gym.rubrics.scoring import (
+from bat_gym.rubrics.verifier.scoring import (
     agentic_score,
     aggregate,
     e2e_reward,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bat_gym.rubrics.workspace import FrozenWorkspace
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from bat_gym.envs.toy_pipeline.suite import SPEC
-from bat_gym.rubrics.contract import ContractLibrary, RubricContract
-from bat_gym.rubrics.verifier import Verdict, verify
+from bat_gym.rubrics.contract.model import ContractLibrary, RubricContract
+from bat_gym.rubrics.verifier.verdict import Verdict, verify
 
 from .conftest import LABELS, START, call
 
@@ -295,7 +295,7 @@ def test_a_verdict_is_plain_data(e2e):
 
 
 def test_an_infrastructure_fault_in_the_task_metric_makes_the_e2e_verdict_null(e2e):
-    from bat_gym.errors import SnapshotNotFound
+    from bat_gym.core.errors import SnapshotNotFound
 
     def lost_blob(ws):
         raise SnapshotNotFound("blob gone")

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from bat_gym.errors import SandboxError, SandboxUnavailable
-from bat_gym.sandbox import cgroups
-from bat_gym.sandbox.cgroups import CapSupport, SandboxCgroup, detect_caps, join, require_caps
+from bat_gym.core.errors import SandboxError, SandboxUnavailable
+from bat_gym.core.sandbox import cgroups
+from bat_gym.core.sandbox.cgroups import CapSupport, SandboxCgroup, detect_caps, join, require_caps
 
 # Outside the range slots.py leases, so the child cannot eat into a live sandbox's
 # RLIMIT_NPROC.

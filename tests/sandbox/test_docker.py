@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from bat_gym.errors import SandboxCrashed
-from bat_gym.sandbox import SandboxLimits, WorkspaceIndex, make_sandbox
+from bat_gym.core.errors import SandboxCrashed
+from bat_gym.core.sandbox import SandboxLimits, WorkspaceIndex, make_sandbox
 
 pytestmark = pytest.mark.docker
 

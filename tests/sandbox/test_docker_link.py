@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from bat_gym.sandbox import _supervisor, trees
-from bat_gym.sandbox._supervisor_link import SupervisorLink, make_pipes
+from bat_gym.core.sandbox import _supervisor, trees
+from bat_gym.core.sandbox._supervisor_link import SupervisorLink, make_pipes
 
 TIMEOUT_S = 10.0
 

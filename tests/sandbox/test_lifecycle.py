@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from bat_gym.errors import SandboxUnavailable
-from bat_gym.sandbox import SandboxLimits, make_sandbox
-from bat_gym.sandbox.base import Isolation, Sandbox
-from bat_gym.sandbox.local import detect_isolation
-from bat_gym.sandbox.slots import sweep_stale
+from bat_gym.core.errors import SandboxUnavailable
+from bat_gym.core.sandbox import SandboxLimits, make_sandbox
+from bat_gym.core.sandbox.base import Isolation, Sandbox
+from bat_gym.core.sandbox.local import detect_isolation
+from bat_gym.core.sandbox.slots import sweep_stale
 
 LIMITS = SandboxLimits(timeout_s=20)
 # Background jobs left by a call are killed when it returns where the sandbox is capped;
@@ -127,7 +127,7 @@ def test_killed_owner_leaves_no_process_and_its_slot_is_swept(runtime: Path) -> 
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from bat_gym.sandbox import make_sandbox\n"
+            "from bat_gym.core.sandbox import make_sandbox\n"
             "sb = make_sandbox('local')\n"
             f"r = sb.execute_code('bash', {BACKGROUND!r} + 'readlink /proc/self/ns/pid')\n"
             "print(r.output.split()[-1], sb.workspace.parent, flush=True)\n"
@@ -285,7 +285,7 @@ def test_unknown_isolation_is_a_value_error(runtime: Path) -> None:
 def test_unisolated_fallback_needs_an_explicit_opt_in(
     runtime: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bat_gym.sandbox import local
+    from bat_gym.core.sandbox import local
 
     monkeypatch.setattr(local, "detect_isolation", lambda: (Isolation.NONE, "no bwrap binary"))
     monkeypatch.delenv("BAT_GYM_ALLOW_UNISOLATED", raising=False)

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 import bat_gym
-from bat_gym.sandbox import SandboxLimits, make_sandbox
-from bat_gym.sandbox.base import Isolation, Sandbox
-from bat_gym.sandbox.local import detect_isolation
+from bat_gym.core.sandbox import SandboxLimits, make_sandbox
+from bat_gym.core.sandbox.base import Isolation, Sandbox
+from bat_gym.core.sandbox.local import detect_isolation
 
 LIMITS = SandboxLimits(timeout_s=3, memory_mb=256, max_processes=32, record_output_bytes=4096)
 

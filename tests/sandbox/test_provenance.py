@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from bat_gym.sandbox import Sandbox, SandboxLimits, make_sandbox
-from bat_gym.sandbox.exec_trace import MAX_ARGV_BYTES, MAX_RUNS
+from bat_gym.core.sandbox import Sandbox, SandboxLimits, make_sandbox
+from bat_gym.core.sandbox.exec_trace import MAX_ARGV_BYTES, MAX_RUNS
 
 LIMITS = SandboxLimits(timeout_s=30)
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bat_gym.sandbox import SandboxLimits, make_sandbox
-from bat_gym.sandbox.base import Isolation, Sandbox
-from bat_gym.sandbox.local import detect_isolation
+from bat_gym.core.sandbox import SandboxLimits, make_sandbox
+from bat_gym.core.sandbox.base import Isolation, Sandbox
+from bat_gym.core.sandbox.local import detect_isolation
 
 LIMITS = SandboxLimits(timeout_s=5, memory_mb=512, max_processes=32, record_output_bytes=8192)
 

@@ -15,11 +15,11 @@ import pytest
 
 from bat_gym.benchmark import Benchmark
 from bat_gym.catalog import get_benchmark, installed_requirements
-from bat_gym.errors import BatGymError, SandboxUnavailable
-from bat_gym.sandbox import make_sandbox
-from bat_gym.sandbox import requirements as req_module
-from bat_gym.sandbox.docker_image import DEFAULT_TAG, PACKAGES, image_contents
-from bat_gym.sandbox.requirements import DEFAULT_REQUIREMENTS, SandboxRequirements
+from bat_gym.core.errors import BatGymError, SandboxUnavailable
+from bat_gym.core.sandbox import make_sandbox
+from bat_gym.core.sandbox import requirements as req_module
+from bat_gym.core.sandbox.docker_image import DEFAULT_TAG, PACKAGES, image_contents
+from bat_gym.core.sandbox.requirements import DEFAULT_REQUIREMENTS, SandboxRequirements
 
 MISSING = SandboxRequirements(
     modules=("numpy", "bat_gym_no_such_module"), pip=("numpy", "bat-gym-no-such-dist>=1")
@@ -200,7 +200,7 @@ def engine(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def _image(engine: Any, requirements: SandboxRequirements | None) -> str:
-    from bat_gym.sandbox.docker_image import ensure_image
+    from bat_gym.core.sandbox.docker_image import ensure_image
 
     try:
         return ensure_image(requirements, client=engine)
@@ -232,7 +232,7 @@ def test_the_docker_image_has_what_medbench_lite_imports(engine: Any) -> None:
 def test_an_image_with_more_packages_is_reused_rather_than_built(
     engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bat_gym.sandbox import docker_image
+    from bat_gym.core.sandbox import docker_image
 
     med = _image(engine, get_benchmark("medbench_lite").sandbox_requirements())
 
@@ -260,7 +260,7 @@ def test_docker_refuses_an_image_that_cannot_import_and_names_the_fix(engine: An
 def test_docker_refuses_when_the_image_it_needs_cannot_be_built(
     engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    from bat_gym.sandbox import docker_image
+    from bat_gym.core.sandbox import docker_image
 
     def no_build(dest: Any, contents: Any = None) -> Any:
         raise SandboxUnavailable("docker", "building the base image needs root (debootstrap)")

@@ -20,13 +20,13 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
+from bat_gym.audits.exploits import make_exploit
+from bat_gym.core.sandbox import SandboxLimits, make_sandbox
+from bat_gym.core.sandbox.base import Isolation, Sandbox
+from bat_gym.core.sandbox.local import detect_isolation
+from bat_gym.core.sandbox.snapshot import BlobStore, WorkspaceIndex
 from bat_gym.evaluation.harness import play_episode
-from bat_gym.exploits import make_exploit
 from bat_gym.policies import ScriptedPolicy
-from bat_gym.sandbox import SandboxLimits, make_sandbox
-from bat_gym.sandbox.base import Isolation, Sandbox
-from bat_gym.sandbox.local import detect_isolation
-from bat_gym.sandbox.snapshot import BlobStore, WorkspaceIndex
 
 LIMITS = SandboxLimits(timeout_s=10, memory_mb=512, max_processes=64, record_output_bytes=8192)
 _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS = 0x80086601, 0x40086602

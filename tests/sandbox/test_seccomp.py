@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from bat_gym.sandbox import SandboxLimits, make_sandbox
-from bat_gym.sandbox.base import Isolation, Sandbox
-from bat_gym.sandbox.local import detect_isolation
-from bat_gym.sandbox.seccomp import _AARCH64, _X86_64, DENIED_SYSCALLS, build_filter
+from bat_gym.core.sandbox import SandboxLimits, make_sandbox
+from bat_gym.core.sandbox.base import Isolation, Sandbox
+from bat_gym.core.sandbox.local import detect_isolation
+from bat_gym.core.sandbox.seccomp import _AARCH64, _X86_64, DENIED_SYSCALLS, build_filter
 
 ALLOW = 0x7FFF0000
 EPERM = 0x00050000 | errno.EPERM

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bat_gym.errors import SnapshotNotFound, UnsafeSnapshot, UnsafeWorkspace
-from bat_gym.sandbox import workspace_index
-from bat_gym.sandbox.snapshot import (
+from bat_gym.core.errors import SnapshotNotFound, UnsafeSnapshot, UnsafeWorkspace
+from bat_gym.core.sandbox import workspace_index
+from bat_gym.core.sandbox.snapshot import (
     BlobStore,
     Entry,
     Snapshot,
@@ -408,7 +408,7 @@ def test_snapshot_validation() -> None:
 
 
 def test_changed_paths_and_without_paths() -> None:
-    from bat_gym.sandbox.snapshot import Entry, Snapshot, changed_paths, without_paths
+    from bat_gym.core.sandbox.snapshot import Entry, Snapshot, changed_paths, without_paths
 
     def snap(*entries: Entry) -> Snapshot:
         return Snapshot.of(list(entries))

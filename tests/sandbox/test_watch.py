@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 
-from bat_gym.sandbox import watch
+from bat_gym.core.sandbox import watch
 
 
 def test_a_child_forked_while_a_thread_holds_the_shared_lock_can_still_watch(tmp_path):

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from bat_gym.bank import build_bank, load_trajectory
+from bat_gym.core.spec import E2E
 from bat_gym.policies import Policy, PolicyOutput, PolicyRequest, ScriptedPolicy
 from bat_gym.sft import sft_rows
-from bat_gym.spec import E2E
 
 
 class Stumbles(Policy):

@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from bat_gym.protocol import TOOLS, get_protocol  # noqa: E402
+from bat_gym.core.protocol import TOOLS, get_protocol  # noqa: E402
 from bat_gym.sft import (  # noqa: E402
     IGNORE_INDEX,
     SFTRejected,

@@ -11,13 +11,13 @@ from bat_gym.bank import build_bank, fit_history, task_states
 from bat_gym.bank.states import MemoryStates
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.catalog import get_benchmark, register_benchmark, unregister_benchmark
+from bat_gym.core.protocol import get_protocol
+from bat_gym.core.sandbox import BlobStore
+from bat_gym.core.spec import E2E
 from bat_gym.env import StageEnv
 from bat_gym.envs.skill_ladder import SkillLadder
-from bat_gym.protocol import get_protocol
-from bat_gym.rubrics.reward import RubricReward
-from bat_gym.rubrics.verifier import Verdict
-from bat_gym.sandbox import BlobStore
-from bat_gym.spec import E2E
+from bat_gym.rubrics.verifier.reward import RubricReward
+from bat_gym.rubrics.verifier.verdict import Verdict
 
 TRACKS = ("units", "cases", "codes")
 HELDOUT = 1_000_000  # the first held-out seed

@@ -5,9 +5,9 @@ import warnings
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from bat_gym.audit import audit_bank
+from bat_gym.audits.leakage import audit_bank
+from bat_gym.core.spec import E2E
 from bat_gym.env import StageEnv
-from bat_gym.spec import E2E
 
 from .conftest import TRACKS
 

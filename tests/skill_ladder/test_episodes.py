@@ -3,11 +3,11 @@
 import pytest
 
 from bat_gym.benchmark import TeacherTurn
+from bat_gym.core.spec import E2E
 from bat_gym.env import StageEnv
 from bat_gym.envs.skill_ladder.tasks import draw
 from bat_gym.envs.skill_ladder.teacher import PILOT, right_flag, sh
-from bat_gym.rubrics.reward import RubricReward
-from bat_gym.spec import E2E
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 from .conftest import HELDOUT, TRACKS, from_stage, heldout_states, play
 

@@ -13,13 +13,13 @@ import json
 
 import pytest
 
+from bat_gym.audits.exploits import ImportPathShadow, UnfrozenInputRewrite, UnlinkedResubmission
 from bat_gym.benchmark import TeacherTurn
 from bat_gym.catalog import get_benchmark, register_benchmark, unregister_benchmark
+from bat_gym.core.protocol import get_protocol
 from bat_gym.env import StageEnv
 from bat_gym.envs.skill_ladder.tasks import draw
-from bat_gym.exploits import ImportPathShadow, UnfrozenInputRewrite, UnlinkedResubmission
-from bat_gym.protocol import get_protocol
-from bat_gym.rubrics.reward import RubricReward
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 from . import conftest
 from .conftest import States, play
@@ -74,7 +74,7 @@ def _request(env):
 
 
 def sh(code: str) -> TeacherTurn:
-    from bat_gym.protocol import ToolCall
+    from bat_gym.core.protocol import ToolCall
 
     return TeacherTurn(
         "S4", "", (ToolCall(name="execute_code", arguments={"language": "bash", "code": code}),)
@@ -82,7 +82,7 @@ def sh(code: str) -> TeacherTurn:
 
 
 def done() -> TeacherTurn:
-    from bat_gym.protocol import ToolCall
+    from bat_gym.core.protocol import ToolCall
 
     return TeacherTurn("S4", "", (ToolCall(name="finish", arguments={"summary": "done"}),))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from row_checks import play_teacher, repair_record
 
-from bat_gym.rubrics.reference import reference_workspace
+from bat_gym.rubrics.verifier.reference import reference_workspace
 
 RECEIPTS = {"S4": "validation/s4_completion.json", "S5": "validation/s5_submission.json"}
 # New files of the row's stage and the later ones are their work, not a repair.

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from bat_gym.benchmark import TeacherTurn
+from bat_gym.core.protocol import ToolCall
 from bat_gym.env import StageEnv
-from bat_gym.protocol import ToolCall
-from bat_gym.rubrics.reward import RubricReward
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 from .conftest import HELDOUT, TRACKS, heldout_states, play
 

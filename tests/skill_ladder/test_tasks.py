@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
+from bat_gym.core.protocol import get_protocol
+from bat_gym.core.sandbox import BlobStore
 from bat_gym.envs.skill_ladder import pipe
 from bat_gym.envs.skill_ladder.tasks import draw, label_accuracy
-from bat_gym.protocol import get_protocol
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.sandbox import BlobStore
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 from .conftest import HELDOUT, TRACKS
 

@@ -17,7 +17,7 @@ from row_checks import LATER, RECEIPTS, play_teacher, repair_record, row_reward
 from bat_gym.bank import build_bank
 from bat_gym.envs.toy_pipeline import ToyPipeline, teacher
 from bat_gym.policies.scripted import ScriptedPolicy
-from bat_gym.rubrics.reference import reference_workspace
+from bat_gym.rubrics.verifier.reference import reference_workspace
 
 # The default training task of each track: the lookup task's codes carry the trap; the
 # threshold task's values are in centimetres already, so its trap changes no score.

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
+from bat_gym.core.sandbox import BlobStore
 from bat_gym.envs.toy_pipeline.suite import AGREEMENT, score_agreement
 from bat_gym.envs.toy_pipeline.teacher import MISTAKEN_PIPELINE, PIPELINE
-from bat_gym.rubrics.workspace import FrozenWorkspace
-from bat_gym.sandbox import BlobStore
+from bat_gym.rubrics.contract.workspace import FrozenWorkspace
 
 TRACKS = ("threshold", "lookup")
 SEEDS = range(1_000_000, 1_000_040)

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from bat_gym.errors import ConfigError  # noqa: E402
+from bat_gym.core.errors import ConfigError  # noqa: E402
 from bat_gym.rollout import EpisodeResult  # noqa: E402
 from bat_gym.trainers.async_rollouts import (  # noqa: E402
     AsyncRollouts,
@@ -58,7 +58,7 @@ def policy(tiny):
 def workers(cfg, pol, generate=None):
     import gymnasium as gym
 
-    from bat_gym.spec import Budgets
+    from bat_gym.core.spec import Budgets
 
     def make_env():
         budgets = Budgets(max_turns=cfg.max_turns)

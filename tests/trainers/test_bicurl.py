@@ -216,7 +216,7 @@ def test_the_loop_reads_nothing_of_an_evaluation_but_aggregates_json(toy_bank, t
 
 
 def test_the_loop_reports_its_rounds_to_the_progress_display(world, tmp_path):
-    from bat_gym import progress
+    from bat_gym.core import progress
 
     tasks = []
 
@@ -232,7 +232,7 @@ def test_the_loop_reports_its_rounds_to_the_progress_display(world, tmp_path):
 
 
 def test_the_state_file_keeps_its_keys_and_a_bad_one_is_refused_by_name(world, tmp_path):
-    from bat_gym.errors import BatGymError
+    from bat_gym.core.errors import BatGymError
 
     run_loop(cfg(tmp_path, rounds=1))
     path = tmp_path / "loop" / "loop_state.json"

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from bat_gym.errors import BatGymError, ConfigError  # noqa: E402
+from bat_gym.core.errors import BatGymError, ConfigError  # noqa: E402
 from bat_gym.trainers.checkpoints import (  # noqa: E402
     check_resumable,
     load_resume_state,

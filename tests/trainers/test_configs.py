@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 from bat_gym.settings import EnvSettings
 from bat_gym.trainers.configs import BiCuRLConfig, EvalRunConfig, GRPOConfig, SFTConfig
 

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from chat_templates import CHATML, qwen_model  # noqa: E402
 from corpus import project_text  # noqa: E402
 
-from bat_gym.errors import BatGymError, ConfigError  # noqa: E402
+from bat_gym.core.errors import BatGymError, ConfigError  # noqa: E402
 from bat_gym.rollout import EpisodeResult  # noqa: E402
 from bat_gym.trainers.grpo import GRPOConfig, train  # noqa: E402
 from bat_gym.trainers.grpo.batch import mask_overlong, shaped_reward  # noqa: E402

@@ -10,12 +10,12 @@ pytest.importorskip("transformers")
 from chat_templates import qwen_tokenizer  # noqa: E402
 from corpus import project_text
 
+from bat_gym.core.errors import EnvLost  # noqa: E402
+from bat_gym.core.protocol import get_protocol  # noqa: E402
 from bat_gym.env import StageEnv  # noqa: E402
-from bat_gym.errors import EnvLost  # noqa: E402
 from bat_gym.policies import EpisodeContext, PolicyRequest, make_policy  # noqa: E402
 from bat_gym.policies.local import TokenGeneration  # noqa: E402
-from bat_gym.protocol import get_protocol  # noqa: E402
-from bat_gym.rubrics.reward import RubricReward  # noqa: E402
+from bat_gym.rubrics.verifier.reward import RubricReward  # noqa: E402
 from bat_gym.trainers.rollout import LOST_ENV_ATTEMPTS, RolloutWorkers  # noqa: E402
 from bat_gym.trainers.tiny_model import build_tokenizer  # noqa: E402
 
@@ -290,8 +290,8 @@ def test_an_env_lost_on_every_attempt_fails_the_rollouts(toy, toy_bank, tokenize
 
 
 def test_keyed_episodes_draw_the_same_tokens_however_their_turns_interleave(toy, toy_bank, tiny):
+    from bat_gym.core.spec import Budgets
     from bat_gym.policies.transformers_policy import TransformersPolicy
-    from bat_gym.spec import Budgets
 
     state_id = toy_bank.select(focus="S1")[0]
     keys = [("test", i) for i in range(4)]

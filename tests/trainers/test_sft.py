@@ -14,8 +14,8 @@ pytest.importorskip("transformers")
 
 from corpus import project_text  # noqa: E402
 
-from bat_gym.errors import ConfigError  # noqa: E402
-from bat_gym.protocol import ToolCall  # noqa: E402
+from bat_gym.core.errors import ConfigError  # noqa: E402
+from bat_gym.core.protocol import ToolCall  # noqa: E402
 from bat_gym.sft import IGNORE_INDEX, SFTAction, SFTRow, export_sft, render_rows, sft_rows  # noqa: E402
 from bat_gym.trainers.schedule import lr_factor  # noqa: E402
 from bat_gym.trainers.sft import (  # noqa: E402

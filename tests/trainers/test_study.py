@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bat_gym.errors import BatGymError, ConfigError
+from bat_gym.core.errors import BatGymError, ConfigError
 from bat_gym.trainers.study.arms import ARMS, composition
 from bat_gym.trainers.study.config import ARM_NAMES, StudyConfig, load_study
 from bat_gym.trainers.study.units import Unit, UnitBusy, run_unit

@@ -13,11 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from bat_gym.bank.demonstrate import load_demonstration  # noqa: E402
-from bat_gym.completion import Completion  # noqa: E402
+from bat_gym.core.completion import Completion  # noqa: E402
+from bat_gym.core.protocol import get_protocol  # noqa: E402
 from bat_gym.env import StageEnv  # noqa: E402
-from bat_gym.protocol import get_protocol  # noqa: E402
 from bat_gym.rollout import EpisodeResult, run_episode  # noqa: E402
-from bat_gym.rubrics.reward import RubricReward  # noqa: E402
+from bat_gym.rubrics.verifier.reward import RubricReward  # noqa: E402
 from bat_gym.trainers.fsdp import Dist  # noqa: E402
 from bat_gym.trainers.grpo import GRPOConfig  # noqa: E402
 from bat_gym.trainers.grpo.batch import rollout_metrics, shaped_reward, train_batch  # noqa: E402

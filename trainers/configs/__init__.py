@@ -3,7 +3,7 @@
 Pydantic models that import no torch, so ``bat-gym --help`` and the command line's
 options (:mod:`bat_gym.trainers.config_options`, one option per field) read them
 directly. Each field's help is the docstring under it; a bad value raises
-:class:`~bat_gym.errors.ConfigError` naming the field and the fix.
+:class:`~bat_gym.core.errors.ConfigError` naming the field and the fix.
 """
 
 from __future__ import annotations

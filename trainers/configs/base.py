@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from bat_gym.errors import ConfigError
-from bat_gym.spec import first_problem
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.spec import first_problem
 
 __all__ = ["Aggregation", "PathText", "Precision", "RunConfig", "Schedule"]
 

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from bat_gym.errors import ConfigError
-from bat_gym.spec import first_problem
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.spec import first_problem
 from bat_gym.trainers.configs.base import PathText, RunConfig
 from bat_gym.trainers.configs.evaluation import EvalRunConfig
 from bat_gym.trainers.configs.grpo import GRPOConfig

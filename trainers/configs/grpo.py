@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.spec import first_problem
 from bat_gym.settings import EnvSettings
-from bat_gym.spec import first_problem
 from bat_gym.trainers.configs.base import Aggregation, PathText, Precision, RunConfig, Schedule
 
 __all__ = ["GRPOConfig"]

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import model_validator
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 from bat_gym.trainers.configs.base import PathText, Precision, RunConfig, Schedule
 
 __all__ = ["SFTConfig"]

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from bat_gym import progress
-from bat_gym.errors import ConfigError
+from bat_gym.core import progress
+from bat_gym.core.errors import ConfigError
 from bat_gym.rollout import EpisodeResult
 from bat_gym.trainers.activation_checkpointing import set_activation_checkpointing
 from bat_gym.trainers.async_rollouts import (

@@ -73,7 +73,7 @@ def report(
     folder: Annotated[Path, typer.Argument(help="A study folder (study run --out).")],
 ) -> None:
     """Rebuild results.json, results.md and the PNGs from a study's finished units."""
-    from bat_gym.errors import ConfigError
+    from bat_gym.core.errors import ConfigError
     from bat_gym.trainers.study.report import write_report
 
     if not (folder / "study.json").is_file():

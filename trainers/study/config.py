@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 from bat_gym.trainers.configs.base import RunConfig
 
 __all__ = ["ARM_NAMES", "ArmName", "StudyConfig", "load_study"]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bat_gym.files import write_atomic
+from bat_gym.core.files import write_atomic
 from bat_gym.trainers.study.arms import ARMS
 from bat_gym.trainers.study.plots import bar_chart, line_chart
 from bat_gym.trainers.study.units import DONE_FILE, METRICS_FILE

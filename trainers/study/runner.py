@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bat_gym.errors import ConfigError
-from bat_gym.files import write_atomic
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.files import write_atomic
 from bat_gym.trainers.study.arms import ARMS, composition, cpu_seconds, run_arm_unit
 from bat_gym.trainers.study.config import StudyConfig
 from bat_gym.trainers.study.units import Unit, UnitOutcome, run_unit

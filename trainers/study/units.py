@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from bat_gym.errors import BatGymError, ConfigError
-from bat_gym.files import write_atomic
+from bat_gym.core.errors import BatGymError, ConfigError
+from bat_gym.core.files import write_atomic
 
 __all__ = ["Unit", "UnitBusy", "UnitOutcome", "run_unit"]
 

@@ -9,16 +9,16 @@ does in-process, and Inspect's event loop is never blocked by a tool call.
 Two kinds of action step the env, each exactly one ``env.step``:
 
 * a tool call (:meth:`StageEpisode.call`): the action is that single call written in
-  the env's protocol (:meth:`ToolProtocol.render <bat_gym.protocol.ToolProtocol.render>`),
+  the env's protocol (:meth:`ToolProtocol.render <bat_gym.core.protocol.ToolProtocol.render>`),
   so the env parses, checks, budgets, runs and records it as it does a policy's turn;
 * an assistant message with no native tool call (:meth:`StageEpisode.message`): the
   message's text, as a text policy's turn. A call written in the protocol's text form
   runs; plain prose is the env's ``[tool call error]`` turn, as in-process.
 
 The step that ends the episode (``finish``, a budget) is scored by the rubric
-(:class:`~bat_gym.rubrics.reward.RubricReward`). An episode Inspect stops first (its
+(:class:`~bat_gym.rubrics.verifier.reward.RubricReward`). An episode Inspect stops first (its
 message, token or time limit) is scored as it stands by :meth:`StageEpisode.score`,
-as :class:`~bat_gym.rubrics.reward.TruncationVerdict` scores a cut episode.
+as :class:`~bat_gym.rubrics.verifier.reward.TruncationVerdict` scores a cut episode.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from bat_gym.errors import ConfigError
-from bat_gym.protocol import ToolCall
-from bat_gym.rubrics.reward import RubricReward
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.protocol import ToolCall
+from bat_gym.rubrics.verifier.reward import RubricReward
 
 if TYPE_CHECKING:
-    from bat_gym.rubrics.verifier import Verdict
+    from bat_gym.rubrics.verifier.verdict import Verdict
 
 __all__ = ["INSPECT_LIMIT", "StageEpisode", "StepReply"]
 
@@ -64,7 +64,7 @@ class StageEpisode:
     """One episode of a rubric-wrapped StageEnv from one state.
 
     Args:
-        env: a :class:`~bat_gym.rubrics.reward.RubricReward` around a
+        env: a :class:`~bat_gym.rubrics.verifier.reward.RubricReward` around a
             :class:`~bat_gym.env.StageEnv`.
         state_id: the state the episode starts from.
 
@@ -80,7 +80,7 @@ class StageEpisode:
         if not isinstance(env, RubricReward):
             raise ConfigError(
                 "StageEpisode scores with the rubric: expected a RubricReward around a "
-                f"StageEnv (bat_gym.rubrics.reward.make_env), got {type(env).__name__}"
+                f"StageEnv (bat_gym.rubrics.verifier.reward.make_env), got {type(env).__name__}"
             )
         self.env = env
         self.state_id = state_id

@@ -3,7 +3,7 @@
 Inspect asks a sandbox provider for one environment per sample
 (:meth:`SandboxEnvironment.sample_init`). This provider builds that sample's
 rubric-wrapped :class:`~bat_gym.env.StageEnv` (which makes its sandbox with
-:func:`bat_gym.sandbox.make_sandbox`: the benchmark's caps and requirements, the
+:func:`bat_gym.core.sandbox.make_sandbox`: the benchmark's caps and requirements, the
 execution record's provenance, private answers reachable only by tools that declare
 them) and resets it to the sample's state. Nothing reaches the workspace except
 through the env:
@@ -18,7 +18,7 @@ through the env:
   through ``execute_code``.
 
 The stage env's verifier does not run inside the sandbox: it freezes the workspace
-and verifies it from the host (:class:`~bat_gym.rubrics.reward.RubricReward`), so
+and verifies it from the host (:class:`~bat_gym.rubrics.verifier.reward.RubricReward`), so
 the Inspect scorer reads the verdict from the sample's episode
 (:attr:`StageSandbox.episode`).
 """
@@ -34,9 +34,9 @@ from typing import Any, Literal, overload
 from inspect_ai.util import ExecResult, SandboxEnvironment, sandboxenv
 from pydantic import BaseModel, ConfigDict, Field
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
+from bat_gym.core.spec import Budgets
 from bat_gym.integrations.inspect.episode import StageEpisode
-from bat_gym.spec import Budgets
 
 __all__ = ["SANDBOX_NAME", "StageSandbox", "StageSandboxConfig", "register_states"]
 
@@ -78,7 +78,7 @@ class StageSandboxConfig(BaseModel):
         None, description="An in-memory state source of this process (register_states)."
     )
     budgets: dict[str, Any] | None = Field(
-        None, description="Episode budgets (bat_gym.spec.Budgets); None: the benchmark's."
+        None, description="Episode budgets (bat_gym.core.spec.Budgets); None: the benchmark's."
     )
 
 
@@ -121,7 +121,7 @@ class StageSandbox(SandboxEnvironment):
         cls, task_name: str, config: Any, metadata: dict[str, str]
     ) -> dict[str, SandboxEnvironment]:
         """Make the sample's env and reset it to ``metadata["state_id"]``."""
-        from bat_gym.rubrics.reward import RubricReward, make_env
+        from bat_gym.rubrics.verifier.reward import RubricReward, make_env
 
         if not isinstance(config, StageSandboxConfig):
             raise ConfigError(

@@ -71,7 +71,7 @@ def rubric_scorer() -> Scorer:
     """Score the sample's episode with its stage's rubric contract (see the module)."""
 
     async def score(state: TaskState, target: Target) -> Score:
-        from bat_gym.rubrics.scoring import overall_score
+        from bat_gym.rubrics.verifier.scoring import overall_score
 
         episode = episode_of_sample()
         verdict = await episode.score()

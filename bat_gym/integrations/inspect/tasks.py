@@ -39,7 +39,7 @@ from inspect_ai.model import (
 )
 from inspect_ai.util import LimitExceededError, SandboxEnvironmentSpec
 
-from bat_gym.errors import ConfigError
+from bat_gym.core.errors import ConfigError
 from bat_gym.integrations.inspect.agent import play_stage
 from bat_gym.integrations.inspect.sandbox import SANDBOX_NAME, StageSandboxConfig, register_states
 from bat_gym.integrations.inspect.scorer import rubric_scorer
@@ -163,8 +163,8 @@ def heldout(
     """
     from bat_gym.bank import task_states
     from bat_gym.catalog import get_benchmark
+    from bat_gym.core.sandbox.snapshot import BlobStore
     from bat_gym.evaluation import EvalConfig, held_out_cells
-    from bat_gym.sandbox.snapshot import BlobStore
 
     bench = get_benchmark(benchmark)
     cfg = EvalConfig(repeats=repeats, tracks=() if track is None else (track,), progress=False)

@@ -29,7 +29,7 @@ sandbox (never imported here), so ruff lints them and a test compiles every one:
 
 The teacher's own stage scripts, the same for every track, are in ``stages/``: each a
 real file with slots (:func:`stage_script`) where a track's fragments and values go.
-The reading, the slots and the patches are :mod:`bat_gym.scripts`'s.
+The reading, the slots and the patches are :mod:`bat_gym.core.scripts`'s.
 
 The text is sent byte for byte (surrounding whitespace aside), so the teacher's
 transcripts and the states built from them do not depend on this layout.
@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from bat_gym.scripts import Source, fill_slots, replace_function, without_docstring
+from bat_gym.core.scripts import Source, fill_slots, replace_function, without_docstring
 
 __all__ = [
     "script",
@@ -76,7 +76,7 @@ def pipeline_variant(track: str, patch: str) -> str:
 
     Raises:
         PluginError: the patch defines no function or several, or one the pipeline
-            lacks (see :func:`bat_gym.scripts.replace_function`).
+            lacks (see :func:`bat_gym.core.scripts.replace_function`).
     """
     return replace_function(script(track, "pipeline"), script(track, patch), f"{track}/{patch}.py")
 
@@ -113,7 +113,7 @@ def stage_script(name: str, **slots: object) -> str:
     Args:
         name: the stage script's file name without ``.py`` (``s2_setup``, ...).
         **slots: code or value by slot key in lower case (see
-            :func:`bat_gym.scripts.fill_slots`).
+            :func:`bat_gym.core.scripts.fill_slots`).
 
     Raises:
         PluginError: a slot of the script is not given, or one given is not in it.

@@ -1,1 +1,0 @@
-"""The rubric contracts of the reference stages, as YAML data (loaded by ContractLibrary)."""

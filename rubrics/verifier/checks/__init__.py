@@ -1,0 +1,1 @@
+"""The built-in rubric checks, one module per kind of evidence."""
