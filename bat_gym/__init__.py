@@ -42,6 +42,8 @@ _EXPORTS = {
     "ToolCall": "bat_gym.core.protocol",
     "get_protocol": "bat_gym.core.protocol",
     "ExecutionRecord": "bat_gym.core.record",
+    # the root of every error bat_gym raises
+    "BatGymError": "bat_gym.core.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]
