@@ -1,5 +1,8 @@
 """Rubric contracts as versioned data, the checks they name, and the verifier.
 
+Two layers, one subpackage each: :mod:`bat_gym.rubrics.contract`, the vocabulary a
+Benchmark speaks (beneath ``bat_gym.benchmark``), and :mod:`bat_gym.rubrics.verifier`,
+which scores episodes and wraps a StageEnv as the rubric reward (above ``bat_gym.env``).
 ``import bat_gym.rubrics`` is light: names load on first use.
 """
 
