@@ -6,8 +6,7 @@ names below lazily, so torch and the sandboxes load only when used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from bat_gym.core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -48,15 +47,7 @@ _EXPORTS = {
 
 __all__ = ["__version__", *_EXPORTS]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'bat_gym' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, also=["__version__"])
 
 
 def _register() -> None:

@@ -8,8 +8,7 @@ which scores episodes and wraps a StageEnv as the rubric reward (above ``bat_gym
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from bat_gym.core.lazy import lazy_exports
 
 _EXPORTS = {
     # contracts
@@ -43,12 +42,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'bat_gym.rubrics' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -21,8 +21,7 @@ Importing this package imports no trainer framework; each submodule imports its 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from bat_gym.core.lazy import lazy_exports
 
 __all__ = ["make_env", "state_rows"]
 
@@ -31,12 +30,4 @@ _EXPORTS = {
     "state_rows": "bat_gym.integrations._states",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'bat_gym.integrations' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

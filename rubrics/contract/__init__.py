@@ -10,8 +10,7 @@ import ContractLibrary``).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from bat_gym.core.lazy import lazy_exports
 
 _EXPORTS = {
     "GateName": "bat_gym.rubrics.contract.model",
@@ -26,12 +25,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'bat_gym.rubrics.contract' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

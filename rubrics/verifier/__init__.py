@@ -9,8 +9,7 @@ verify``).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from bat_gym.core.lazy import lazy_exports
 
 _EXPORTS = {
     "RejectionCategory": "bat_gym.rubrics.verifier.verdict",
@@ -25,12 +24,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'bat_gym.rubrics.verifier' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
