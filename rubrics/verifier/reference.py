@@ -33,7 +33,6 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import multiprocessing.util
 import os
 import platform
 import posixpath
@@ -49,6 +48,7 @@ from bat_gym.core.errors import WorkspaceRejected
 from bat_gym.core.files import cache_dir, write_atomic
 from bat_gym.core.sandbox import BlobStore, Entry, Snapshot, WorkspaceIndex, make_sandbox
 from bat_gym.core.sandbox.requirements import SandboxRequirements
+from bat_gym.core.scratch import scratch_dir
 from bat_gym.core.spec import Task
 from bat_gym.rubrics.contract.context import TaskOracle
 from bat_gym.rubrics.contract.workspace import FrozenWorkspace, path_matches
@@ -282,29 +282,6 @@ _REPRO_MAX = 4  # reproductions kept (each with its blobs in a temporary directo
 _REPRO: dict[tuple[str, str, tuple[str, ...]], tuple[Reproduction | None, str]] = {}
 
 
-_CLEANS_UP: set[int] = set()  # the processes whose exit deletes their reproductions
-
-
-def _forget_reproductions() -> None:
-    """Delete this process's reproductions and their directories."""
-    for _, tmp in _REPRO.values():
-        shutil.rmtree(tmp, ignore_errors=True)
-    _REPRO.clear()
-
-
-def _scratch_dir() -> str:
-    """A new directory for one reproduction, deleted when this process exits.
-
-    Through multiprocessing's exit finalizers, not only atexit: a pool worker or an
-    env's subprocess leaves through ``os._exit``, which skips atexit. A multiprocessing
-    child drops the finalizers it inherits, so each process registers its own.
-    """
-    if os.getpid() not in _CLEANS_UP:
-        _CLEANS_UP.add(os.getpid())
-        multiprocessing.util.Finalize(None, _forget_reproductions, exitpriority=0)
-    return tempfile.mkdtemp(prefix="bat-gym-reproduce-")
-
-
 # A forked child inherits the table, but the directories are its parent's to delete.
 os.register_at_fork(after_in_child=_REPRO.clear)
 
@@ -442,7 +419,7 @@ def _reproduce(
     with _LOCK:
         if memo in _REPRO:
             return _REPRO[memo][0]  # type: ignore[return-value]
-    tmp = _scratch_dir()
+    tmp = scratch_dir("reproduce-")
     store = BlobStore(tmp)
     # The pristine files were stored once, with the task's reference: copy, not regenerate.
     known = _store(benchmark)

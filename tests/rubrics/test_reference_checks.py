@@ -280,10 +280,11 @@ def test_a_cell_naming_a_file_outside_the_workspace_or_a_directory_disagrees(ctx
 
 
 def _reproduce_in_child(queue):
+    from bat_gym.core.scratch import scratch_dir
     from bat_gym.rubrics.verifier import reference
 
     # What reproduce() keeps per reproduction: its result and its blob directory.
-    tmp = reference._scratch_dir()
+    tmp = scratch_dir("reproduce-")
     reference._REPRO[("task", "start", ("outputs/x",))] = (None, tmp)
     queue.put((tmp, sorted(t for _, t in reference._REPRO.values())))
 
