@@ -307,6 +307,28 @@ def test_a_micro_study_runs_caches_resumes_and_keeps_the_token_budget(tmp_path, 
     assert len(lines) == len(steps)  # no step was redone
 
 
+def test_more_seeds_from_the_command_line_extend_a_study_and_keep_its_units(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from bat_gym.cli import app
+    from bat_gym.trainers.study import runner
+
+    ran = []
+    monkeypatch.setattr(runner, "run_study", lambda study, out, on_unit: ran.append(study))
+    file = STUDIES / "skill_ladder.yaml"
+    result = CliRunner().invoke(
+        app, ["study", "run", str(file), "--quick", "--seeds", "5", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    (five,) = ran
+    assert five.seeds == 5 and five.seed_list == [0, 1, 2, 3, 4]
+    two = load_study(file, quick=True)
+    assert two.seeds == 2
+    # The seeds the two share are the same units: a finished one is reused, not redone.
+    for arm in two.arms:
+        assert runner._unit_settings(five, arm, 1) == runner._unit_settings(two, arm, 1)
+
+
 def test_bat_gym_view_shows_a_study_table(tmp_path):
     from bat_gym.trainers.study.report import write_report
     from bat_gym.viewer import Site

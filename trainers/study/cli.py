@@ -40,6 +40,15 @@ def run(
             help="A local checkpoint folder SFT starts from (overrides the file's base_model).",
         ),
     ] = None,
+    seeds: Annotated[
+        int | None,
+        typer.Option(
+            "--seeds",
+            min=1,
+            help="Seeds per arm (overrides the file's); more seeds into a study's folder "
+            "add units and keep the finished ones.",
+        ),
+    ] = None,
 ) -> Path:
     """Run (or resume) every arm x seed of a study, then write its report.
 
@@ -50,6 +59,8 @@ def run(
     study = load_study(study_file, quick=quick)
     if base_model is not None:
         study = study.model_copy(update={"base_model": str(base_model)})
+    if seeds is not None:
+        study = study.model_copy(update={"seeds": seeds})
     study.check_base_model()
     folder = out or Path("runs") / f"study-{study.name}{'-quick' if quick else ''}"
     # Child evaluations (BiCuRL's) read the thread setting from the environment.
