@@ -51,6 +51,9 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, also=["__version__"])
 
 
 def _register() -> None:
+    from bat_gym.core.moved import install
+
+    install()  # the module paths from before the folders by layer
     from bat_gym.catalog import register_envs
 
     register_envs()
