@@ -22,6 +22,35 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("BAT_GYM_CACHE", str(cache))
 
 
+# The files that take longest (about 20 to 110 s each on two cores), handed out first:
+# `--dist loadfile` gives whole files to the workers in collection order, and a long file
+# near the end leaves one worker running it alone while the other waits.
+_LONGEST_FIRST = (
+    "medbench_lite/test_heuristics.py",
+    "medbench_lite/test_rubrics.py",
+    "test_hostile.py",
+    "docs/test_new_benchmark.py",
+    "bank/test_default.py",
+    "bank/test_build.py",
+    "radiology/test_repair.py",
+    "test_exploits.py",
+    "sandbox/test_requirements.py",
+    "medbench_lite/test_pilots.py",
+    "medbench_lite/test_episodes.py",
+    "sandbox/test_docker.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+
+    def order(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+        return rank.get(path, len(rank))
+
+    items.sort(key=order)  # stable: every other file keeps its place
+
+
 # A service's skip: one of its fixture's, or a reason that names it. (Not every skip of a
 # test marked `docker` is: "one CPU: no affinity to narrow" is the machine's.)
 _SERVICES = {

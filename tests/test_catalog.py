@@ -115,8 +115,10 @@ def test_register_benchmark_in_process_and_env_var_default(monkeypatch, toy):
 
 
 def test_a_spawned_async_vector_env_of_four_steps():
+    # A spawned worker imports everything afresh and finds its benchmark by name.
     envs = gym.vector.AsyncVectorEnv(
-        [lambda: gym.make("bat/Validate-v0") for _ in range(4)], context="spawn"
+        [lambda: gym.make("bat/Validate-v0", benchmark="toy_pipeline") for _ in range(4)],
+        context="spawn",
     )
     try:
         obs, info = envs.reset(seed=0)
