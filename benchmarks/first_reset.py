@@ -32,6 +32,11 @@ Figures (issue 39, item 10; ``bat/Validate-v0``, seed 0, MedBench-Lite):
 * and (MedBench-Lite names its teacher's stages, ``Benchmark.teacher_stages``, so the
   plan generates no task): seed 0 9.7 -> 6.1 CPU s, seed 1 25.7 -> 21.7 CPU s, at load
   5.4 (wall times at that load, 15 s and 34 s, say little).
+* and (a reproduction starts without ``Benchmark.reproduction_omits``, so MedBench-Lite's
+  S3 notes cost no new run; a failure trajectory's E2E row waits until it is asked for;
+  its reference run plays beside it), on an idle two-core machine, ``--ids Validate
+  Plan --seeds 0 1 2 3``: Validate seed 0 8.7 -> 3.8 s, seed 1 21.5 -> 9.8 s; success
+  rows 3.4-3.8 s, other rows 3.7-13.2 s (enhancement's volumes the slowest), median 5.6 s.
 """
 
 from __future__ import annotations

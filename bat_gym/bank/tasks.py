@@ -11,6 +11,8 @@ caller in this process (a bank build journals it, :mod:`bat_gym.bank.build`).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -233,6 +235,10 @@ def _build_task(
         )
         played = {t.stage for t in turns}
         skipped = [s.id for s in bench.spec.stages if s.id not in played]
+    if scripted and (job.outcome or "success") != "success":
+        # Its verifier compares it with the reference run (a success trajectory is
+        # adopted as that run, this one is not): play that now, beside it.
+        _prefetch_reference(bench, task, builder.backend)
     states = [start]
     diverged: list[str] = []
 
@@ -323,6 +329,21 @@ def _build_task(
     if findings:
         record.update(gate_rejected=dict(gate_rejected), gate_findings=findings)
     return record
+
+
+def _prefetch_reference(bench: Benchmark, task: Any, backend: str) -> None:
+    """Start ``task``'s reference run in a thread: its sandbox works beside the caller's.
+
+    The verifier's own call then finds it done or waits for it (one run per task); a
+    failure here is left for that call to meet.
+    """
+    from bat_gym.rubrics.verifier.reference import reference_workspace
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            reference_workspace(bench, task, backend=backend)
+
+    threading.Thread(target=run, name="bat-reference-run", daemon=True).start()
 
 
 def demonstrate_pending(

@@ -68,8 +68,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
-_MEMO: dict[tuple[str, str], FrozenWorkspace | None] = {}
+_MEMO: dict[tuple[str, str, str], FrozenWorkspace | None] = {}
 _MEMO_MAX = 256
+_RUNNING: dict[tuple[str, str, str], threading.Lock] = {}  # the reference runs under way
 
 
 def _store(benchmark: Benchmark) -> BlobStore:
@@ -151,6 +152,25 @@ def reference_workspace(
     with _LOCK:
         if memo in _MEMO:
             return _MEMO[memo]
+        running = _RUNNING.setdefault(memo, threading.Lock())
+    # One run per task at a time: a caller that finds it under way waits for its result.
+    with running:
+        with _LOCK:
+            if memo in _MEMO:
+                return _MEMO[memo]
+        result = _reference_workspace(benchmark, task, store, backend)
+        with _LOCK:
+            if len(_MEMO) >= _MEMO_MAX:
+                _MEMO.pop(next(iter(_MEMO)))
+            _MEMO[memo] = result
+            _RUNNING.pop(memo, None)
+    return result
+
+
+def _reference_workspace(
+    benchmark: Benchmark, task: Task, store: BlobStore, backend: str
+) -> FrozenWorkspace | None:
+    """:func:`reference_workspace` uncached in this process: from the store, or run."""
     pristine = _pristine(benchmark, task, store)
     key = reference_key(benchmark, task, pristine.digest, backend)
     result: FrozenWorkspace | None = None
@@ -162,10 +182,6 @@ def reference_workspace(
             result = _run(benchmark, task, store, pristine, backend)
             if result is not None:
                 write_atomic(index, result.digest)
-    with _LOCK:
-        if len(_MEMO) >= _MEMO_MAX:
-            _MEMO.pop(next(iter(_MEMO)))
-        _MEMO[memo] = result
     return result
 
 

@@ -381,3 +381,33 @@ def test_what_a_benchmark_omits_from_reproductions_is_not_seen_and_costs_no_run(
     # Without the declaration the note is part of what the pipeline may read: a new run.
     ran = reference.reproduce(toy, task, noted, outputs)
     assert ran is not None and len(seen) == 1 and "notes/why.md" in seen[0]
+
+
+def test_callers_that_want_the_same_reference_run_share_one_run(toy, tmp_path, monkeypatch):
+    # A bank build plays a failure trajectory's reference run in a thread beside the
+    # trajectory, whose verifier then asks for it too: one run serves both.
+    import threading
+    import time
+
+    from bat_gym.rubrics.verifier import reference
+
+    monkeypatch.setenv("BAT_GYM_CACHE", str(tmp_path / "cache"))
+    task = toy.make_task(toy.spec.tracks[0].name, toy.seeds("train")[0], "train")
+    real, runs = reference._run, []
+
+    def slow_run(*args, **kwargs):
+        runs.append(1)
+        time.sleep(0.5)  # long enough for the second caller to arrive meanwhile
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reference, "_run", slow_run)
+    got = []
+    callers = [
+        threading.Thread(target=lambda: got.append(reference_workspace(toy, task)))
+        for _ in range(2)
+    ]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join(120)
+    assert len(runs) == 1 and len(got) == 2 and got[0] is got[1] is not None
