@@ -376,9 +376,12 @@ class DefaultStates:
         )
         builder.admission.prefetch()
         defer = None if wanted is None else (lambda state: state.state_id != wanted)
+        # A trajectory's score demonstrates its E2E row only: built for another row, a
+        # scripted recovery or failure trajectory goes unscored (its E2E row waits).
+        e2e_wanted = any(i == wanted and f == E2E for i, f in zip(t.ids, t.focuses, strict=True))
         try:
             with progress.task(what):
-                return builder.build(t.job, defer=defer)
+                return builder.build(t.job, defer=defer, score=wanted is None or e2e_wanted)
         finally:
             builder.close()
 

@@ -97,15 +97,20 @@ class Builder:
         self.admission = Admission(self.bench, self.store, self.backend, tracks=self.tracks)
 
     def build(
-        self, job: Job, *, defer: Callable[[StageState], bool] | None = None
+        self,
+        job: Job,
+        *,
+        defer: Callable[[StageState], bool] | None = None,
+        score: bool = True,
     ) -> dict[str, Any]:
         """One task's journal record.
 
         ``defer``: rows for which it is true are not demonstrated now; the record keeps
         them under ``pending`` for :func:`demonstrate_pending` (the default states
-        demonstrate a row when it is first asked for).
+        demonstrate a row when it is first asked for). ``score=False`` leaves a
+        scripted recovery or failure trajectory unscored (see :func:`_build_task`).
         """
-        return _build_task(self, job, self.admission, defer=defer)
+        return _build_task(self, job, self.admission, defer=defer, score=score)
 
     def close(self) -> None:
         """Release the admission gates' sandbox."""
@@ -193,6 +198,7 @@ def _build_task(
     admission: Admission,
     *,
     defer: Callable[[StageState], bool] | None = None,
+    score: bool = True,
 ) -> dict[str, Any]:
     """One task's journal record: its admitted rows, or the reason it was rejected.
 
@@ -201,6 +207,10 @@ def _build_task(
     ``defer`` picks (never the E2E row of a success trajectory, whose demonstration is
     the scored trajectory itself) pass the gates but are kept under ``pending``, not
     demonstrated.
+
+    A scripted recovery or failure trajectory is kept as labelled, so its score only
+    demonstrates its E2E row: with ``score=False`` (its E2E row deferred) it is not
+    scored, and that row is played when it is first asked for.
     """
     bench, store, protocol = builder.bench, builder.store, builder.protocol
     reduction = job.reduction
@@ -251,8 +261,9 @@ def _build_task(
         if builder.teacher is not None and expected.get(stage) != digest:
             diverged.append(stage)
 
-    # Every trajectory is scored: the verifier decides a success and labels a policy's
+    # A trajectory is scored: the verifier decides a success and labels a policy's
     # trajectory, and the verdict is the E2E row's demonstration (its own play).
+    score = score or not scripted or (job.outcome or "success") == "success"
     episode = play_turns(
         bench,
         start,
@@ -261,7 +272,7 @@ def _build_task(
         backend=builder.backend,
         protocol=protocol,
         on_boundary=boundary,
-        score=True,
+        score=score,
     )
     reason, reward = episode.reason, episode.reward
     if reason is None and diverged:

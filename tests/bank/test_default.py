@@ -309,6 +309,8 @@ def test_a_failure_trajectory_built_for_one_row_leaves_its_e2e_row_for_when_it_i
     # a whole episode, which waits until the row is wanted, like any other row.
     assert {c["state_id"] for c in record["candidates"]} == {s3}
     assert e2e in {r["state_id"] for r in record["pending"]}
+    # Kept as labelled, it is scored only to demonstrate that E2E row: not yet, then.
+    assert record["reward"] is None and record["verdict"] is None
     assert DefaultStates(toy).get(e2e).outcome == "failure"
     record = json.loads(path.read_text())
     assert e2e in {r["state_id"] for r in record["rows"]}
