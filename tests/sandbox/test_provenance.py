@@ -63,7 +63,10 @@ def test_python_calls_record_what_they_start(sb: Sandbox) -> None:
 
 
 def test_a_killed_leftover_records_its_signal(sb: Sandbox) -> None:
-    got = runs(sb, "sleep 30 &")
+    # The call waits (with builtins only, which run no program) until the leftover has
+    # become `sleep`: killed while still a fork of the shell, it would have run nothing.
+    wait_for_exec = "until read -r -d '' arg < /proc/$!/cmdline; [[ $arg == sleep ]]; do :; done"
+    got = runs(sb, f"sleep 30 & {wait_for_exec}")
     assert [(r.argv, r.exit_code) for r in got] == [(["sleep", "30"], -9)]
 
 
