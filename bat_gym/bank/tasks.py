@@ -215,6 +215,10 @@ def _build_task(
     bench, store, protocol = builder.bench, builder.store, builder.protocol
     reduction = job.reduction
     scripted = builder.teacher is None
+    outcome = job.outcome or "success"
+    # A scripted recovery or failure trajectory is kept as labelled: the verifier does not
+    # decide its label, and it is not the task's reference run.
+    kept_as_labelled = scripted and outcome != "success"
     try:
         start = initial_state(
             bench,
@@ -222,7 +226,7 @@ def _build_task(
             job.track,
             store,
             protocol,
-            outcome=job.outcome or "success",
+            outcome=outcome,
             reduction=reduction,
             teacher="scripted" if scripted else "policy",
         )
@@ -232,7 +236,7 @@ def _build_task(
     expected: dict[str, str] = {}
     skipped: list[str] = []
     if builder.teacher is None:
-        turns = scripted_turns(bench, task, job.outcome or "success", protocol)
+        turns = scripted_turns(bench, task, outcome, protocol)
     else:
         turns, expected, reason = policy_trajectory(
             bench, builder.teacher, start, store, backend=builder.backend, protocol=protocol
@@ -245,9 +249,9 @@ def _build_task(
         )
         played = {t.stage for t in turns}
         skipped = [s.id for s in bench.spec.stages if s.id not in played]
-    if scripted and (job.outcome or "success") != "success":
-        # Its verifier compares it with the reference run (a success trajectory is
-        # adopted as that run, this one is not): play that now, beside it.
+    if kept_as_labelled:
+        # What demonstrates its rows is compared with the reference run (a success
+        # trajectory is adopted as that run, this one is not): play that now, beside it.
         _prefetch_reference(bench, task, builder.backend)
     states = [start]
     diverged: list[str] = []
@@ -262,8 +266,8 @@ def _build_task(
             diverged.append(stage)
 
     # A trajectory is scored: the verifier decides a success and labels a policy's
-    # trajectory, and the verdict is the E2E row's demonstration (its own play).
-    score = score or not scripted or (job.outcome or "success") == "success"
+    # trajectory, and the verdict is the E2E row's demonstration (its own play). One
+    # kept as labelled needs it only for that row, which score=False defers.
     episode = play_turns(
         bench,
         start,
@@ -272,15 +276,15 @@ def _build_task(
         backend=builder.backend,
         protocol=protocol,
         on_boundary=boundary,
-        score=score,
+        score=score or not kept_as_labelled,
     )
     reason, reward = episode.reason, episode.reward
     if reason is None and diverged:
         reason = "replay differs from the policy's episode"
-    label = job.outcome or "success"
+    label = outcome
     # Only a reward below the absolute bar needs the (cached) reference run's figure.
     bar = SUCCESS_MIN_REWARD
-    decides = not scripted or label == "success"  # scripted recovery/failure: kept as labelled
+    decides = not kept_as_labelled
     if reason is None and decides and (reward or 0.0) < bar:
         bar = success_threshold(bench, task, builder.backend)
     if reason is None:

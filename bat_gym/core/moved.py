@@ -42,13 +42,11 @@ MOVED: dict[str, str] = {
 
 def new_name(old: str) -> str | None:
     """Where the module once at ``old`` lives now; None if it did not move."""
-    head, dot, rest = old, "", ""
-    while head:
+    parts = old.split(".")
+    for cut in range(len(parts), 0, -1):  # the longest moved prefix wins
+        head = ".".join(parts[:cut])
         if head in MOVED:
-            return MOVED[head] + dot + rest
-        head, dot, tail = head.rpartition(".")
-        rest = tail + ("." + rest if rest else "")
-        dot = "." if head else ""
+            return ".".join([MOVED[head], *parts[cut:]])
     return None
 
 
